@@ -1,0 +1,255 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "tide/common/error.h"
+
+// Future<T> is tide's one async type: the result of an operation that
+// completes later, on another thread, with a value or an exception.
+//
+//   Promise<int> p;
+//   Future<int> f = p.get_future();
+//   Future<std::string> g = f.then([](const int& v) { return std::to_string(v); });
+//   p.set_value(7);                      // runs the continuation here
+//   std::string s = g.wait(std::chrono::seconds(1));
+//
+// Futures are cheap handles to a shared state; copies see the same result.
+// All members are thread safe. Continuations run exactly once: inline in
+// then() when the future is already complete, otherwise on the thread that
+// completes it, never under a lock.
+namespace tide {
+
+template <typename T>
+class Future;
+
+namespace detail {
+
+template <typename T>
+using Stored = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
+
+// Callbacks hold a raw pointer to the state, not a shared_ptr: a pending
+// future whose promise is gone must not keep itself alive through a cycle.
+// The pointer is safe because a callback only runs inside complete() or
+// on_complete(), whose callers hold a reference.
+template <typename T>
+struct FutureState : std::enable_shared_from_this<FutureState<T>> {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  // Guarded by mutex.
+  bool done = false;
+  std::optional<Stored<T>> value;
+  std::exception_ptr error;
+  std::vector<std::function<void()>> callbacks;
+
+  // Returns false (and changes nothing) when already complete.
+  bool complete(std::optional<Stored<T>> v, std::exception_ptr e) {
+    std::vector<std::function<void()>> to_run;
+    {
+      std::lock_guard lock(mutex);
+      if (done) {
+        return false;
+      }
+      value = std::move(v);
+      error = std::move(e);
+      done = true;
+      to_run.swap(callbacks);
+    }
+    done_cv.notify_all();
+    for (auto& cb : to_run) {
+      cb();
+    }
+    return true;
+  }
+
+  void on_complete(std::function<void()> cb) {
+    {
+      std::lock_guard lock(mutex);
+      if (!done) {
+        callbacks.push_back(std::move(cb));
+        return;
+      }
+    }
+    cb();
+  }
+};
+
+}  // namespace detail
+
+// The writing end of a Future. Completing an already complete promise is a
+// no-op that returns false, so a reply racing a timeout is harmless.
+template <typename T>
+class Promise {
+ public:
+  Promise()
+      : state_(std::make_shared<detail::FutureState<T>>()),
+        abandon_(std::make_shared<Abandon>(state_)) {}
+
+  Future<T> get_future() const {
+    return Future<T>(state_);
+  }
+
+  template <typename U = T>
+    requires(!std::is_void_v<U>)
+  bool set_value(U value) {
+    return state_->complete(std::move(value), nullptr);
+  }
+
+  template <typename U = T>
+    requires std::is_void_v<U>
+  bool set_value() {
+    return state_->complete(std::monostate{}, nullptr);
+  }
+
+  bool set_exception(std::exception_ptr error) {
+    TIDE_CHECK(error != nullptr);
+    return state_->complete(std::nullopt, std::move(error));
+  }
+
+  template <typename E>
+  bool set_error(E error) {
+    return set_exception(std::make_exception_ptr(std::move(error)));
+  }
+
+ private:
+  // When the last copy of a promise goes away without completing it, its
+  // futures fail instead of waiting for nothing.
+  struct Abandon {
+    explicit Abandon(const std::shared_ptr<detail::FutureState<T>>& s)
+        : state(s) {}
+    ~Abandon() {
+      if (auto s = state.lock()) {
+        s->complete(
+            std::nullopt,
+            std::make_exception_ptr(Error(
+                "promise dropped without a result; the producer went away")));
+      }
+    }
+    std::weak_ptr<detail::FutureState<T>> state;
+  };
+
+  std::shared_ptr<detail::FutureState<T>> state_;
+  std::shared_ptr<Abandon> abandon_;
+};
+
+template <typename T>
+class Future {
+ public:
+  using value_type = T;
+
+  // A ready future holding `value`.
+  template <typename U = T>
+    requires(!std::is_void_v<U>)
+  static Future make_ready(U value) {
+    Promise<T> p;
+    p.set_value(std::move(value));
+    return p.get_future();
+  }
+  template <typename U = T>
+    requires std::is_void_v<U>
+  static Future make_ready() {
+    Promise<T> p;
+    p.set_value();
+    return p.get_future();
+  }
+  // A future failed with `error`.
+  static Future make_failed(std::exception_ptr error) {
+    Promise<T> p;
+    p.set_exception(std::move(error));
+    return p.get_future();
+  }
+
+  // True once a value or an error is in. Never blocks.
+  bool ready() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->done;
+  }
+
+  // The error this future failed with, or null (also while pending).
+  std::exception_ptr error() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->error;
+  }
+
+  // Blocks until complete or `timeout` passes. Returns a copy of the value,
+  // rethrows the stored error, or throws TimeoutError.
+  T wait(std::chrono::milliseconds timeout) const {
+    std::unique_lock lock(state_->mutex);
+    if (!state_->done_cv.wait_for(
+            lock, timeout, [this] { return state_->done; })) {
+      throw TimeoutError(
+          "future not complete after " + std::to_string(timeout.count()) +
+          " ms");
+    }
+    if (state_->error) {
+      std::rethrow_exception(state_->error);
+    }
+    if constexpr (!std::is_void_v<T>) {
+      return *state_->value;
+    }
+  }
+
+  // Calls `fn(const T&)` (or `fn()` for Future<void>) when this future
+  // completes with a value, and returns a future of its result. An error in
+  // this future, or thrown by fn, completes the returned future instead.
+  template <typename F>
+  auto then(F fn) const {
+    using R = decltype(invoke_on_value(fn, std::declval<detail::Stored<T>&>()));
+    Promise<R> next;
+    state_->on_complete(
+        [state = state_.get(), next, fn = std::move(fn)]() mutable {
+          if (state->error) {
+            next.set_exception(state->error);
+            return;
+          }
+          try {
+            if constexpr (std::is_void_v<R>) {
+              invoke_on_value(fn, *state->value);
+              next.set_value();
+            } else {
+              next.set_value(invoke_on_value(fn, *state->value));
+            }
+          } catch (...) {
+            next.set_exception(std::current_exception());
+          }
+        });
+    return next.get_future();
+  }
+
+  // Calls `fn(const Future<T>&)` once this future completes, with a value or
+  // with an error. Runs inline if already complete.
+  void on_complete(std::function<void(const Future<T>&)> fn) const {
+    state_->on_complete([state = state_.get(), fn = std::move(fn)] {
+      fn(Future<T>(state->shared_from_this()));
+    });
+  }
+
+ private:
+  friend class Promise<T>;
+  explicit Future(std::shared_ptr<detail::FutureState<T>> state)
+      : state_(std::move(state)) {}
+
+  template <typename F>
+  static decltype(auto) invoke_on_value(F& fn, detail::Stored<T>& value) {
+    if constexpr (std::is_void_v<T>) {
+      (void)value;
+      return fn();
+    } else {
+      return fn(std::as_const(value));
+    }
+  }
+
+  std::shared_ptr<detail::FutureState<T>> state_;
+};
+
+}  // namespace tide

@@ -1,0 +1,564 @@
+// The TCP store client: blocking calls over one socket, each bounded by a
+// deadline (poll), in either of torch's dialects.
+#include "tide/store/tcp_store.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "store/kv_map.h"
+#include "store/wire.h"
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+
+namespace tide::store {
+
+namespace {
+
+using wire::Op;
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+}  // namespace
+
+struct TcpStore::Connection {
+  Connection(int fd, std::string where, Dialect dialect)
+      : fd(fd), where(std::move(where)), dialect(dialect) {}
+  ~Connection() {
+    ::close(fd);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Starts a request: its command byte in this dialect.
+  std::string request(Op op) const {
+    std::optional<uint8_t> code = wire::op_code(op, dialect);
+    if (!code) {
+      throw InvalidArgument(
+          std::string(wire::op_name(op)) +
+          " needs the modern dialect (TcpStoreOptions::dialect = kModern); "
+          "torch 1.13 servers do not have it");
+    }
+    std::string out;
+    wire::Writer(out).u8(*code);
+    return out;
+  }
+
+  void send(std::string_view bytes, Clock::time_point deadline, const char* what) {
+    while (!bytes.empty()) {
+      ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        bytes.remove_prefix(static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        await(POLLOUT, deadline, what);
+        continue;
+      }
+      throw NetworkError(
+          std::string(what) + ": sending to the store at " + where +
+          " failed: " + errno_text(errno));
+    }
+  }
+
+  void recv(char* buf, size_t len, Clock::time_point deadline, const char* what) {
+    while (len > 0) {
+      ssize_t n = ::recv(fd, buf, len, 0);
+      if (n > 0) {
+        buf += n;
+        len -= static_cast<size_t>(n);
+        continue;
+      }
+      if (n == 0) {
+        throw NetworkError(
+            std::string(what) + ": the store at " + where +
+            " closed the connection (server gone, or it rejected the "
+            "request; its log says which)");
+      }
+      if (errno == EINTR) {
+        continue;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        await(POLLIN, deadline, what);
+        continue;
+      }
+      throw NetworkError(
+          std::string(what) + ": receiving from the store at " + where +
+          " failed: " + errno_text(errno));
+    }
+  }
+
+  template <typename T>
+  T read(Clock::time_point deadline, const char* what) {
+    char buf[sizeof(T)];
+    recv(buf, sizeof buf, deadline, what);
+    return wire::load<T>(buf);
+  }
+
+  std::string read_string(Clock::time_point deadline, const char* what) {
+    auto len = read<uint64_t>(deadline, what);
+    // A reply is trusted no more than a request.
+    if (len > (uint64_t{1} << 40)) {
+      throw ProtocolError(
+          std::string(what) + ": the store at " + where +
+          " announced a value of " + std::to_string(len) + " bytes");
+    }
+    std::string s(len, '\0');
+    recv(s.data(), len, deadline, what);
+    return s;
+  }
+
+  void await(short events, Clock::time_point deadline, const char* what) {
+    for (;;) {
+      pollfd p{.fd = fd, .events = events, .revents = 0};
+      int ms = remaining_ms(deadline);
+      int r = ::poll(&p, 1, ms);
+      if (r > 0) {
+        return;
+      }
+      if (r < 0 && errno == EINTR) {
+        continue;
+      }
+      if (r == 0) {
+        throw TimeoutError(
+            std::string(what) + ": no reply from the store at " + where +
+            " in time");
+      }
+      throw NetworkError(std::string(what) + ": poll failed: " + errno_text(errno));
+    }
+  }
+
+  const int fd;
+  const std::string where;
+  const Dialect dialect;
+};
+
+namespace {
+
+// One non-blocking connect attempt to each resolved address; the fd, or -1
+// with `error` set.
+int try_connect(
+    const std::string& host,
+    uint16_t port,
+    Clock::time_point deadline,
+    std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) {
+    error = std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    int s = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+      error = errno_text(errno);
+      continue;
+    }
+    int r = ::connect(s, ai->ai_addr, ai->ai_addrlen);
+    if (r < 0 && errno == EINPROGRESS) {
+      pollfd p{.fd = s, .events = POLLOUT, .revents = 0};
+      int ms = std::min(remaining_ms(deadline), 5000);
+      if (::poll(&p, 1, ms) == 1) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len);
+        r = err == 0 ? 0 : -1;
+        errno = err;
+      } else {
+        r = -1;
+        errno = ETIMEDOUT;
+      }
+    }
+    if (r == 0) {
+      int one = 1;
+      ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      fd = s;
+    } else {
+      error = errno_text(errno);
+      ::close(s);
+    }
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
+
+}  // namespace
+
+template <typename F>
+auto TcpStore::with_connection(F&& fn) {
+  if (!conn_) {
+    std::string host = options_.host;
+    if (server_ && (host == "0.0.0.0" || host == "::" || host.empty())) {
+      host = "127.0.0.1";
+    }
+    uint16_t port = this->port();
+    std::string where = host + ":" + std::to_string(port);
+    auto deadline = Clock::now() + timeout();
+    std::string error;
+    auto backoff = milliseconds(10);
+    std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
+    int fd = -1;
+    for (;;) {
+      fd = try_connect(host, port, deadline, error);
+      if (fd >= 0 || Clock::now() >= deadline) {
+        break;
+      }
+      // The server may not be up yet (torch's clients wait for it too).
+      auto pause = std::min<milliseconds>(
+          backoff + milliseconds(jitter() % 10),
+          std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+      std::this_thread::sleep_for(pause);
+      backoff = std::min(backoff * 2, milliseconds(1000));
+    }
+    if (fd < 0) {
+      throw TimeoutError(
+          "cannot connect to the store at " + where + " within " +
+          std::to_string(timeout().count()) + " ms: " + error);
+    }
+    auto conn = std::make_unique<Connection>(fd, where, options_.dialect);
+    if (!options_.token.empty()) {
+      std::string req;
+      wire::Writer(req).u8(wire::kAuthCode).str(options_.token);
+      conn->send(req, deadline, "authenticate");
+      try {
+        conn->read<uint8_t>(deadline, "authenticate");
+      } catch (const NetworkError&) {
+        throw NetworkError(
+            "the store at " + where + " refused this client's token");
+      }
+    }
+    if (options_.dialect == Dialect::kModern) {
+      std::string req = conn->request(Op::kValidate);
+      wire::Writer(req).u32(wire::kValidateMagic);
+      uint32_t nonce = static_cast<uint32_t>(::getpid());
+      std::string ping = conn->request(Op::kPing);
+      wire::Writer(ping).u32(nonce);
+      conn->send(req + ping, deadline, "validate");
+      if (conn->read<uint32_t>(deadline, "validate") != nonce) {
+        throw ProtocolError(
+            "the store at " + where + " answered PING with a wrong nonce");
+      }
+    }
+    conn_ = std::move(conn);
+  }
+  try {
+    return fn(*conn_);
+  } catch (...) {
+    // The connection may be mid-reply: never reuse it.
+    conn_.reset();
+    throw;
+  }
+}
+
+TcpStore::TcpStore(TcpStoreOptions options)
+    : Store(options.timeout), options_(std::move(options)) {
+  if (options_.is_server) {
+    TcpStoreServerOptions so = options_.server;
+    so.host = options_.host;
+    so.port = options_.port;
+    so.token = options_.token;
+    server_ = TcpStoreServer::start(std::move(so));
+  }
+  std::lock_guard lock(mutex_);
+  with_connection([](Connection&) {});
+}
+
+TcpStore::~TcpStore() = default;
+
+uint16_t TcpStore::port() const {
+  return server_ ? server_->port() : options_.port;
+}
+
+std::string TcpStore::wire_key(std::string_view key) const {
+  std::string k;
+  k.reserve(key.size() + 1);
+  k.append("/").append(key);
+  return k;
+}
+
+std::vector<std::string> TcpStore::wire_keys(
+    const std::vector<std::string>& keys) const {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) {
+    out.push_back(wire_key(k));
+  }
+  return out;
+}
+
+void TcpStore::set(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mutex_);
+  with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kSet);
+    wire::Writer(req).str(wire_key(key)).str(value);
+    c.send(req, Clock::now() + timeout(), "set");
+  });
+}
+
+std::string TcpStore::get(std::string_view key) {
+  // As torch's client does: WAIT for the key, then GET it.
+  wait({std::string(key)}, timeout());
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kGet);
+    wire::Writer(req).str(wire_key(key));
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "get");
+    return c.read_string(deadline, "get");
+  });
+}
+
+int64_t TcpStore::add(std::string_view key, int64_t delta) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kAdd);
+    wire::Writer(req).str(wire_key(key)).i64(delta);
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "add");
+    return c.read<int64_t>(deadline, "add");
+  });
+}
+
+std::string TcpStore::compare_set(
+    std::string_view key,
+    std::string_view expected,
+    std::string_view desired) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kCompareSet);
+    wire::Writer(req).str(wire_key(key)).str(expected).str(desired);
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "compare_set");
+    return c.read_string(deadline, "compare_set");
+  });
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kCheck);
+    wire::Writer w(req);
+    w.u64(keys.size());
+    for (const auto& k : keys) {
+      w.str(wire_key(k));
+    }
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "check");
+    return c.read<uint8_t>(deadline, "check") == wire::kCheckReady;
+  });
+}
+
+std::vector<std::string> TcpStore::missing_keys(
+    const std::vector<std::string>& keys) {
+  // Best effort, for the timeout message only.
+  std::vector<std::string> missing;
+  try {
+    for (size_t i = 0; i < keys.size() && i < 100; ++i) {
+      if (!check({keys[i]})) {
+        missing.push_back(keys[i]);
+      }
+    }
+  } catch (const Error&) {
+  }
+  return missing;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  try {
+    std::lock_guard lock(mutex_);
+    with_connection([&](Connection& c) {
+      std::string req = c.request(Op::kWait);
+      wire::Writer w(req);
+      w.u64(keys.size());
+      for (const auto& k : keys) {
+        w.str(wire_key(k));
+      }
+      auto deadline = Clock::now() + timeout;
+      c.send(req, deadline, "wait");
+      auto reply = c.read<uint8_t>(deadline, "wait");
+      if (reply != wire::kStopWaiting) {
+        throw ProtocolError(
+            "wait: the store at " + c.where + " answered " +
+            std::to_string(reply) + " instead of STOP_WAITING");
+      }
+    });
+  } catch (const TimeoutError&) {
+    detail::throw_wait_timeout("wait", timeout, missing_keys(keys));
+  }
+}
+
+bool TcpStore::delete_key(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kDeleteKey);
+    wire::Writer(req).str(wire_key(key));
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "delete_key");
+    return c.read<int64_t>(deadline, "delete_key") != 0;
+  });
+}
+
+int64_t TcpStore::num_keys() {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kNumKeys);
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "num_keys");
+    return c.read<int64_t>(deadline, "num_keys");
+  });
+}
+
+void TcpStore::append(std::string_view key, std::string_view value) {
+  if (options_.dialect == Dialect::kLegacy) {
+    // torch 1.13 servers have no APPEND: emulate it with compare_set, which
+    // retries only when another client changed the key in between.
+    std::string current = check({std::string(key)}) ? get(key) : "";
+    for (;;) {
+      std::string desired = current + std::string(value);
+      std::string now = compare_set(key, current, desired);
+      if (now == desired) {
+        return;
+      }
+      current = std::move(now);
+    }
+  }
+  std::lock_guard lock(mutex_);
+  with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kAppend);
+    wire::Writer(req).str(wire_key(key)).str(value);
+    c.send(req, Clock::now() + timeout(), "append");
+  });
+}
+
+std::vector<std::string> TcpStore::multi_get(
+    const std::vector<std::string>& keys) {
+  wait(keys, timeout());
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req;
+    if (c.dialect == Dialect::kModern) {
+      req = c.request(Op::kMultiGet);
+      wire::Writer w(req);
+      w.u64(keys.size());
+      for (const auto& k : keys) {
+        w.str(wire_key(k));
+      }
+    } else {
+      // Pipelined GETs: the server answers in order.
+      for (const auto& k : keys) {
+        req += c.request(Op::kGet);
+        wire::Writer(req).str(wire_key(k));
+      }
+    }
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "multi_get");
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      values.push_back(c.read_string(deadline, "multi_get"));
+    }
+    return values;
+  });
+}
+
+void TcpStore::multi_set(
+    const std::vector<std::string>& keys,
+    const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    throw InvalidArgument(
+        "multi_set: " + std::to_string(keys.size()) + " keys but " +
+        std::to_string(values.size()) + " values");
+  }
+  std::lock_guard lock(mutex_);
+  with_connection([&](Connection& c) {
+    std::string req;
+    if (c.dialect == Dialect::kModern) {
+      req = c.request(Op::kMultiSet);
+      wire::Writer w(req);
+      w.u64(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        w.str(wire_key(keys[i])).str(values[i]);
+      }
+    } else {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        req += c.request(Op::kSet);
+        wire::Writer(req).str(wire_key(keys[i])).str(values[i]);
+      }
+    }
+    c.send(req, Clock::now() + timeout(), "multi_set");
+  });
+}
+
+void TcpStore::ping() {
+  std::lock_guard lock(mutex_);
+  with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kPing);
+    uint32_t nonce = static_cast<uint32_t>(::getpid());
+    wire::Writer(req).u32(nonce);
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "ping");
+    if (c.read<uint32_t>(deadline, "ping") != nonce) {
+      throw ProtocolError("ping: the store at " + c.where + " answered a wrong nonce");
+    }
+  });
+}
+
+void TcpStore::queue_push(std::string_view key, std::string_view value) {
+  std::lock_guard lock(mutex_);
+  with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kQueuePush);
+    wire::Writer(req).str(wire_key(key)).str(value);
+    c.send(req, Clock::now() + timeout(), "queue_push");
+  });
+}
+
+std::optional<std::string> TcpStore::queue_pop(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) -> std::optional<std::string> {
+    std::string req = c.request(Op::kQueuePop);
+    wire::Writer(req).str(wire_key(key));
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "queue_pop");
+    if (c.read<int64_t>(deadline, "queue_pop") <= 0) {
+      return std::nullopt;
+    }
+    return c.read_string(deadline, "queue_pop");
+  });
+}
+
+int64_t TcpStore::queue_len(std::string_view key) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kQueueLen);
+    wire::Writer(req).str(wire_key(key));
+    auto deadline = Clock::now() + timeout();
+    c.send(req, deadline, "queue_len");
+    return c.read<int64_t>(deadline, "queue_len");
+  });
+}
+
+}  // namespace tide::store

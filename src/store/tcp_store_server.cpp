@@ -1,0 +1,787 @@
+// The TCP store server: one loop thread (asio), incremental parsing, waiters
+// woken by the writes that satisfy them. Threading and protocol notes are in
+// docs/store-protocol.md.
+#include <algorithm>
+#include <deque>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <asio.hpp>
+
+#include "store/kv_map.h"
+#include "store/wire.h"
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+#include "tide/store/tcp_store.h"
+
+namespace tide::store {
+
+using asio::ip::tcp;
+
+namespace {
+
+class Connection;
+
+// A WAIT that is not yet satisfied. Registered under each distinct key that
+// was missing; replied to when the last one arrives.
+struct Waiter {
+  std::weak_ptr<Connection> conn;
+  std::vector<std::string> keys;
+  size_t missing = 0;
+  bool done = false;
+};
+
+// Largest reply backlog a client may leave unread before the server stops
+// reading its requests.
+constexpr size_t kMaxPendingOutput = 64 * 1024 * 1024;
+// Bytes read from one client per wake-up before serving others.
+constexpr size_t kMaxReadPerWake = 1024 * 1024;
+
+// Constant time in the contents: the comparison leaks only the length.
+bool token_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  unsigned diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  explicit Impl(TcpStoreServerOptions opts)
+      : options(std::move(opts)), acceptor(io), accept_retry(io) {}
+
+  void open();
+  void accept();
+  void on_accept(const asio::error_code& ec, tcp::socket socket);
+  void stop_on_loop();
+  void handle(const std::shared_ptr<Connection>& conn, wire::Request& req);
+  void notify(std::string_view key, bool wake_one = false);
+  bool present(std::string_view key) const;
+  void add_waiter(
+      const std::shared_ptr<Connection>& conn,
+      std::vector<std::string> keys);
+  void drop_waiters(Connection& conn);
+  // False (and logs) when the write would pass max_total_bytes.
+  bool has_room(Connection& conn, const wire::Request& req);
+
+  const TcpStoreServerOptions options;
+  asio::io_context io;
+  tcp::acceptor acceptor;
+  asio::steady_timer accept_retry;
+  uint16_t port = 0;
+  std::thread thread;
+  std::once_flag shutdown_once;
+
+  // Loop thread only.
+  std::vector<char> read_buffer = std::vector<char>(256 * 1024);
+  uint64_t next_conn_id = 1;
+  std::unordered_set<std::shared_ptr<Connection>> connections;
+  detail::KvMap kv;
+  std::unordered_map<
+      std::string,
+      std::deque<std::string>,
+      detail::StringHash,
+      std::equal_to<>>
+      queues;
+  uint64_t queue_bytes = 0;
+  std::unordered_map<
+      std::string,
+      std::vector<std::shared_ptr<Waiter>>,
+      detail::StringHash,
+      std::equal_to<>>
+      waiters;
+};
+
+namespace {
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  using Impl = TcpStoreServer::Impl;
+
+  Connection(Impl& server, tcp::socket socket, uint64_t id)
+      : server_(server),
+        socket_(std::move(socket)),
+        request_timer_(server.io),
+        id_(id) {
+    asio::error_code ec;
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" +
+            std::to_string(ep.port());
+    socket_.set_option(tcp::no_delay(true), ec);
+    socket_.non_blocking(true, ec);
+    authed_ = server_.options.token.empty();
+  }
+
+  void start() {
+    TIDE_LOG_DEBUG("[store] client {} ({}) connected", id_, peer_);
+    arm_read();
+  }
+
+  // Closes the connection once; `reason` is logged at `level`.
+  void close(spdlog::level::level_enum level, std::string_view reason) {
+    if (closed_) {
+      return;
+    }
+    closed_ = true;
+    SPDLOG_LOGGER_CALL(
+        &tide::logger(),
+        level,
+        "[store] closing client {} ({}): {}",
+        id_,
+        peer_,
+        reason);
+    asio::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    request_timer_.cancel();
+    server_.drop_waiters(*this);
+    server_.connections.erase(shared_from_this());
+  }
+
+  void send(std::string bytes) {
+    if (closed_) {
+      return;
+    }
+    out_.append(bytes);
+    flush();
+  }
+
+  void send_byte(uint8_t b) {
+    send(std::string(1, static_cast<char>(b)));
+  }
+
+  const std::string& peer() const {
+    return peer_;
+  }
+  uint64_t id() const {
+    return id_;
+  }
+  std::optional<Dialect> dialect() const {
+    return dialect_;
+  }
+
+  // Pending WAITs of this connection. Loop thread only.
+  std::vector<std::shared_ptr<Waiter>> waits;
+  size_t wait_keys = 0;
+
+ private:
+  void arm_read() {
+    if (closed_ || reading_) {
+      return;
+    }
+    if (out_.size() + writing_.size() > kMaxPendingOutput) {
+      return;  // Resumed by flush() once the client reads its replies.
+    }
+    reading_ = true;
+    socket_.async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this()](const asio::error_code& ec) {
+          self->reading_ = false;
+          if (ec) {
+            if (ec != asio::error::operation_aborted) {
+              self->close(spdlog::level::debug, ec.message());
+            }
+            return;
+          }
+          self->on_readable();
+        });
+  }
+
+  void on_readable() {
+    auto& buf = server_.read_buffer;
+    size_t total = 0;
+    while (!closed_ && total < kMaxReadPerWake) {
+      asio::error_code ec;
+      size_t n = socket_.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        break;
+      }
+      if (ec) {
+        if (in_pos_ < in_.size()) {
+          close(
+              spdlog::level::warn,
+              "disconnected in the middle of a request (" +
+                  std::to_string(in_.size() - in_pos_) + " bytes received)");
+        } else {
+          close(
+              spdlog::level::debug,
+              ec == asio::error::eof ? "disconnected" : ec.message());
+        }
+        return;
+      }
+      in_.append(buf.data(), n);
+      total += n;
+      process();
+      if (n < buf.size()) {
+        break;
+      }
+    }
+    if (!closed_) {
+      arm_read();
+    }
+  }
+
+  void process() {
+    while (!closed_) {
+      size_t avail = in_.size() - in_pos_;
+      if (avail == 0 || avail < need_) {
+        break;
+      }
+      std::string_view view(in_.data() + in_pos_, avail);
+      try {
+        if (!step(view)) {
+          break;
+        }
+      } catch (const ProtocolError& e) {
+        close(spdlog::level::warn, std::string("protocol error: ") + e.what());
+        return;
+      } catch (const std::exception& e) {
+        // Whatever failed, it stays with this client: the others go on.
+        close(spdlog::level::err, std::string("internal error: ") + e.what());
+        return;
+      }
+    }
+    if (closed_) {
+      return;
+    }
+    if (in_pos_ == in_.size()) {
+      in_.clear();
+      in_pos_ = 0;
+      request_timer_.cancel();
+      timer_armed_ = false;
+    } else {
+      if (in_pos_ > 0) {
+        in_.erase(0, in_pos_);
+        in_pos_ = 0;
+      }
+      arm_request_timer();
+    }
+  }
+
+  // Handles the request at the front of view; false when it is incomplete.
+  bool step(std::string_view view) {
+    if (!dialect_ && static_cast<uint8_t>(view[0]) == wire::kAuthCode) {
+      wire::Request req;
+      auto d = wire::decode_request(
+          view, Dialect::kLegacy, server_.options.limits, req);
+      if (d.consumed == 0) {
+        need_ = d.need;
+        return false;
+      }
+      consume(d.consumed);
+      authenticate(req.values[0]);
+      return true;
+    }
+    if (!authed_) {
+      close(
+          spdlog::level::warn,
+          "sent a request before authenticating; this server requires a "
+          "token");
+      return false;
+    }
+    if (!dialect_) {
+      dialect_ = wire::detect_dialect(view);
+      if (!dialect_) {
+        need_ = 5;
+        return false;
+      }
+      TIDE_LOG_DEBUG(
+          "[store] client {} speaks the {} dialect",
+          id_,
+          *dialect_ == Dialect::kModern ? "modern" : "legacy");
+    }
+    wire::Request req;
+    auto d = wire::decode_request(view, *dialect_, server_.options.limits, req);
+    if (d.consumed == 0) {
+      need_ = d.need;
+      return false;
+    }
+    consume(d.consumed);
+    server_.handle(shared_from_this(), req);
+    return true;
+  }
+
+  void consume(size_t n) {
+    in_pos_ += n;
+    need_ = 1;
+  }
+
+  void authenticate(std::string_view token) {
+    if (!server_.options.token.empty() &&
+        !token_equal(token, server_.options.token)) {
+      close(spdlog::level::warn, "wrong token");
+      return;
+    }
+    authed_ = true;
+    send_byte(wire::kAuthOk);
+  }
+
+  void arm_request_timer() {
+    if (timer_armed_) {
+      return;
+    }
+    timer_armed_ = true;
+    request_timer_.expires_after(server_.options.request_timeout);
+    request_timer_.async_wait(
+        [weak = weak_from_this()](const asio::error_code& ec) {
+          auto self = weak.lock();
+          if (ec || !self || !self->timer_armed_) {
+            return;
+          }
+          self->close(
+              spdlog::level::warn,
+              "request incomplete after " +
+                  std::to_string(self->server_.options.request_timeout.count()) +
+                  " ms (" + std::to_string(self->in_.size() - self->in_pos_) +
+                  " bytes received)");
+        });
+  }
+
+  void flush() {
+    if (writing_.size() > 0 || out_.empty() || closed_) {
+      return;
+    }
+    writing_.swap(out_);
+    asio::async_write(
+        socket_,
+        asio::buffer(writing_),
+        [self = shared_from_this()](const asio::error_code& ec, size_t) {
+          self->writing_.clear();
+          if (ec) {
+            if (ec != asio::error::operation_aborted) {
+              self->close(spdlog::level::debug, "write failed: " + ec.message());
+            }
+            return;
+          }
+          self->flush();
+          self->arm_read();
+        });
+  }
+
+  Impl& server_;
+  tcp::socket socket_;
+  asio::steady_timer request_timer_;
+  const uint64_t id_;
+  std::string peer_;
+  bool closed_ = false;
+  bool reading_ = false;
+  bool authed_ = false;
+  bool timer_armed_ = false;
+  std::optional<Dialect> dialect_;
+  std::string in_;
+  size_t in_pos_ = 0;
+  size_t need_ = 1;
+  std::string out_;
+  std::string writing_;
+};
+
+std::string encode_i64(int64_t v) {
+  std::string s;
+  wire::Writer(s).i64(v);
+  return s;
+}
+
+std::string encode_str(std::string_view v) {
+  std::string s;
+  wire::Writer(s).str(v);
+  return s;
+}
+
+}  // namespace
+
+void TcpStoreServer::Impl::open() {
+  asio::error_code ec;
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(
+      options.host,
+      std::to_string(options.port),
+      tcp::resolver::passive | tcp::resolver::numeric_service,
+      ec);
+  if (ec || results.empty()) {
+    throw InvalidArgument(
+        "store server: cannot resolve host \"" + options.host +
+        "\": " + ec.message());
+  }
+  std::string errors;
+  for (const auto& entry : results) {
+    tcp::endpoint ep = entry.endpoint();
+    asio::error_code e;
+    acceptor.open(ep.protocol(), e);
+    if (!e && ep.address().is_v6() && ep.address().is_unspecified()) {
+      acceptor.set_option(asio::ip::v6_only(false), e);
+    }
+    if (!e) {
+      acceptor.set_option(tcp::acceptor::reuse_address(true), e);
+    }
+    if (!e) {
+      acceptor.bind(ep, e);
+    }
+    if (!e) {
+      acceptor.listen(asio::socket_base::max_listen_connections, e);
+    }
+    if (!e) {
+      port = acceptor.local_endpoint().port();
+      return;
+    }
+    errors += (errors.empty() ? "" : "; ") + ep.address().to_string() + ":" +
+        std::to_string(ep.port()) + ": " + e.message();
+    asio::error_code ignored;
+    acceptor.close(ignored);
+  }
+  throw NetworkError(
+      "store server: cannot listen on " + options.host + ":" +
+      std::to_string(options.port) + " (" + errors +
+      "); pick another port, or 0 to let the kernel choose");
+}
+
+void TcpStoreServer::Impl::accept() {
+  acceptor.async_accept(
+      [this](const asio::error_code& ec, tcp::socket socket) {
+        on_accept(ec, std::move(socket));
+      });
+}
+
+void TcpStoreServer::Impl::on_accept(
+    const asio::error_code& ec,
+    tcp::socket socket) {
+  if (ec == asio::error::operation_aborted || !acceptor.is_open()) {
+    return;
+  }
+  if (ec) {
+    // Out of descriptors or similar: keep serving the clients we have and
+    // try again shortly rather than spinning or giving up.
+    TIDE_LOG_WARN("[store] accept failed: {}; retrying in 100 ms", ec.message());
+    accept_retry.expires_after(std::chrono::milliseconds(100));
+    accept_retry.async_wait([this](const asio::error_code& e) {
+      if (!e) {
+        accept();
+      }
+    });
+    return;
+  }
+  if (connections.size() >= options.max_connections) {
+    TIDE_LOG_WARN(
+        "[store] refusing a connection: {} clients already (max_connections)",
+        connections.size());
+    asio::error_code ignored;
+    socket.close(ignored);
+  } else {
+    auto conn =
+        std::make_shared<Connection>(*this, std::move(socket), next_conn_id++);
+    connections.insert(conn);
+    conn->start();
+  }
+  accept();
+}
+
+void TcpStoreServer::Impl::stop_on_loop() {
+  asio::error_code ignored;
+  acceptor.close(ignored);
+  accept_retry.cancel();
+  auto conns = connections;
+  for (const auto& c : conns) {
+    c->close(spdlog::level::debug, "server shutting down");
+  }
+  waiters.clear();
+}
+
+bool TcpStoreServer::Impl::present(std::string_view key) const {
+  if (kv.contains(key)) {
+    return true;
+  }
+  auto q = queues.find(key);
+  return q != queues.end() && !q->second.empty();
+}
+
+void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
+  auto it = waiters.find(key);
+  if (it == waiters.end()) {
+    return;
+  }
+  auto& list = it->second;
+  size_t i = 0;
+  std::vector<std::shared_ptr<Waiter>> woken;
+  for (; i < list.size(); ++i) {
+    auto& w = list[i];
+    if (w->done) {
+      continue;
+    }
+    if (--w->missing == 0) {
+      w->done = true;
+      woken.push_back(w);
+    }
+    if (wake_one) {
+      ++i;
+      break;
+    }
+  }
+  list.erase(list.begin(), list.begin() + static_cast<ptrdiff_t>(i));
+  if (list.empty()) {
+    waiters.erase(it);
+  }
+  for (auto& w : woken) {
+    if (auto conn = w->conn.lock()) {
+      conn->wait_keys -= w->keys.size();
+      std::erase(conn->waits, w);
+      conn->send_byte(wire::kStopWaiting);
+    }
+  }
+}
+
+void TcpStoreServer::Impl::add_waiter(
+    const std::shared_ptr<Connection>& conn,
+    std::vector<std::string> keys) {
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::erase_if(keys, [this](const std::string& k) { return present(k); });
+  if (keys.empty()) {
+    conn->send_byte(wire::kStopWaiting);
+    return;
+  }
+  if (conn->wait_keys + keys.size() > options.limits.max_keys_per_call) {
+    conn->close(
+        spdlog::level::warn,
+        "too many keys in pending waits (" +
+            std::to_string(conn->wait_keys + keys.size()) + ", limit " +
+            std::to_string(options.limits.max_keys_per_call) + ")");
+    return;
+  }
+  auto w = std::make_shared<Waiter>();
+  w->conn = conn;
+  w->missing = keys.size();
+  for (const auto& k : keys) {
+    waiters[k].push_back(w);
+  }
+  w->keys = std::move(keys);
+  conn->wait_keys += w->keys.size();
+  conn->waits.push_back(std::move(w));
+}
+
+void TcpStoreServer::Impl::drop_waiters(Connection& conn) {
+  for (auto& w : conn.waits) {
+    w->done = true;
+    for (const auto& k : w->keys) {
+      auto it = waiters.find(k);
+      if (it == waiters.end()) {
+        continue;
+      }
+      std::erase(it->second, w);
+      if (it->second.empty()) {
+        waiters.erase(it);
+      }
+    }
+  }
+  conn.waits.clear();
+  conn.wait_keys = 0;
+}
+
+bool TcpStoreServer::Impl::has_room(Connection& conn, const wire::Request& req) {
+  uint64_t incoming = 0;
+  for (const auto& k : req.keys) {
+    incoming += k.size();
+  }
+  for (const auto& v : req.values) {
+    incoming += v.size();
+  }
+  uint64_t held = kv.bytes() + queue_bytes;
+  if (held + incoming <= options.limits.max_total_bytes) {
+    return true;
+  }
+  conn.close(
+      spdlog::level::err,
+      "store full: " + std::to_string(held) + " bytes held, " +
+          std::to_string(incoming) + " more would pass max_total_bytes " +
+          std::to_string(options.limits.max_total_bytes));
+  return false;
+}
+
+void TcpStoreServer::Impl::handle(
+    const std::shared_ptr<Connection>& conn,
+    wire::Request& req) {
+  using wire::Op;
+  TIDE_LOG_TRACE("[store] client {}: {}", conn->id(), wire::op_name(req.op));
+  switch (req.op) {
+    case Op::kSet:
+      if (has_room(*conn, req)) {
+        kv.set(req.keys[0], req.values[0]);
+        notify(req.keys[0]);
+      }
+      return;
+    case Op::kCompareSet: {
+      if (!has_room(*conn, req)) {
+        return;
+      }
+      bool wrote = false;
+      std::string result =
+          kv.compare_set(req.keys[0], req.values[0], req.values[1], wrote);
+      conn->send(encode_str(result));
+      if (wrote) {
+        notify(req.keys[0]);
+      }
+      return;
+    }
+    case Op::kGet: {
+      // torch 1.13 drops the connection here; an empty value is kinder and
+      // is what torch's libuv server answers.
+      const std::string* v = kv.find(req.keys[0]);
+      conn->send(encode_str(v ? std::string_view(*v) : std::string_view()));
+      return;
+    }
+    case Op::kAdd: {
+      int64_t result = 0;
+      try {
+        result = kv.add(req.keys[0], req.delta);
+      } catch (const InvalidArgument& e) {
+        // The protocol has no error reply: closing is the only answer a
+        // torch client understands. Nothing stored changes.
+        conn->close(spdlog::level::warn, e.what());
+        return;
+      }
+      conn->send(encode_i64(result));
+      notify(req.keys[0]);
+      return;
+    }
+    case Op::kCheck: {
+      bool all = std::all_of(
+          req.keys.begin(), req.keys.end(), [this](const std::string& k) {
+            return present(k);
+          });
+      conn->send_byte(all ? wire::kCheckReady : wire::kCheckNotReady);
+      return;
+    }
+    case Op::kWait:
+      add_waiter(conn, std::move(req.keys));
+      return;
+    case Op::kNumKeys:
+      conn->send(encode_i64(static_cast<int64_t>(kv.size())));
+      return;
+    case Op::kDeleteKey:
+      conn->send(encode_i64(kv.erase(req.keys[0]) ? 1 : 0));
+      return;
+    case Op::kAppend:
+      if (has_room(*conn, req)) {
+        kv.append(req.keys[0], req.values[0]);
+        notify(req.keys[0]);
+      }
+      return;
+    case Op::kMultiGet: {
+      std::string out;
+      wire::Writer w(out);
+      for (const auto& k : req.keys) {
+        const std::string* v = kv.find(k);
+        w.str(v ? std::string_view(*v) : std::string_view());
+      }
+      conn->send(std::move(out));
+      return;
+    }
+    case Op::kMultiSet:
+      if (has_room(*conn, req)) {
+        for (size_t i = 0; i < req.keys.size(); ++i) {
+          kv.set(req.keys[i], req.values[i]);
+        }
+        for (const auto& k : req.keys) {
+          notify(k);
+        }
+      }
+      return;
+    case Op::kCancelWait:
+      drop_waiters(*conn);
+      conn->send_byte(wire::kWaitCanceled);
+      return;
+    case Op::kPing: {
+      std::string out;
+      wire::Writer(out).u32(req.number);
+      conn->send(std::move(out));
+      return;
+    }
+    case Op::kValidate:
+      if (req.number != wire::kValidateMagic) {
+        conn->close(spdlog::level::warn, "VALIDATE with a wrong magic number");
+      }
+      return;
+    case Op::kQueuePush:
+      if (has_room(*conn, req)) {
+        queue_bytes += req.values[0].size();
+        queues[req.keys[0]].push_back(std::move(req.values[0]));
+        notify(req.keys[0], /*wake_one=*/true);
+      }
+      return;
+    case Op::kQueuePop: {
+      auto it = queues.find(req.keys[0]);
+      int64_t len = it == queues.end() ? 0 : static_cast<int64_t>(it->second.size());
+      std::string out;
+      wire::Writer w(out);
+      w.i64(len);
+      if (len > 0) {
+        w.str(it->second.front());
+        queue_bytes -= it->second.front().size();
+        it->second.pop_front();
+        if (it->second.empty()) {
+          queues.erase(it);
+        }
+      }
+      conn->send(std::move(out));
+      return;
+    }
+    case Op::kQueueLen: {
+      auto it = queues.find(req.keys[0]);
+      conn->send(encode_i64(
+          it == queues.end() ? 0 : static_cast<int64_t>(it->second.size())));
+      return;
+    }
+    case Op::kAuth:
+      conn->send_byte(wire::kAuthOk);  // Already authenticated.
+      return;
+  }
+}
+
+std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
+    TcpStoreServerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  impl->open();
+  impl->accept();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] {
+    try {
+      raw->io.run();
+    } catch (const std::exception& e) {
+      TIDE_LOG_ERROR("[store] server loop stopped by an exception: {}", e.what());
+    }
+  });
+  TIDE_LOG_DEBUG(
+      "[store] listening on {}:{}", raw->options.host, raw->port);
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+TcpStoreServer::~TcpStoreServer() {
+  shutdown();
+  join();
+}
+
+uint16_t TcpStoreServer::port() const {
+  return impl_->port;
+}
+
+void TcpStoreServer::shutdown() {
+  std::call_once(impl_->shutdown_once, [this] {
+    asio::post(impl_->io, [impl = impl_.get()] { impl->stop_on_loop(); });
+  });
+}
+
+void TcpStoreServer::join() {
+  if (impl_->thread.joinable() &&
+      impl_->thread.get_id() != std::this_thread::get_id()) {
+    impl_->thread.join();
+  }
+}
+
+}  // namespace tide::store

@@ -1,0 +1,259 @@
+#include "store/wire.h"
+
+#include <array>
+
+#include "tide/common/error.h"
+
+namespace tide::store::wire {
+
+namespace {
+
+constexpr size_t kNumOps = static_cast<size_t>(Op::kAuth) + 1;
+constexpr uint8_t kNone = 0xFF;
+
+// Codes by op, per dialect. Legacy also serves the 2.0/2.1-era additions
+// (9..12), which no 1.13 client sends.
+constexpr std::array<uint8_t, kNumOps> kLegacyCodes = {
+    0, 1, 2, 3, 4, 5, 6, 8,  // set .. num_keys, delete_key (7 = WATCH_KEY)
+    9, 10, 11, 12,           // append, multi_get, multi_set, cancel_wait
+    kNone, kNone,            // ping, validate
+    kNone, kNone, kNone,     // queues
+    kAuthCode};
+constexpr std::array<uint8_t, kNumOps> kModernCodes = {
+    1, 2, 3, 4, 5, 6, 7, 8,  // set .. num_keys, delete_key
+    9, 10, 11, 12,           // append, multi_get, multi_set, cancel_wait
+    13, 0,                   // ping, validate
+    14, 15, 16,              // queue push, pop, len
+    kAuthCode};
+
+const std::array<uint8_t, kNumOps>& codes(Dialect d) {
+  return d == Dialect::kModern ? kModernCodes : kLegacyCodes;
+}
+
+// Walks a request without copying until it is known to be whole.
+class Cursor {
+ public:
+  Cursor(std::string_view in, const StoreLimits& limits)
+      : in_(in), limits_(limits) {}
+
+  // False when fewer than n bytes remain; records how many are needed.
+  bool have(size_t n) {
+    if (in_.size() - pos_ >= n) {
+      return true;
+    }
+    need_ = pos_ + n;
+    return false;
+  }
+  size_t pos() const {
+    return pos_;
+  }
+  size_t need() const {
+    return need_;
+  }
+
+  template <typename T>
+  bool read(T& v) {
+    if (!have(sizeof v)) {
+      return false;
+    }
+    v = load<T>(in_.data() + pos_);
+    pos_ += sizeof v;
+    return true;
+  }
+
+  // A u64-length-prefixed string, checked against `max` before its bytes.
+  bool string(std::string& s, size_t max, const char* what) {
+    uint64_t len = 0;
+    if (!read(len)) {
+      return false;
+    }
+    if (len > max) {
+      throw ProtocolError(
+          std::string(what) + " of " + std::to_string(len) +
+          " bytes exceeds the limit of " + std::to_string(max));
+    }
+    charge(len);
+    if (!have(len)) {
+      return false;
+    }
+    s.assign(in_.data() + pos_, len);
+    pos_ += len;
+    return true;
+  }
+
+  bool key(std::string& s) {
+    return string(s, limits_.max_key_bytes, "key");
+  }
+  bool value(std::string& s) {
+    return string(s, limits_.max_value_bytes, "value");
+  }
+
+  bool count(uint64_t& n) {
+    if (!read(n)) {
+      return false;
+    }
+    if (n > limits_.max_keys_per_call) {
+      throw ProtocolError(
+          "request names " + std::to_string(n) +
+          " keys; the limit is " + std::to_string(limits_.max_keys_per_call));
+    }
+    return true;
+  }
+
+ private:
+  // Counts payload bytes against max_request_bytes.
+  void charge(uint64_t n) {
+    total_ += n;
+    if (total_ > limits_.max_request_bytes) {
+      throw ProtocolError(
+          "request of more than " + std::to_string(total_) +
+          " bytes exceeds the limit of " +
+          std::to_string(limits_.max_request_bytes));
+    }
+  }
+
+  std::string_view in_;
+  const StoreLimits& limits_;
+  size_t pos_ = 0;
+  size_t need_ = 0;
+  uint64_t total_ = 0;
+};
+
+bool decode_keys(Cursor& c, Request& out) {
+  uint64_t n = 0;
+  if (!c.count(n)) {
+    return false;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    if (!c.key(out.keys.emplace_back())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool decode_args(Cursor& c, Request& out) {
+  switch (out.op) {
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush:
+      out.keys.resize(1);
+      out.values.resize(1);
+      return c.key(out.keys[0]) && c.value(out.values[0]);
+    case Op::kCompareSet:
+      out.keys.resize(1);
+      out.values.resize(2);
+      return c.key(out.keys[0]) && c.value(out.values[0]) &&
+          c.value(out.values[1]);
+    case Op::kGet:
+    case Op::kDeleteKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+      out.keys.resize(1);
+      return c.key(out.keys[0]);
+    case Op::kAdd:
+      out.keys.resize(1);
+      return c.key(out.keys[0]) && c.read(out.delta);
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kMultiGet:
+      return decode_keys(c, out);
+    case Op::kMultiSet: {
+      uint64_t n = 0;
+      if (!c.count(n)) {
+        return false;
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        if (!c.key(out.keys.emplace_back()) ||
+            !c.value(out.values.emplace_back())) {
+          return false;
+        }
+      }
+      return true;
+    }
+    case Op::kNumKeys:
+    case Op::kCancelWait:
+      return true;
+    case Op::kPing:
+    case Op::kValidate:
+      return c.read(out.number);
+    case Op::kAuth:
+      out.values.resize(1);
+      return c.string(out.values[0], 4096, "token");
+  }
+  TIDE_CHECK(false);
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  static constexpr std::array<const char*, kNumOps> kNames = {
+      "SET",         "COMPARE_SET", "GET",       "ADD",        "CHECK",
+      "WAIT",        "GETNUMKEYS",  "DELETE_KEY", "APPEND",    "MULTI_GET",
+      "MULTI_SET",   "CANCEL_WAIT", "PING",      "VALIDATE",   "QUEUE_PUSH",
+      "QUEUE_POP",   "QUEUE_LEN",   "AUTH"};
+  return kNames[static_cast<size_t>(op)];
+}
+
+std::optional<uint8_t> op_code(Op op, Dialect d) {
+  uint8_t c = codes(d)[static_cast<size_t>(op)];
+  if (c == kNone) {
+    return std::nullopt;
+  }
+  return c;
+}
+
+std::optional<Op> op_from_code(uint8_t code, Dialect d) {
+  const auto& table = codes(d);
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i] == code) {
+      return static_cast<Op>(i);
+    }
+  }
+  return std::nullopt;
+}
+
+Decoded decode_request(
+    std::string_view in,
+    Dialect dialect,
+    const StoreLimits& limits,
+    Request& out) {
+  if (in.empty()) {
+    return {.consumed = 0, .need = 1};
+  }
+  auto code = static_cast<uint8_t>(in[0]);
+  std::optional<Op> op = op_from_code(code, dialect);
+  if (!op) {
+    throw ProtocolError(
+        "unknown command code " + std::to_string(code) + " in the " +
+        (dialect == Dialect::kModern ? "modern" : "legacy") + " dialect");
+  }
+  out.op = *op;
+  out.keys.clear();
+  out.values.clear();
+  out.delta = 0;
+  out.number = 0;
+  Cursor c(in.substr(1), limits);
+  if (!decode_args(c, out)) {
+    return {.consumed = 0, .need = 1 + c.need()};
+  }
+  return {.consumed = 1 + c.pos(), .need = 0};
+}
+
+std::optional<Dialect> detect_dialect(std::string_view in) {
+  if (in.empty()) {
+    return std::nullopt;
+  }
+  if (in[0] != 0) {
+    return Dialect::kLegacy;
+  }
+  if (in.size() < 5) {
+    return std::nullopt;
+  }
+  // A legacy SET would need a key length of at least 0x3C85F7CE here, far
+  // over any limit, so the magic cannot be mistaken.
+  return load<uint32_t>(in.data() + 1) == kValidateMagic ? Dialect::kModern
+                                                         : Dialect::kLegacy;
+}
+
+}  // namespace tide::store::wire

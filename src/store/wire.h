@@ -1,0 +1,131 @@
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tide/store/tcp_store.h"
+
+// The TCPStore wire format (docs/store-protocol.md): a request is one command
+// byte and its arguments, with no length header; integers are little-endian;
+// strings are a u64 length and the bytes. This file holds the codes of both
+// dialects, the request decoder (pure, no I/O, fuzzed) and the encoders.
+namespace tide::store::wire {
+
+static_assert(
+    std::endian::native == std::endian::little,
+    "the TCPStore protocol is host-endian; tide supports little-endian hosts");
+
+constexpr uint32_t kValidateMagic = 0x3C85F7CE;
+
+// tide's own command, the same code in both dialects, unused by torch.
+constexpr uint8_t kAuthCode = 0xA7;
+
+enum class Op : uint8_t {
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kNumKeys,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+  kValidate,
+  kQueuePush,
+  kQueuePop,
+  kQueueLen,
+  kAuth,
+};
+
+const char* op_name(Op op);
+
+// The code of op in dialect d, or nullopt when d has no such command.
+std::optional<uint8_t> op_code(Op op, Dialect d);
+// The op of a code in dialect d, or nullopt for an unknown code.
+std::optional<Op> op_from_code(uint8_t code, Dialect d);
+
+// Reply bytes.
+constexpr uint8_t kCheckReady = 0;
+constexpr uint8_t kCheckNotReady = 1;
+constexpr uint8_t kStopWaiting = 0;
+constexpr uint8_t kWaitCanceled = 1;
+constexpr uint8_t kAuthOk = 0;
+
+struct Request {
+  Op op = Op::kSet;
+  // Keys in order; for kCompareSet keys = {key}, values = {expected, desired}.
+  std::vector<std::string> keys;
+  std::vector<std::string> values;
+  int64_t delta = 0;      // kAdd
+  uint32_t number = 0;    // kPing nonce, kValidate magic
+};
+
+struct Decoded {
+  // Bytes of `in` the request took; 0 when `in` holds only part of one.
+  size_t consumed = 0;
+  // When consumed == 0: no request can complete before `in` has this many
+  // bytes, so the caller need not try again sooner.
+  size_t need = 0;
+};
+
+// Decodes the request at the front of `in`. Throws ProtocolError for an
+// unknown command or a length over `limits`, as soon as its bytes arrive
+// (never waiting for a body that could not be accepted anyway).
+Decoded decode_request(
+    std::string_view in,
+    Dialect dialect,
+    const StoreLimits& limits,
+    Request& out);
+
+// The dialect of a connection from its first bytes: kModern when they are a
+// VALIDATE with the magic, kLegacy otherwise; nullopt when too few arrived.
+std::optional<Dialect> detect_dialect(std::string_view in);
+
+// Appends wire values to a buffer.
+class Writer {
+ public:
+  explicit Writer(std::string& out) : out_(out) {}
+  Writer& u8(uint8_t v) {
+    out_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  Writer& u32(uint32_t v) {
+    return raw(&v, sizeof v);
+  }
+  Writer& u64(uint64_t v) {
+    return raw(&v, sizeof v);
+  }
+  Writer& i64(int64_t v) {
+    return raw(&v, sizeof v);
+  }
+  Writer& str(std::string_view s) {
+    u64(s.size());
+    out_.append(s);
+    return *this;
+  }
+
+ private:
+  Writer& raw(const void* p, size_t n) {
+    out_.append(static_cast<const char*>(p), n);
+    return *this;
+  }
+  std::string& out_;
+};
+
+template <typename T>
+T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace tide::store::wire
