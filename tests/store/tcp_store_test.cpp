@@ -1,0 +1,365 @@
+// The TCP store server under hostile and unusual clients, authentication,
+// both dialects, many connections, and the tide-store program.
+#include "tide/store/tcp_store.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "store/wire.h"
+#include "support/raw_client.h"
+#include "support/subprocess.h"
+#include "tide/common/error.h"
+
+namespace tide::store {
+namespace {
+
+using namespace std::chrono_literals;
+using test::RawClient;
+using wire::Op;
+using wire::Writer;
+
+std::string encode(Dialect d, Op op) {
+  std::string out;
+  Writer(out).u8(*wire::op_code(op, d));
+  return out;
+}
+
+std::string legacy_set(std::string_view key, std::string_view value) {
+  std::string out = encode(Dialect::kLegacy, Op::kSet);
+  Writer(out).str(key).str(value);
+  return out;
+}
+
+std::string legacy_get(std::string_view key) {
+  std::string out = encode(Dialect::kLegacy, Op::kGet);
+  Writer(out).str(key);
+  return out;
+}
+
+int64_t as_i64(const std::string& bytes) {
+  return wire::load<int64_t>(bytes.data());
+}
+
+class TcpStoreServerTest : public ::testing::Test {
+ protected:
+  void start(TcpStoreServerOptions options = {}) {
+    server_ = TcpStoreServer::start(std::move(options));
+  }
+  std::unique_ptr<TcpStore> client(TcpStoreOptions options = {}) {
+    options.port = server_->port();
+    if (options.timeout == Store::kDefaultTimeout) {
+      options.timeout = 10s;
+    }
+    return std::make_unique<TcpStore>(std::move(options));
+  }
+  // A client of the legacy dialect still gets served, promptly.
+  void expect_served() {
+    auto c = client();
+    c->set("probe", "ok");
+    EXPECT_EQ(c->get("probe"), "ok");
+  }
+
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+TEST_F(TcpStoreServerTest, GetOfAMissingKeyAnswersEmptyAndKeepsTheConnection) {
+  start();
+  RawClient raw(server_->port());
+  ASSERT_TRUE(raw.send(legacy_get("/missing")));
+  EXPECT_EQ(as_i64(raw.read(8)), 0);  // empty value
+  ASSERT_TRUE(raw.send(legacy_set("/k", "v") + legacy_get("/k")));
+  EXPECT_EQ(raw.read(9).substr(8), "v");
+}
+
+TEST_F(TcpStoreServerTest, HostileClientsAreDisconnectedAndNothingIsLost) {
+  start();
+  auto keeper = client();
+  keeper->set("precious", "data");
+  keeper->add("counter", 41);
+
+  {  // Unknown command.
+    RawClient raw(server_->port());
+    raw.send("\x63");
+    EXPECT_TRUE(raw.closed_within(5s));
+  }
+  {  // A port scanner speaking HTTP.
+    RawClient raw(server_->port());
+    raw.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_TRUE(raw.closed_within(5s));
+  }
+  {  // An absurd key length: refused from the length alone.
+    RawClient raw(server_->port());
+    std::string bytes = encode(Dialect::kLegacy, Op::kSet);
+    Writer(bytes).u64(uint64_t{1} << 62);
+    raw.send(bytes);
+    EXPECT_TRUE(raw.closed_within(5s));
+  }
+  {  // An absurd key count.
+    RawClient raw(server_->port());
+    std::string bytes = encode(Dialect::kLegacy, Op::kWait);
+    Writer(bytes).u64(uint64_t{1} << 40);
+    raw.send(bytes);
+    EXPECT_TRUE(raw.closed_within(5s));
+  }
+  {  // A value over the limit.
+    RawClient raw(server_->port());
+    std::string bytes = encode(Dialect::kLegacy, Op::kSet);
+    Writer(bytes).str("/big").u64(StoreLimits{}.max_value_bytes + 1);
+    raw.send(bytes);
+    EXPECT_TRUE(raw.closed_within(5s));
+  }
+  {  // A truncated frame, then the client vanishes.
+    RawClient raw(server_->port());
+    raw.send(legacy_set("/precious", "overwritten").substr(0, 12));
+  }
+  {  // Connect and leave at once; then random bytes.
+    RawClient a(server_->port());
+    RawClient b(server_->port());
+    b.send(std::string("\x00\xff\x13\x37\xde\xad\xbe\xef\x7f\x01", 10));
+    EXPECT_TRUE(b.closed_within(5s));
+  }
+  expect_served();
+  EXPECT_EQ(keeper->get("precious"), "data");
+  EXPECT_EQ(keeper->add("counter", 1), 42);
+}
+
+TEST_F(TcpStoreServerTest, AHalfSentRequestStallsNoOneAndIsDroppedAfterTheTimeout) {
+  start({.request_timeout = 300ms});
+  RawClient slow(server_->port());
+  ASSERT_TRUE(slow.send(legacy_set("/slow", "value").substr(0, 5)));
+  // torch 1.13's server blocks everyone here; this one serves others at once.
+  auto c = client();
+  for (int i = 0; i < 100; ++i) {
+    c->add("busy", 1);
+  }
+  EXPECT_EQ(c->get("busy"), "100");
+  EXPECT_TRUE(slow.closed_within(5s));
+  EXPECT_FALSE(c->check({"slow"}));
+}
+
+TEST_F(TcpStoreServerTest, AClientTricklingOneByteAtATimeIsDisconnected) {
+  start({.request_timeout = 300ms});
+  RawClient slow(server_->port());
+  std::string request = legacy_set("/trickle", std::string(64, 'x'));
+  std::atomic<bool> refused{false};
+  std::jthread trickler([&] {
+    for (char ch : request) {
+      if (!slow.send(std::string_view(&ch, 1))) {
+        refused = true;
+        return;
+      }
+      // Pacing is the scenario under test, not synchronisation.
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  EXPECT_TRUE(slow.closed_within(5s));
+  trickler.join();
+  expect_served();
+  EXPECT_FALSE(client()->check({"trickle"}));
+}
+
+TEST_F(TcpStoreServerTest, AddOnANonIntegerClosesOnlyThatConnection) {
+  start();
+  auto c = client();
+  c->set("text", "abc");
+  EXPECT_THROW(c->add("text", 1), NetworkError);
+  // The same client reconnects for its next call.
+  EXPECT_EQ(c->get("text"), "abc");
+  EXPECT_EQ(c->add("number", 5), 5);
+}
+
+TEST_F(TcpStoreServerTest, AFullStoreRefusesWritesAndKeepsWhatItHolds) {
+  start({.limits = {.max_total_bytes = 1000}});
+  auto c = client();
+  c->set("first", std::string(600, 'a'));
+  // SET has no reply in torch's protocol: the refusal shows as a closed
+  // connection on the client's next call.
+  c->set("second", std::string(600, 'b'));
+  EXPECT_THROW(c->num_keys(), NetworkError);
+  EXPECT_EQ(c->get("first"), std::string(600, 'a'));
+  EXPECT_FALSE(c->check({"second"}));
+}
+
+TEST_F(TcpStoreServerTest, ThousandsOfConcurrentClientsAreServedAndWoken) {
+  constexpr int kClients = 2000;
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < 3 * kClients + 100) {
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 3 * kClients + 100);
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  ASSERT_GE(lim.rlim_cur, 2 * kClients + 100) << "RLIMIT_NOFILE too low";
+  start();
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < kClients; ++i) {
+    raws.push_back(std::make_unique<RawClient>(server_->port()));
+  }
+  // Every client sets its own key, then waits for "go".
+  std::string wait_go = encode(Dialect::kLegacy, Op::kWait);
+  Writer(wait_go).u64(1).str("/go");
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(raws[i]->send(legacy_set("/c" + std::to_string(i), "x") + wait_go));
+  }
+  auto c = client();
+  std::vector<std::string> keys;
+  for (int i = 0; i < kClients; ++i) {
+    keys.push_back("c" + std::to_string(i));
+  }
+  c->wait(keys, 10s);
+  EXPECT_EQ(c->num_keys(), kClients);
+  c->set("go", "1");
+  for (auto& raw : raws) {
+    EXPECT_EQ(raw->read(1, 10s)[0], static_cast<char>(wire::kStopWaiting));
+  }
+}
+
+TEST_F(TcpStoreServerTest, ModernClientsHandshakeAndCanCancelAWait) {
+  start();
+  RawClient raw(server_->port());
+  std::string hello = encode(Dialect::kModern, Op::kValidate);
+  Writer(hello).u32(wire::kValidateMagic);
+  std::string wait = encode(Dialect::kModern, Op::kWait);
+  Writer(wait).u64(1).str("/later");
+  ASSERT_TRUE(raw.send(hello + wait + encode(Dialect::kModern, Op::kCancelWait)));
+  EXPECT_EQ(raw.read(1)[0], static_cast<char>(wire::kWaitCanceled));
+  // A set after the cancel wakes nobody: the next bytes are PING's reply.
+  auto c = client({.dialect = Dialect::kModern});
+  c->set("later", "1");
+  std::string ping = encode(Dialect::kModern, Op::kPing);
+  Writer(ping).u32(77);
+  ASSERT_TRUE(raw.send(ping));
+  EXPECT_EQ(wire::load<uint32_t>(raw.read(4).data()), 77u);
+}
+
+TEST_F(TcpStoreServerTest, LegacyAndModernClientsShareOneServer) {
+  start();
+  auto legacy = client({.dialect = Dialect::kLegacy});
+  auto modern = client({.dialect = Dialect::kModern});
+  legacy->set("from_legacy", "1");
+  modern->set("from_modern", "2");
+  EXPECT_EQ(modern->get("from_legacy"), "1");
+  EXPECT_EQ(legacy->get("from_modern"), "2");
+  modern->ping();
+  EXPECT_THROW(legacy->ping(), InvalidArgument);
+}
+
+TEST_F(TcpStoreServerTest, QueuesPushPopAndCountInTheModernDialect) {
+  start();
+  auto c = client({.dialect = Dialect::kModern});
+  EXPECT_EQ(c->queue_len("q"), 0);
+  EXPECT_EQ(c->queue_pop("q"), std::nullopt);
+  c->queue_push("q", "a");
+  c->queue_push("q", "b");
+  EXPECT_EQ(c->queue_len("q"), 2);
+  EXPECT_TRUE(c->check({"q"}));
+  EXPECT_EQ(c->queue_pop("q"), "a");
+  EXPECT_EQ(c->queue_pop("q"), "b");
+  EXPECT_FALSE(c->check({"q"}));
+}
+
+TEST_F(TcpStoreServerTest, WithATokenOnlyClientsThatPresentItGetAnything) {
+  start({.token = "s3cret"});
+  {
+    RawClient raw(server_->port());  // A torch client cannot authenticate.
+    raw.send(legacy_set("/intruder", "x"));
+    EXPECT_TRUE(raw.closed_within(5s));
+  }
+  EXPECT_THROW(client({.token = "wrong", .timeout = 2s}), NetworkError);
+  EXPECT_THROW(client({.timeout = 2s})->check({"anon"}), NetworkError);
+  auto ok = client({.token = "s3cret"});
+  ok->set("k", "v");
+  EXPECT_EQ(ok->get("k"), "v");
+  EXPECT_FALSE(ok->check({"intruder"}));
+  auto modern = client({.dialect = Dialect::kModern, .token = "s3cret"});
+  EXPECT_EQ(modern->get("k"), "v");
+}
+
+TEST_F(TcpStoreServerTest, ShutdownFailsAPendingWaitPromptlyWithNetworkError) {
+  start();
+  auto c = client();
+  auto waiting = std::async(std::launch::async, [&] { c->wait({"never"}, 60s); });
+  // Make sure the WAIT reached the server before shutting it down.
+  auto other = client();
+  other->set("unrelated", "1");
+  server_->shutdown();
+  ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
+  EXPECT_THROW(waiting.get(), NetworkError);
+}
+
+TEST_F(TcpStoreServerTest, ClientWaitsForAServerThatStartsLater) {
+  // Reserve a port by starting and stopping a server.
+  uint16_t port = 0;
+  {
+    auto probe = TcpStoreServer::start({});
+    port = probe->port();
+  }
+  auto later = std::async(std::launch::async, [port] {
+    TcpStore c({.port = port, .timeout = 10s});
+    c.set("k", "v");
+    return c.get("k");
+  });
+  auto server = TcpStoreServer::start({.port = port});
+  ASSERT_EQ(later.wait_for(15s), std::future_status::ready);
+  EXPECT_EQ(later.get(), "v");
+}
+
+TEST_F(TcpStoreServerTest, ConnectingToNothingTimesOutNamingTheAddress) {
+  uint16_t port = 0;
+  {
+    auto probe = TcpStoreServer::start({});
+    port = probe->port();
+  }
+  try {
+    TcpStore c({.port = port, .timeout = 200ms});
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos);
+  }
+}
+
+TEST_F(TcpStoreServerTest, BindingABusyPortThrowsNetworkErrorNamingIt) {
+  start();
+  try {
+    TcpStoreServer::start({.port = server_->port()});
+    FAIL() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(server_->port())), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TideStoreAppTest, ServesUntilSigtermThenExitsZero) {
+  test::Subprocess app({TIDE_STORE_BIN, "--port", "0", "--host", "127.0.0.1"});
+  auto line = app.read_line(10s);
+  ASSERT_TRUE(line.has_value());
+  auto colon = line->rfind(':');
+  ASSERT_NE(colon, std::string::npos) << *line;
+  auto port = static_cast<uint16_t>(std::stoi(line->substr(colon + 1)));
+  {
+    TcpStore c({.port = port, .timeout = 10s});
+    c.set("k", "v");
+    EXPECT_EQ(c.get("k"), "v");
+  }
+  app.signal(SIGTERM);
+  auto status = app.wait(10s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+TEST(TideStoreAppTest, RejectsABadFlagWithAnError) {
+  test::Subprocess app({TIDE_STORE_BIN, "--port", "not-a-number"});
+  auto status = app.wait(10s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_NE(WEXITSTATUS(*status), 0);
+}
+
+}  // namespace
+}  // namespace tide::store

@@ -1,0 +1,70 @@
+#!/usr/bin/python3
+"""torch's TCPStore server as a benchmark peer (bench/store/store_bench.cpp).
+
+Starts torch.distributed.TCPStore(host, port, is_master=True,
+wait_for_workers=False), prints the bound port on one line, and serves until
+stdin closes (the parent went away) or SIGTERM/SIGINT arrives; then exits 0.
+
+Run it with /usr/bin/python3 (Debian's python3-torch): the python3 first on
+PATH may be another interpreter without torch.
+
+torch 1.13 accepts port 0 (the kernel picks a free port) and reports the real
+one in store.port, so there is no port race. The server is torch's C++
+TCPStoreMasterDaemon thread; this Python thread only waits, holding no GIL
+the daemon needs.
+"""
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import threading
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="store timeout, seconds")
+    args = parser.parse_args()
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    import torch.distributed as dist  # Slow (seconds): after the handlers.
+
+    store = dist.TCPStore(
+        args.host,
+        args.port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=args.timeout),
+    )
+    port = store.port
+    if not port:
+        print("torch_store_server: torch did not report its port", file=sys.stderr)
+        return 1
+    print(port, flush=True)
+
+    def watch_stdin() -> None:
+        try:
+            while os.read(sys.stdin.fileno(), 4096):
+                pass
+        except OSError:
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    # A timed wait, so the signal handlers get to run on this thread.
+    while not stop.wait(0.5):
+        pass
+    # Skip interpreter and store teardown: nothing to flush, and joining
+    # torch's daemon thread only delays the exit.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

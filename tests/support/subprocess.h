@@ -1,0 +1,119 @@
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// A child process for tests: argv exec'd with its stdout on a pipe, read line
+// by line with a deadline; killed and reaped when the object goes away.
+namespace tide::test {
+
+class Subprocess {
+ public:
+  explicit Subprocess(const std::vector<std::string>& argv) {
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      throw std::runtime_error("Subprocess: pipe failed");
+    }
+    pid_ = ::fork();
+    if (pid_ < 0) {
+      throw std::runtime_error("Subprocess: fork failed");
+    }
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      std::vector<char*> args;
+      for (const auto& a : argv) {
+        args.push_back(const_cast<char*>(a.c_str()));
+      }
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    out_ = out[0];
+  }
+  ~Subprocess() {
+    if (pid_ > 0 && !status_) {
+      ::kill(pid_, SIGKILL);
+      int st = 0;
+      ::waitpid(pid_, &st, 0);
+    }
+    if (out_ >= 0) {
+      ::close(out_);
+    }
+  }
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const {
+    return pid_;
+  }
+
+  // The next line of the child's stdout, or nullopt on EOF or timeout.
+  std::optional<std::string> read_line(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto nl = buffer_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd p{.fd = out_, .events = POLLIN, .revents = 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
+        return std::nullopt;
+      }
+      char buf[4096];
+      ssize_t n = ::read(out_, buf, sizeof buf);
+      if (n <= 0) {
+        return std::nullopt;
+      }
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+  void signal(int sig) {
+    ::kill(pid_, sig);
+  }
+
+  // The wait status once the child exits within timeout, else nullopt.
+  std::optional<int> wait(std::chrono::milliseconds timeout) {
+    if (status_) {
+      return status_;
+    }
+    // A pidfd becomes readable when the child exits: no polling loop.
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd < 0) {
+      throw std::runtime_error("Subprocess: pidfd_open failed");
+    }
+    pollfd p{.fd = pidfd, .events = POLLIN, .revents = 0};
+    int r = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    ::close(pidfd);
+    if (r <= 0) {
+      return std::nullopt;
+    }
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    status_ = st;
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+  std::optional<int> status_;
+};
+
+}  // namespace tide::test
