@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: the normal build (unit,
 # multi-process, interop with PyTorch, a 30 s fuzz run), then the unit tests
-# again under ASan+UBSan. Set TIDE_TSAN=1 to add a ThreadSanitizer pass.
+# again under ASan+UBSan and under TSan (TIDE_TSAN=0 skips the TSan pass).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -17,7 +17,7 @@ scripts/build.sh build-asan -DTIDE_SANITIZE=address -DTIDE_BUILD_BENCH=OFF
 echo "== tests under ASan+UBSan"
 ctest --test-dir build-asan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop'
 
-if [[ ${TIDE_TSAN:-0} == 1 ]]; then
+if [[ ${TIDE_TSAN:-1} == 1 ]]; then
   echo "== build (TSan)"
   scripts/build.sh build-tsan -DTIDE_SANITIZE=thread -DTIDE_BUILD_BENCH=OFF
   echo "== tests under TSan"

@@ -28,6 +28,10 @@ struct BackendKind {
   std::function<Backend()> make;
 };
 
+void PrintTo(const BackendKind& kind, std::ostream* os) {
+  *os << kind.name;
+}
+
 std::shared_ptr<TcpStore> tcp_client(uint16_t port, Dialect d) {
   return std::make_shared<TcpStore>(
       TcpStoreOptions{.port = port, .dialect = d, .timeout = 10s});
