@@ -28,12 +28,14 @@ int main(int argc, char** argv) {
     std::vector<std::jthread> workers;
     for (int i = 0; i < kWorkers; ++i) {
       workers.emplace_back([&] {
-        auto client = std::make_shared<TcpStore>(
-            tide::store::TcpStoreOptions{.host = host, .port = port, .timeout = 30s});
+        auto client = std::make_shared<TcpStore>(tide::store::TcpStoreOptions{
+            .host = host, .port = port, .timeout = 30s});
         tide::store::PrefixStore round("demo/round_0", client);
         // Everyone counts in; the count is the rank (0-based).
         int64_t rank = round.add("arrived", 1) - 1;
-        round.set("addr_" + std::to_string(rank), "worker" + std::to_string(rank) + ":1234");
+        round.set(
+            "addr_" + std::to_string(rank),
+            "worker" + std::to_string(rank) + ":1234");
         std::vector<std::string> keys;
         for (int r = 0; r < kWorkers; ++r) {
           keys.push_back("addr_" + std::to_string(r));
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   }
   TcpStore store({.host = host, .port = port, .timeout = 30s});
   store.set("demo/greeting", "hello from tide");
-  std::printf("keys in the store: %lld\n", static_cast<long long>(store.num_keys()));
+  std::printf(
+      "keys in the store: %lld\n", static_cast<long long>(store.num_keys()));
   return 0;
 }

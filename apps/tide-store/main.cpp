@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
       "TCPStore protocol (1.13 and 2.x dialects)"};
   app.add_option("--host", options.host, "address to listen on")
       ->capture_default_str();
-  app.add_option("--port", options.port, "port to listen on; 0 picks a free one")
+  app.add_option(
+         "--port", options.port, "port to listen on; 0 picks a free one")
       ->capture_default_str();
   app.add_option(
          "--token",
@@ -46,8 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-total-bytes", options.limits.max_total_bytes)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  options.request_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(request_timeout_s * 1000));
+  options.request_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(request_timeout_s * 1000));
 
   // Block the stop signals in every thread; main waits for them below.
   sigset_t stop;
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tide-store: %s\n", e.what());
     return 1;
   }
-  std::printf("tide-store listening on %s:%u\n", options.host.c_str(), server->port());
+  std::printf(
+      "tide-store listening on %s:%u\n", options.host.c_str(), server->port());
   std::fflush(stdout);
 
   int sig = 0;

@@ -3,8 +3,9 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "store/kv_map.h"
 #include "tide/common/error.h"
+
+#include "store/kv_map.h"
 
 namespace tide::store {
 
@@ -59,8 +60,8 @@ class HashStore final : public Store {
   }
 
   using Store::wait;
-  void wait(const std::vector<std::string>& keys, milliseconds timeout)
-      override {
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override {
     std::unique_lock lock(mutex_);
     wait_locked(lock, keys, timeout, "wait");
   }

@@ -11,7 +11,7 @@ void throw_wait_timeout(
     std::chrono::milliseconds timeout,
     const std::vector<std::string>& missing) {
   std::string msg = std::string(what) + " timed out after " +
-      std::to_string(timeout.count()) + " ms";
+                    std::to_string(timeout.count()) + " ms";
   if (!missing.empty()) {
     msg += "; missing keys: ";
     constexpr size_t kShown = 20;

@@ -1,9 +1,9 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <chrono>
 #include <unordered_map>
 #include <vector>
 

@@ -43,9 +43,7 @@ int64_t PrefixStore::add(std::string_view key, int64_t delta) {
 }
 
 std::string PrefixStore::compare_set(
-    std::string_view key,
-    std::string_view expected,
-    std::string_view desired) {
+    std::string_view key, std::string_view expected, std::string_view desired) {
   return store_->compare_set(full(key), expected, desired);
 }
 
@@ -54,8 +52,7 @@ bool PrefixStore::check(const std::vector<std::string>& keys) {
 }
 
 void PrefixStore::wait(
-    const std::vector<std::string>& keys,
-    milliseconds timeout) {
+    const std::vector<std::string>& keys, milliseconds timeout) {
   store_->wait(full(keys), timeout);
 }
 

@@ -15,10 +15,11 @@
 #include <random>
 #include <thread>
 
-#include "store/kv_map.h"
-#include "store/wire.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+
+#include "store/kv_map.h"
+#include "store/wire.h"
 
 namespace tide::store {
 
@@ -60,7 +61,8 @@ struct TcpStore::Connection {
     return out;
   }
 
-  void send(std::string_view bytes, Clock::time_point deadline, const char* what) {
+  void send(
+      std::string_view bytes, Clock::time_point deadline, const char* what) {
     while (!bytes.empty()) {
       ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
       if (n > 0) {
@@ -80,7 +82,8 @@ struct TcpStore::Connection {
     }
   }
 
-  void recv(char* buf, size_t len, Clock::time_point deadline, const char* what) {
+  void recv(
+      char* buf, size_t len, Clock::time_point deadline, const char* what) {
     while (len > 0) {
       ssize_t n = ::recv(fd, buf, len, 0);
       if (n > 0) {
@@ -143,7 +146,8 @@ struct TcpStore::Connection {
             std::string(what) + ": no reply from the store at " + where +
             " in time");
       }
-      throw NetworkError(std::string(what) + ": poll failed: " + errno_text(errno));
+      throw NetworkError(
+          std::string(what) + ": poll failed: " + errno_text(errno));
     }
   }
 
@@ -166,14 +170,16 @@ int try_connect(
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  int rc =
+      ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
   if (rc != 0) {
     error = std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
     return -1;
   }
   int fd = -1;
   for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    int s = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int s = ::socket(
+        ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0) {
       error = errno_text(errno);
       continue;
@@ -344,9 +350,7 @@ int64_t TcpStore::add(std::string_view key, int64_t delta) {
 }
 
 std::string TcpStore::compare_set(
-    std::string_view key,
-    std::string_view expected,
-    std::string_view desired) {
+    std::string_view key, std::string_view expected, std::string_view desired) {
   std::lock_guard lock(mutex_);
   return with_connection([&](Connection& c) {
     std::string req = c.request(Op::kCompareSet);
@@ -387,7 +391,8 @@ std::vector<std::string> TcpStore::missing_keys(
   return missing;
 }
 
-void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+void TcpStore::wait(
+    const std::vector<std::string>& keys, milliseconds timeout) {
   try {
     std::lock_guard lock(mutex_);
     with_connection([&](Connection& c) {
@@ -522,7 +527,8 @@ void TcpStore::ping() {
     auto deadline = Clock::now() + timeout();
     c.send(req, deadline, "ping");
     if (c.read<uint32_t>(deadline, "ping") != nonce) {
-      throw ProtocolError("ping: the store at " + c.where + " answered a wrong nonce");
+      throw ProtocolError(
+          "ping: the store at " + c.where + " answered a wrong nonce");
     }
   });
 }

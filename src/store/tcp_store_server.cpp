@@ -9,11 +9,12 @@
 
 #include <asio.hpp>
 
-#include "store/kv_map.h"
-#include "store/wire.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/store/tcp_store.h"
+
+#include "store/kv_map.h"
+#include "store/wire.h"
 
 namespace tide::store {
 
@@ -64,8 +65,7 @@ struct TcpStoreServer::Impl {
   void notify(std::string_view key, bool wake_one = false);
   bool present(std::string_view key) const;
   void add_waiter(
-      const std::shared_ptr<Connection>& conn,
-      std::vector<std::string> keys);
+      const std::shared_ptr<Connection>& conn, std::vector<std::string> keys);
   void drop_waiters(Connection& conn);
   // False (and logs) when the write would pass max_total_bytes.
   bool has_room(Connection& conn, const wire::Request& req);
@@ -111,8 +111,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         id_(id) {
     asio::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
-    peer_ = ec ? std::string("?") : ep.address().to_string() + ":" +
-            std::to_string(ep.port());
+    peer_ = ec ? std::string("?")
+               : ep.address().to_string() + ":" + std::to_string(ep.port());
     socket_.set_option(tcp::no_delay(true), ec);
     socket_.non_blocking(true, ec);
     authed_ = server_.options.token.empty();
@@ -144,16 +144,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.connections.erase(shared_from_this());
   }
 
-  void send(std::string bytes) {
+  // Queues a reply. Replies to requests read in one wake-up go out in one
+  // write at its end; others (a WAIT woken by another client) at once.
+  void send(std::string_view bytes) {
     if (closed_) {
       return;
     }
     out_.append(bytes);
-    flush();
+    if (!in_read_) {
+      flush();
+    }
   }
 
   void send_byte(uint8_t b) {
-    send(std::string(1, static_cast<char>(b)));
+    char c = static_cast<char>(b);
+    send(std::string_view(&c, 1));
   }
 
   const std::string& peer() const {
@@ -194,6 +199,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void on_readable() {
+    in_read_ = true;
+    read_available();
+    in_read_ = false;
+    flush();
+    if (!closed_) {
+      arm_read();
+    }
+  }
+
+  void read_available() {
     auto& buf = server_.read_buffer;
     size_t total = 0;
     while (!closed_ && total < kMaxReadPerWake) {
@@ -221,9 +236,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (n < buf.size()) {
         break;
       }
-    }
-    if (!closed_) {
-      arm_read();
     }
   }
 
@@ -328,26 +340,39 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     timer_armed_ = true;
     request_timer_.expires_after(server_.options.request_timeout);
-    request_timer_.async_wait(
-        [weak = weak_from_this()](const asio::error_code& ec) {
-          auto self = weak.lock();
-          if (ec || !self || !self->timer_armed_) {
-            return;
-          }
-          self->close(
-              spdlog::level::warn,
-              "request incomplete after " +
-                  std::to_string(self->server_.options.request_timeout.count()) +
-                  " ms (" + std::to_string(self->in_.size() - self->in_pos_) +
-                  " bytes received)");
-        });
+    request_timer_.async_wait([weak = weak_from_this()](
+                                  const asio::error_code& ec) {
+      auto self = weak.lock();
+      if (ec || !self || !self->timer_armed_) {
+        return;
+      }
+      self->close(
+          spdlog::level::warn,
+          "request incomplete after " +
+              std::to_string(self->server_.options.request_timeout.count()) +
+              " ms (" + std::to_string(self->in_.size() - self->in_pos_) +
+              " bytes received)");
+    });
   }
 
   void flush() {
     if (writing_.size() > 0 || out_.empty() || closed_) {
       return;
     }
-    writing_.swap(out_);
+    // Most replies fit the socket buffer: write them now, and leave only a
+    // remainder to an asynchronous write.
+    asio::error_code ec;
+    size_t n = socket_.write_some(asio::buffer(out_), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      close(spdlog::level::debug, "write failed: " + ec.message());
+      return;
+    }
+    if (n == out_.size()) {
+      out_.clear();
+      return;
+    }
+    writing_.assign(out_, n);
+    out_.clear();
     asio::async_write(
         socket_,
         asio::buffer(writing_),
@@ -355,7 +380,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
           self->writing_.clear();
           if (ec) {
             if (ec != asio::error::operation_aborted) {
-              self->close(spdlog::level::debug, "write failed: " + ec.message());
+              self->close(
+                  spdlog::level::debug, "write failed: " + ec.message());
             }
             return;
           }
@@ -373,6 +399,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool reading_ = false;
   bool authed_ = false;
   bool timer_armed_ = false;
+  bool in_read_ = false;
   std::optional<Dialect> dialect_;
   std::string in_;
   size_t in_pos_ = 0;
@@ -430,7 +457,7 @@ void TcpStoreServer::Impl::open() {
       return;
     }
     errors += (errors.empty() ? "" : "; ") + ep.address().to_string() + ":" +
-        std::to_string(ep.port()) + ": " + e.message();
+              std::to_string(ep.port()) + ": " + e.message();
     asio::error_code ignored;
     acceptor.close(ignored);
   }
@@ -441,22 +468,21 @@ void TcpStoreServer::Impl::open() {
 }
 
 void TcpStoreServer::Impl::accept() {
-  acceptor.async_accept(
-      [this](const asio::error_code& ec, tcp::socket socket) {
-        on_accept(ec, std::move(socket));
-      });
+  acceptor.async_accept([this](const asio::error_code& ec, tcp::socket socket) {
+    on_accept(ec, std::move(socket));
+  });
 }
 
 void TcpStoreServer::Impl::on_accept(
-    const asio::error_code& ec,
-    tcp::socket socket) {
+    const asio::error_code& ec, tcp::socket socket) {
   if (ec == asio::error::operation_aborted || !acceptor.is_open()) {
     return;
   }
   if (ec) {
     // Out of descriptors or similar: keep serving the clients we have and
     // try again shortly rather than spinning or giving up.
-    TIDE_LOG_WARN("[store] accept failed: {}; retrying in 100 ms", ec.message());
+    TIDE_LOG_WARN(
+        "[store] accept failed: {}; retrying in 100 ms", ec.message());
     accept_retry.expires_after(std::chrono::milliseconds(100));
     accept_retry.async_wait([this](const asio::error_code& e) {
       if (!e) {
@@ -535,8 +561,7 @@ void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
 }
 
 void TcpStoreServer::Impl::add_waiter(
-    const std::shared_ptr<Connection>& conn,
-    std::vector<std::string> keys) {
+    const std::shared_ptr<Connection>& conn, std::vector<std::string> keys) {
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::erase_if(keys, [this](const std::string& k) { return present(k); });
@@ -581,7 +606,8 @@ void TcpStoreServer::Impl::drop_waiters(Connection& conn) {
   conn.wait_keys = 0;
 }
 
-bool TcpStoreServer::Impl::has_room(Connection& conn, const wire::Request& req) {
+bool TcpStoreServer::Impl::has_room(
+    Connection& conn, const wire::Request& req) {
   uint64_t incoming = 0;
   for (const auto& k : req.keys) {
     incoming += k.size();
@@ -602,8 +628,7 @@ bool TcpStoreServer::Impl::has_room(Connection& conn, const wire::Request& req) 
 }
 
 void TcpStoreServer::Impl::handle(
-    const std::shared_ptr<Connection>& conn,
-    wire::Request& req) {
+    const std::shared_ptr<Connection>& conn, wire::Request& req) {
   using wire::Op;
   TIDE_LOG_TRACE("[store] client {}: {}", conn->id(), wire::op_name(req.op));
   switch (req.op) {
@@ -714,7 +739,8 @@ void TcpStoreServer::Impl::handle(
       return;
     case Op::kQueuePop: {
       auto it = queues.find(req.keys[0]);
-      int64_t len = it == queues.end() ? 0 : static_cast<int64_t>(it->second.size());
+      int64_t len =
+          it == queues.end() ? 0 : static_cast<int64_t>(it->second.size());
       std::string out;
       wire::Writer w(out);
       w.i64(len);
@@ -751,11 +777,11 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
     try {
       raw->io.run();
     } catch (const std::exception& e) {
-      TIDE_LOG_ERROR("[store] server loop stopped by an exception: {}", e.what());
+      TIDE_LOG_ERROR(
+          "[store] server loop stopped by an exception: {}", e.what());
     }
   });
-  TIDE_LOG_DEBUG(
-      "[store] listening on {}:{}", raw->options.host, raw->port);
+  TIDE_LOG_DEBUG("[store] listening on {}:{}", raw->options.host, raw->port);
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
 

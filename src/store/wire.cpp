@@ -14,16 +14,42 @@ constexpr uint8_t kNone = 0xFF;
 // Codes by op, per dialect. Legacy also serves the 2.0/2.1-era additions
 // (9..12), which no 1.13 client sends.
 constexpr std::array<uint8_t, kNumOps> kLegacyCodes = {
-    0, 1, 2, 3, 4, 5, 6, 8,  // set .. num_keys, delete_key (7 = WATCH_KEY)
-    9, 10, 11, 12,           // append, multi_get, multi_set, cancel_wait
-    kNone, kNone,            // ping, validate
-    kNone, kNone, kNone,     // queues
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,  // set .. num_keys, delete_key (7 = WATCH_KEY)
+    9,
+    10,
+    11,
+    12,  // append, multi_get, multi_set, cancel_wait
+    kNone,
+    kNone,  // ping, validate
+    kNone,
+    kNone,
+    kNone,  // queues
     kAuthCode};
 constexpr std::array<uint8_t, kNumOps> kModernCodes = {
-    1, 2, 3, 4, 5, 6, 7, 8,  // set .. num_keys, delete_key
-    9, 10, 11, 12,           // append, multi_get, multi_set, cancel_wait
-    13, 0,                   // ping, validate
-    14, 15, 16,              // queue push, pop, len
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,  // set .. num_keys, delete_key
+    9,
+    10,
+    11,
+    12,  // append, multi_get, multi_set, cancel_wait
+    13,
+    0,  // ping, validate
+    14,
+    15,
+    16,  // queue push, pop, len
     kAuthCode};
 
 const std::array<uint8_t, kNumOps>& codes(Dialect d) {
@@ -94,8 +120,8 @@ class Cursor {
     }
     if (n > limits_.max_keys_per_call) {
       throw ProtocolError(
-          "request names " + std::to_string(n) +
-          " keys; the limit is " + std::to_string(limits_.max_keys_per_call));
+          "request names " + std::to_string(n) + " keys; the limit is " +
+          std::to_string(limits_.max_keys_per_call));
     }
     return true;
   }
@@ -144,7 +170,7 @@ bool decode_args(Cursor& c, Request& out) {
       out.keys.resize(1);
       out.values.resize(2);
       return c.key(out.keys[0]) && c.value(out.values[0]) &&
-          c.value(out.values[1]);
+             c.value(out.values[1]);
     case Op::kGet:
     case Op::kDeleteKey:
     case Op::kQueuePop:
@@ -188,10 +214,24 @@ bool decode_args(Cursor& c, Request& out) {
 
 const char* op_name(Op op) {
   static constexpr std::array<const char*, kNumOps> kNames = {
-      "SET",         "COMPARE_SET", "GET",       "ADD",        "CHECK",
-      "WAIT",        "GETNUMKEYS",  "DELETE_KEY", "APPEND",    "MULTI_GET",
-      "MULTI_SET",   "CANCEL_WAIT", "PING",      "VALIDATE",   "QUEUE_PUSH",
-      "QUEUE_POP",   "QUEUE_LEN",   "AUTH"};
+      "SET",
+      "COMPARE_SET",
+      "GET",
+      "ADD",
+      "CHECK",
+      "WAIT",
+      "GETNUMKEYS",
+      "DELETE_KEY",
+      "APPEND",
+      "MULTI_GET",
+      "MULTI_SET",
+      "CANCEL_WAIT",
+      "PING",
+      "VALIDATE",
+      "QUEUE_PUSH",
+      "QUEUE_POP",
+      "QUEUE_LEN",
+      "AUTH"};
   return kNames[static_cast<size_t>(op)];
 }
 

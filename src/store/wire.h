@@ -65,8 +65,8 @@ struct Request {
   // Keys in order; for kCompareSet keys = {key}, values = {expected, desired}.
   std::vector<std::string> keys;
   std::vector<std::string> values;
-  int64_t delta = 0;      // kAdd
-  uint32_t number = 0;    // kPing nonce, kValidate magic
+  int64_t delta = 0;    // kAdd
+  uint32_t number = 0;  // kPing nonce, kValidate magic
 };
 
 struct Decoded {

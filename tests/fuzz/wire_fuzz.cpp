@@ -11,9 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "tide/common/error.h"
+
 #include "store/kv_map.h"
 #include "store/wire.h"
-#include "tide/common/error.h"
 
 namespace {
 
@@ -41,8 +42,9 @@ std::vector<wire::Request> decode_stream(
   size_t c = 0;
   failed = false;
   while (fed < stream.size()) {
-    size_t step = chunker.empty() ? stream.size()
-                                  : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
+    size_t step = chunker.empty()
+                      ? stream.size()
+                      : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
     buffer.append(stream.substr(fed, step));
     fed += std::min(step, stream.size() - fed);
     for (;;) {
@@ -77,7 +79,7 @@ std::vector<wire::Request> decode_stream(
 
 bool same(const wire::Request& a, const wire::Request& b) {
   return a.op == b.op && a.keys == b.keys && a.values == b.values &&
-      a.delta == b.delta && a.number == b.number;
+         a.delta == b.delta && a.number == b.number;
 }
 
 }  // namespace

@@ -107,7 +107,8 @@ TEST_P(StoreConformanceTest, GetThrowsTimeoutErrorNamingTheKey) {
     store_->get("never");
     FAIL() << "expected TimeoutError";
   } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos)
+        << e.what();
   }
   // The store stays usable after a timeout.
   store_->set_timeout(10s);

@@ -11,10 +11,11 @@
 
 #include <gtest/gtest.h>
 
+#include "tide/common/error.h"
+
 #include "store/wire.h"
 #include "support/raw_client.h"
 #include "support/subprocess.h"
-#include "tide/common/error.h"
 
 namespace tide::store {
 namespace {
@@ -129,7 +130,9 @@ TEST_F(TcpStoreServerTest, HostileClientsAreDisconnectedAndNothingIsLost) {
   EXPECT_EQ(keeper->add("counter", 1), 42);
 }
 
-TEST_F(TcpStoreServerTest, AHalfSentRequestStallsNoOneAndIsDroppedAfterTheTimeout) {
+TEST_F(
+    TcpStoreServerTest,
+    AHalfSentRequestStallsNoOneAndIsDroppedAfterTheTimeout) {
   start({.request_timeout = 300ms});
   RawClient slow(server_->port());
   ASSERT_TRUE(slow.send(legacy_set("/slow", "value").substr(0, 5)));
@@ -204,7 +207,8 @@ TEST_F(TcpStoreServerTest, ThousandsOfConcurrentClientsAreServedAndWoken) {
   std::string wait_go = encode(Dialect::kLegacy, Op::kWait);
   Writer(wait_go).u64(1).str("/go");
   for (int i = 0; i < kClients; ++i) {
-    ASSERT_TRUE(raws[i]->send(legacy_set("/c" + std::to_string(i), "x") + wait_go));
+    ASSERT_TRUE(
+        raws[i]->send(legacy_set("/c" + std::to_string(i), "x") + wait_go));
   }
   auto c = client();
   std::vector<std::string> keys;
@@ -226,7 +230,8 @@ TEST_F(TcpStoreServerTest, ModernClientsHandshakeAndCanCancelAWait) {
   Writer(hello).u32(wire::kValidateMagic);
   std::string wait = encode(Dialect::kModern, Op::kWait);
   Writer(wait).u64(1).str("/later");
-  ASSERT_TRUE(raw.send(hello + wait + encode(Dialect::kModern, Op::kCancelWait)));
+  ASSERT_TRUE(
+      raw.send(hello + wait + encode(Dialect::kModern, Op::kCancelWait)));
   EXPECT_EQ(raw.read(1)[0], static_cast<char>(wire::kWaitCanceled));
   // A set after the cancel wakes nobody: the next bytes are PING's reply.
   auto c = client({.dialect = Dialect::kModern});
@@ -283,7 +288,8 @@ TEST_F(TcpStoreServerTest, WithATokenOnlyClientsThatPresentItGetAnything) {
 TEST_F(TcpStoreServerTest, ShutdownFailsAPendingWaitPromptlyWithNetworkError) {
   start();
   auto c = client();
-  auto waiting = std::async(std::launch::async, [&] { c->wait({"never"}, 60s); });
+  auto waiting =
+      std::async(std::launch::async, [&] { c->wait({"never"}, 60s); });
   // Make sure the WAIT reached the server before shutting it down.
   auto other = client();
   other->set("unrelated", "1");
@@ -319,7 +325,8 @@ TEST_F(TcpStoreServerTest, ConnectingToNothingTimesOutNamingTheAddress) {
     TcpStore c({.port = port, .timeout = 200ms});
     FAIL() << "expected TimeoutError";
   } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos);
+    EXPECT_NE(
+        std::string(e.what()).find(std::to_string(port)), std::string::npos);
   }
 }
 
@@ -329,7 +336,9 @@ TEST_F(TcpStoreServerTest, BindingABusyPortThrowsNetworkErrorNamingIt) {
     TcpStoreServer::start({.port = server_->port()});
     FAIL() << "expected NetworkError";
   } catch (const NetworkError& e) {
-    EXPECT_NE(std::string(e.what()).find(std::to_string(server_->port())), std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find(std::to_string(server_->port())),
+        std::string::npos)
         << e.what();
   }
 }

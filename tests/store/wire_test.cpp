@@ -7,7 +7,8 @@
 namespace tide::store::wire {
 namespace {
 
-std::string set_request(Dialect d, std::string_view key, std::string_view value) {
+std::string set_request(
+    Dialect d, std::string_view key, std::string_view value) {
   std::string out;
   Writer(out).u8(*op_code(Op::kSet, d)).str(key).str(value);
   return out;
@@ -42,8 +43,8 @@ TEST(WireTest, EveryPrefixOfARequestIsIncompleteWithAGrowingNeed) {
   std::string bytes = set_request(Dialect::kModern, "/key", "some value");
   for (size_t n = 0; n < bytes.size(); ++n) {
     Request req;
-    Decoded d =
-        decode_request(bytes.substr(0, n), Dialect::kModern, StoreLimits{}, req);
+    Decoded d = decode_request(
+        bytes.substr(0, n), Dialect::kModern, StoreLimits{}, req);
     EXPECT_EQ(d.consumed, 0u) << n;
     EXPECT_GT(d.need, n) << n;
     EXPECT_LE(d.need, bytes.size()) << n;
@@ -55,7 +56,8 @@ TEST(WireTest, OverlongKeyIsRejectedFromItsLengthAlone) {
   Writer(bytes).u8(0).u64(1'000'000);  // SET, key length only
   Request req;
   EXPECT_THROW(
-      decode_request(bytes, Dialect::kLegacy, StoreLimits{}, req), ProtocolError);
+      decode_request(bytes, Dialect::kLegacy, StoreLimits{}, req),
+      ProtocolError);
 }
 
 TEST(WireTest, TooManyKeysIsRejected) {
@@ -63,7 +65,8 @@ TEST(WireTest, TooManyKeysIsRejected) {
   Writer(bytes).u8(*op_code(Op::kWait, Dialect::kLegacy)).u64(1u << 30);
   Request req;
   EXPECT_THROW(
-      decode_request(bytes, Dialect::kLegacy, StoreLimits{}, req), ProtocolError);
+      decode_request(bytes, Dialect::kLegacy, StoreLimits{}, req),
+      ProtocolError);
 }
 
 TEST(WireTest, RequestsOverTheTotalLimitAreRejected) {
@@ -75,7 +78,8 @@ TEST(WireTest, RequestsOverTheTotalLimitAreRejected) {
     w.str("k").str(std::string(60, 'v'));
   }
   Request req;
-  EXPECT_THROW(decode_request(bytes, Dialect::kModern, limits, req), ProtocolError);
+  EXPECT_THROW(
+      decode_request(bytes, Dialect::kModern, limits, req), ProtocolError);
 }
 
 TEST(WireTest, UnknownCodesAreRejected) {
@@ -92,7 +96,9 @@ TEST(WireTest, DetectsTheModernDialectByItsMagic) {
   Writer(validate).u8(0).u32(kValidateMagic);
   EXPECT_EQ(detect_dialect(validate), Dialect::kModern);
   EXPECT_EQ(detect_dialect(validate.substr(0, 3)), std::nullopt);
-  EXPECT_EQ(detect_dialect(set_request(Dialect::kLegacy, "/a", "b")), Dialect::kLegacy);
+  EXPECT_EQ(
+      detect_dialect(set_request(Dialect::kLegacy, "/a", "b")),
+      Dialect::kLegacy);
   EXPECT_EQ(detect_dialect("\x05"), Dialect::kLegacy);
   EXPECT_EQ(detect_dialect(""), std::nullopt);
 }

@@ -52,7 +52,8 @@ class RawClient {
   }
 
   // Exactly n bytes; throws on timeout or EOF.
-  std::string read(size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  std::string read(
+      size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     std::string out;
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (out.size() < n) {

@@ -71,7 +71,8 @@ class Subprocess {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       pollfd p{.fd = out_, .events = POLLIN, .revents = 0};
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
+      if (left.count() <= 0 ||
+          ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
         return std::nullopt;
       }
       char buf[4096];

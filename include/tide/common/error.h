@@ -66,11 +66,11 @@ namespace detail {
 
 }  // namespace tide
 
-#define TIDE_CHECK(cond)                                      \
-  do {                                                        \
-    if (!(cond)) {                                            \
+#define TIDE_CHECK(cond)                                       \
+  do {                                                         \
+    if (!(cond)) {                                             \
       ::tide::detail::check_failed(#cond, __FILE__, __LINE__); \
-    }                                                         \
+    }                                                          \
   } while (false)
 
 #ifdef NDEBUG

@@ -20,8 +20,8 @@
 //
 //   Promise<int> p;
 //   Future<int> f = p.get_future();
-//   Future<std::string> g = f.then([](const int& v) { return std::to_string(v); });
-//   p.set_value(7);                      // runs the continuation here
+//   Future<std::string> g = f.then([](const int& v) { return std::to_string(v);
+//   }); p.set_value(7);                      // runs the continuation here
 //   std::string s = g.wait(std::chrono::seconds(1));
 //
 // Futures are cheap handles to a shared state; copies see the same result.
@@ -100,13 +100,12 @@ class Promise {
   }
 
   template <typename U = T>
-    requires(!std::is_void_v<U>)
-  bool set_value(U value) {
+  requires(!std::is_void_v<U>) bool set_value(U value) {
     return state_->complete(std::move(value), nullptr);
   }
 
   template <typename U = T>
-    requires std::is_void_v<U>
+  requires std::is_void_v<U>
   bool set_value() {
     return state_->complete(std::monostate{}, nullptr);
   }
@@ -149,14 +148,13 @@ class Future {
 
   // A ready future holding `value`.
   template <typename U = T>
-    requires(!std::is_void_v<U>)
-  static Future make_ready(U value) {
+  requires(!std::is_void_v<U>) static Future make_ready(U value) {
     Promise<T> p;
     p.set_value(std::move(value));
     return p.get_future();
   }
   template <typename U = T>
-    requires std::is_void_v<U>
+  requires std::is_void_v<U>
   static Future make_ready() {
     Promise<T> p;
     p.set_value();

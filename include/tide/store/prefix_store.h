@@ -24,8 +24,8 @@ class PrefixStore : public Store {
       std::string_view desired) override;
   bool check(const std::vector<std::string>& keys) override;
   using Store::wait;
-  void wait(const std::vector<std::string>& keys, milliseconds timeout)
-      override;
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override;
   bool delete_key(std::string_view key) override;
   int64_t num_keys() override;
   void append(std::string_view key, std::string_view value) override;

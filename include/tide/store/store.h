@@ -57,8 +57,7 @@ class Store {
     wait(keys, timeout());
   }
   virtual void wait(
-      const std::vector<std::string>& keys,
-      milliseconds timeout) = 0;
+      const std::vector<std::string>& keys, milliseconds timeout) = 0;
 
   // Deletes key; returns whether it existed.
   virtual bool delete_key(std::string_view key) = 0;

@@ -124,8 +124,8 @@ class TcpStore final : public Store {
       std::string_view desired) override;
   bool check(const std::vector<std::string>& keys) override;
   using Store::wait;
-  void wait(const std::vector<std::string>& keys, milliseconds timeout)
-      override;
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override;
   bool delete_key(std::string_view key) override;
   int64_t num_keys() override;
   void append(std::string_view key, std::string_view value) override;
@@ -159,7 +159,8 @@ class TcpStore final : public Store {
   auto with_connection(F&& fn);
 
   std::string wire_key(std::string_view key) const;
-  std::vector<std::string> wire_keys(const std::vector<std::string>& keys) const;
+  std::vector<std::string> wire_keys(
+      const std::vector<std::string>& keys) const;
   std::vector<std::string> missing_keys(const std::vector<std::string>& keys);
 
   TcpStoreOptions options_;
