@@ -96,13 +96,22 @@ struct TcpStoreOptions {
   // Default timeout of blocking calls, and of connecting (the server may
   // start after the client; connect retries with backoff until then).
   milliseconds timeout = Store::kDefaultTimeout;
-  // Options for the server when is_server (host, port and token above win).
+  // Where the embedded server listens when is_server; empty: `host`.
+  // ("::" or "0.0.0.0" to serve other hosts while connecting locally.)
+  std::string listen_host;
+  // Limits and timeouts of the embedded server (its host, port and token
+  // come from the fields above).
   TcpStoreServerOptions server;
 };
 
 // A Store client over TCP, with an optional embedded server. Like torch's
 // TCPStore client it puts "/" in front of every key, so tide and torch
 // clients of one server see the same keys.
+//
+// Dialect kLegacy has no APPEND on torch 1.13 servers, so append() is
+// emulated there with compare_set: two clients appending the very same bytes
+// to one key at the same moment can be merged into one append. A tide server
+// serves APPEND in both dialects; use kModern against it for exact appends.
 //
 // Thread safety: calls are serialised on one connection (one outstanding
 // request, as in torch). After a TimeoutError or NetworkError the connection
