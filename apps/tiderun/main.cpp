@@ -1,0 +1,418 @@
+// tiderun: torchrun's command line, flags, worker environment, exit codes and
+// failure summary, without a Python interpreter in the control path.
+//
+//   tiderun [options] TRAINING_SCRIPT [script args...]
+//
+// Every option also reads PET_<NAME> from the environment (PET_NNODES,
+// PET_NPROC_PER_NODE, ...), as torchrun's do; the command line wins.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+#include "tide/launcher/launcher.h"
+#include "tide/store/tcp_store.h"
+
+namespace {
+
+using tide::InvalidArgument;
+using tide::launcher::LaunchConfig;
+
+constexpr const char* kVersion = "0.1.0";
+
+std::atomic<tide::agent::LocalElasticAgent*> g_agent{nullptr};
+std::atomic<int> g_pending_signal{0};
+
+extern "C" void on_signal(int sig) {
+  if (auto* agent = g_agent.load()) {
+    agent->request_stop(sig);
+  } else {
+    int expected = 0;
+    g_pending_signal.compare_exchange_strong(expected, sig);
+  }
+}
+
+std::string uuid4() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+  uint64_t a = gen();
+  uint64_t b = gen();
+  a = (a & 0xFFFFFFFFFFFF0FFFull) | 0x0000000000004000ull;
+  b = (b & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull;
+  char buf[40];
+  std::snprintf(
+      buf,
+      sizeof buf,
+      "%08x-%04x-%04x-%04x-%012llx",
+      static_cast<unsigned>(a >> 32),
+      static_cast<unsigned>((a >> 16) & 0xFFFF),
+      static_cast<unsigned>(a & 0xFFFF),
+      static_cast<unsigned>(b >> 48),
+      static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFull));
+  return buf;
+}
+
+int parse_int(const std::string& text, const char* what) {
+  int v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    throw InvalidArgument(std::string(what) + ": \"" + text + "\" is not an integer");
+  }
+  return v;
+}
+
+std::pair<int, int> parse_nnodes(const std::string& text) {
+  auto colon = text.find(':');
+  int lo = parse_int(text.substr(0, colon), "--nnodes");
+  int hi = colon == std::string::npos ? lo : parse_int(text.substr(colon + 1), "--nnodes");
+  if (lo < 1 || hi < lo) {
+    throw InvalidArgument(
+        "--nnodes=" + text + ": need 0 < MIN <= MAX (N or MIN:MAX)");
+  }
+  return {lo, hi};
+}
+
+int count_gpus() {
+  // Without CUDA libraries: what the NVIDIA driver lists, narrowed by
+  // CUDA_VISIBLE_DEVICES when that is set.
+  if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES"); vis != nullptr) {
+    std::string v = vis;
+    if (v.empty()) {
+      return 0;
+    }
+    return static_cast<int>(std::count(v.begin(), v.end(), ',')) + 1;
+  }
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+int parse_nproc(const std::string& text) {
+  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (text == "cpu") {
+    return cpus;
+  }
+  if (text == "gpu") {
+    int gpus = count_gpus();
+    if (gpus == 0) {
+      throw InvalidArgument("--nproc-per-node=gpu: no GPU found on this node");
+    }
+    return gpus;
+  }
+  if (text == "auto") {
+    int gpus = count_gpus();
+    return gpus > 0 ? gpus : cpus;
+  }
+  int n = parse_int(text, "--nproc-per-node");
+  if (n < 1) {
+    throw InvalidArgument("--nproc-per-node must be at least 1");
+  }
+  return n;
+}
+
+std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+    auto eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
+      throw InvalidArgument(
+          "--rdzv-conf \"" + text + "\": expected KEY=VALUE pairs separated by commas");
+    }
+    out[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
+  }
+  return out;
+}
+
+std::set<int> parse_ranks(const std::string& text) {
+  std::set<int> out;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    out.insert(parse_int(std::string(rest.substr(0, comma)), "--local-ranks-filter"));
+    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+  }
+  return out;
+}
+
+std::chrono::milliseconds seconds_flag(double s, const char* flag) {
+  if (!(s > 0)) {
+    throw InvalidArgument(std::string(flag) + " must be a positive number of seconds");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000 + 0.5));
+}
+
+int signal_number(const std::string& name) {
+  std::string n = name.rfind("SIG", 0) == 0 ? name.substr(3) : name;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    const char* abbrev = sigabbrev_np(sig);
+    if (abbrev != nullptr && n == abbrev) {
+      return sig;
+    }
+  }
+  throw InvalidArgument("--signals-to-handle: unknown signal \"" + name + "\"");
+}
+
+struct Flags {
+  std::string nnodes = "1:1";
+  std::string nproc_per_node = "1";
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = tide::store::kDefaultPort;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;
+  std::string start_method = "spawn";
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  bool run_path = false;
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  std::string rdzv_conf;
+  std::string local_addr;
+  double shutdown_timeout = 30;
+  double exit_barrier_timeout = 300;
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  // name list, PET_ variable
+  auto opt = [&](const std::string& names, auto& var, const std::string& pet, const std::string& help) {
+    return app.add_option(names, var, help)->envname(pet)->capture_default_str();
+  };
+  opt("--nnodes", f.nnodes, "PET_NNODES", "number of nodes, N or MIN:MAX");
+  opt("--nproc-per-node,--nproc_per_node",
+      f.nproc_per_node,
+      "PET_NPROC_PER_NODE",
+      "workers per node: a number, cpu, gpu or auto");
+  opt("--node-rank,--node_rank", f.node_rank, "PET_NODE_RANK", "this node's rank (static backend)");
+  opt("--master-addr,--master_addr", f.master_addr, "PET_MASTER_ADDR", "node 0's address (static backend)");
+  opt("--master-port,--master_port", f.master_port, "PET_MASTER_PORT", "node 0's store port (static backend)")
+      ->check(CLI::Range(0, 65535));
+  opt("--max-restarts,--max_restarts", f.max_restarts, "PET_MAX_RESTARTS", "restarts of the worker group on failure")
+      ->check(CLI::NonNegativeNumber);
+  opt("--monitor-interval,--monitor_interval",
+      f.monitor_interval,
+      "PET_MONITOR_INTERVAL",
+      "seconds between checks for nodes waiting to join (worker exits are seen at once)");
+  opt("--start-method,--start_method", f.start_method, "PET_START_METHOD", "spawn, fork or forkserver (function entrypoints)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  opt("--role", f.role, "PET_ROLE", "the workers' role name");
+  app.add_flag("-m,--module", f.module, "run the script as a Python module (python -m)")->envname("PET_MODULE");
+  app.add_flag("--no-python,--no_python", f.no_python, "exec the script directly, without python")
+      ->envname("PET_NO_PYTHON");
+  app.add_flag("--run-path,--run_path", f.run_path, "run the script with python (torchrun: runpy)")
+      ->envname("PET_RUN_PATH");
+  opt("--log-dir,--log_dir", f.log_dir, "PET_LOG_DIR", "base directory for logs (default: a new temporary directory)");
+  opt("-r,--redirects", f.redirects, "PET_REDIRECTS", "streams to log files: 0-3, or LOCAL_RANK:VALUE,...");
+  opt("-t,--tee", f.tee, "PET_TEE", "streams to log files and the console: 0-3, or LOCAL_RANK:VALUE,...");
+  opt("--local-ranks-filter,--local_ranks_filter",
+      f.local_ranks_filter,
+      "PET_LOCAL_RANKS_FILTER",
+      "comma-separated local ranks whose output the console shows");
+  app.add_flag("--standalone", f.standalone, "single node: a local store on a free port, a random run id")
+      ->envname("PET_STANDALONE");
+  opt("--rdzv-backend,--rdzv_backend", f.rdzv_backend, "PET_RDZV_BACKEND", "rendezvous backend");
+  opt("--rdzv-endpoint,--rdzv_endpoint", f.rdzv_endpoint, "PET_RDZV_ENDPOINT", "rendezvous endpoint, host[:port]");
+  opt("--rdzv-id,--rdzv_id", f.rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
+  opt("--rdzv-conf,--rdzv_conf", f.rdzv_conf, "PET_RDZV_CONF", "rendezvous settings, KEY=VALUE,...");
+  opt("--local-addr,--local_addr", f.local_addr, "PET_LOCAL_ADDR", "address this node advertises");
+  opt("--shutdown-timeout,--shutdown_timeout",
+      f.shutdown_timeout,
+      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+      "seconds between a stop signal to the workers and SIGKILL");
+  opt("--exit-barrier-timeout,--exit_barrier_timeout",
+      f.exit_barrier_timeout,
+      "PET_EXIT_BARRIER_TIMEOUT",
+      "seconds a finished node waits for the others");
+  opt("--signals-to-handle,--signals_to_handle",
+      f.signals_to_handle,
+      "TORCHELASTIC_SIGNALS_TO_HANDLE",
+      "signals forwarded to the workers");
+}
+
+tide::agent::Entrypoint make_entrypoint(const Flags& f, const std::vector<std::string>& rest) {
+  if (rest.empty()) {
+    throw InvalidArgument("the following arguments are required: training_script");
+  }
+  if (f.module && f.no_python) {
+    throw InvalidArgument("--no-python cannot be used with --module (-m)");
+  }
+  const std::string& script = rest[0];
+  std::vector<std::string> args(rest.begin() + 1, rest.end());
+  std::vector<std::string> argv;
+  const char* py = std::getenv("PYTHON_EXEC");
+  std::string python = py && *py ? py : "python3";
+  bool is_py = script.size() > 3 && script.compare(script.size() - 3, 3, ".py") == 0;
+  bool direct = f.no_python ||
+      (!f.module && !f.run_path && !is_py && script.find('/') != std::string::npos &&
+       ::access(script.c_str(), X_OK) == 0);
+  if (direct) {
+    argv.push_back(script);
+  } else if (f.module) {
+    argv = {python, "-u", "-m", script};
+  } else {
+    argv = {python, "-u", script};
+  }
+  argv.insert(argv.end(), args.begin(), args.end());
+  return tide::agent::Command{std::move(argv)};
+}
+
+LaunchConfig make_config(const Flags& f) {
+  LaunchConfig c;
+  std::tie(c.min_nodes, c.max_nodes) = parse_nnodes(f.nnodes);
+  c.nproc_per_node = parse_nproc(f.nproc_per_node);
+  c.role = f.role;
+  c.max_restarts = f.max_restarts;
+  c.monitor_interval = seconds_flag(f.monitor_interval, "--monitor-interval");
+  c.start_method = f.start_method == "fork" ? tide::agent::StartMethod::kFork
+                                            : tide::agent::StartMethod::kSpawn;
+  c.log_dir = f.log_dir;
+  c.redirects = tide::agent::parse_std_spec(f.redirects, "--redirects");
+  c.tee = tide::agent::parse_std_spec(f.tee, "--tee");
+  if (!f.local_ranks_filter.empty()) {
+    c.local_ranks_filter = parse_ranks(f.local_ranks_filter);
+  }
+  c.rdzv_configs = parse_rdzv_conf(f.rdzv_conf);
+  c.local_addr = f.local_addr;
+  c.shutdown_grace = seconds_flag(f.shutdown_timeout, "--shutdown-timeout");
+  c.exit_barrier_timeout = seconds_flag(f.exit_barrier_timeout, "--exit-barrier-timeout");
+  if (f.standalone) {
+    if (c.max_nodes != 1) {
+      TIDE_LOG_WARN("--standalone runs one node; ignoring --nnodes={}", f.nnodes);
+    }
+    c.min_nodes = c.max_nodes = 1;
+    c.rdzv_backend = "static";
+    c.rdzv_endpoint = "127.0.0.1:0";
+    c.run_id = uuid4();
+    return c;
+  }
+  c.rdzv_backend = f.rdzv_backend;
+  c.run_id = f.rdzv_id;
+  c.rdzv_endpoint = f.rdzv_endpoint;
+  if (c.rdzv_backend == "static") {
+    if (c.rdzv_endpoint.empty()) {
+      c.rdzv_endpoint = f.master_addr + ":" + std::to_string(f.master_port);
+    }
+    c.rdzv_configs.emplace("rank", std::to_string(f.node_rank));
+    c.rdzv_configs.emplace("timeout", "900");
+  }
+  return c;
+}
+
+void write_own_error_file(const tide::agent::RunResult& result, const std::string& summary) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') {
+    return;
+  }
+  tide::launcher::write_error_file_for_launcher(path, result, summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "tiderun: launch a fault-tolerant, elastic group of workers, as torchrun does.\n"
+      "Usage: tiderun [OPTIONS] TRAINING_SCRIPT [SCRIPT ARGS...]",
+      "tiderun"};
+  app.prefix_command();
+  app.set_version_flag("--version", std::string("tiderun ") + kVersion);
+  Flags flags;
+  add_flags(app, flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::printf("%s\n", e.what());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s\ntiderun: error: %s\n", app.help().c_str(), e.what());
+    return 2;
+  }
+
+  tide::agent::Entrypoint entrypoint;
+  LaunchConfig config;
+  std::vector<int> signals;
+  try {
+    entrypoint = make_entrypoint(flags, app.remaining());
+    config = make_config(flags);
+    std::string_view rest = flags.signals_to_handle;
+    while (!rest.empty()) {
+      auto comma = rest.find(',');
+      signals.push_back(signal_number(std::string(rest.substr(0, comma))));
+      rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+    }
+  } catch (const tide::Error& e) {
+    std::fprintf(stderr, "tiderun: error: %s\nRun tiderun --help for usage.\n", e.what());
+    return 2;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : signals) {
+    sigaction(sig, &sa, nullptr);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::string name = tide::agent::entrypoint_name(entrypoint);
+  if (auto* cmd = std::get_if<tide::agent::Command>(&entrypoint);
+      cmd && !flags.no_python && cmd->argv.size() > 2 && cmd->argv[1] == "-u") {
+    name = cmd->argv[cmd->argv[2] == "-m" ? 3 : 2];
+  }
+  try {
+    auto outcome = tide::launcher::launch(
+        config, entrypoint, [](tide::agent::LocalElasticAgent* agent) {
+          g_agent.store(agent);
+          if (int sig = g_pending_signal.exchange(0); agent != nullptr && sig != 0) {
+            agent->request_stop(sig);
+          }
+        });
+    if (outcome.stopped_by_signal != 0) {
+      const char* abbrev = sigabbrev_np(outcome.stopped_by_signal);
+      std::fprintf(
+          stderr,
+          "tiderun: stopped by SIG%s; workers were stopped\n",
+          abbrev ? abbrev : "?");
+      return 1;
+    }
+    if (outcome.result.is_failed()) {
+      std::string summary = tide::launcher::format_failure_summary(name, outcome.result);
+      std::fprintf(stderr, "tiderun: worker group failed:%s", summary.c_str());
+      write_own_error_file(outcome.result, summary);
+      return 1;
+    }
+    return 0;
+  } catch (const tide::InvalidArgument& e) {
+    std::fprintf(stderr, "tiderun: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tiderun: %s\n", e.what());
+    return 1;
+  }
+}

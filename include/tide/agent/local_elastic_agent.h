@@ -1,0 +1,75 @@
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "tide/agent/worker.h"
+#include "tide/agent/worker_spec.h"
+#include "tide/common/error.h"
+
+// The agent: runs one node's worker group, restarts it on failure, admits
+// new nodes, and reports how it ended (torch's LocalElasticAgent).
+namespace tide::agent {
+
+// run() was interrupted by request_stop(sig): the workers were stopped.
+class SignalException : public Error {
+ public:
+  SignalException(int sig, const std::string& what) : Error(what), sig_(sig) {}
+  int signal() const {
+    return sig_;
+  }
+
+ private:
+  int sig_;
+};
+
+struct AgentOptions {
+  // Make the agent a child subreaper and reap any child: orphans of
+  // workers (their own children) then end up reaped by the agent instead
+  // of init. For programs whose only children are the agent's (tiderun).
+  bool adopt_orphans = false;
+};
+
+// Thread safety: run() blocks its thread and must not be called twice at
+// once; request_stop() may be called from any thread or signal handler.
+class LocalElasticAgent {
+ public:
+  explicit LocalElasticAgent(WorkerSpec spec, AgentOptions options = {});
+  ~LocalElasticAgent();
+  LocalElasticAgent(const LocalElasticAgent&) = delete;
+  LocalElasticAgent& operator=(const LocalElasticAgent&) = delete;
+
+  // Rendezvous, start the workers, watch them; restart the group on a
+  // failure while restarts remain, and when nodes wait to join; run the
+  // exit barrier after success. Returns SUCCEEDED with return values or
+  // FAILED with failures. Throws SignalException after request_stop(),
+  // RendezvousError / RendezvousClosedError / TimeoutError when the
+  // rendezvous fails, InvalidArgument for a bad spec.
+  RunResult run();
+
+  // Stops the workers with `sig` (then SIGKILL after the grace period) and
+  // makes run() throw SignalException. Async-signal-safe.
+  void request_stop(int sig) noexcept;
+
+  const WorkerSpec& spec() const {
+    return spec_;
+  }
+  // The group of the current or last attempt.
+  const WorkerGroup& worker_group() const;
+  int remaining_restarts() const {
+    return remaining_restarts_;
+  }
+  // This run's log directory (<log_dir>/<run_id>_<random>), once run() has
+  // started.
+  const std::string& run_log_dir() const;
+
+  struct Impl;
+
+ private:
+  WorkerSpec spec_;
+  int remaining_restarts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tide::agent

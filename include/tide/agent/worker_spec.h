@@ -1,0 +1,100 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "tide/rendezvous/rendezvous_handler.h"
+
+// What an agent runs: the worker specification and the worker's standard
+// stream handling (torch's WorkerSpec, Std, LogsSpecs).
+namespace tide::agent {
+
+// A program to exec, with its arguments. argv[0] is looked up in PATH.
+struct Command {
+  std::vector<std::string> argv;
+};
+
+// A C++ function registered with register_function(), and its arguments.
+struct FunctionCall {
+  std::string name;
+  std::vector<std::string> args;
+};
+
+using Entrypoint = std::variant<Command, FunctionCall>;
+
+// How a FunctionCall worker starts (a Command is always exec'd).
+enum class StartMethod {
+  // fork() of the agent, then the function: fastest; the function sees a
+  // copy of the agent's memory. Only safe while the agent has no threads
+  // holding locks the function needs.
+  kFork,
+  // fork() + exec of the agent's own binary (/proc/self/exe), which runs the
+  // function from main() via run_worker_if_spawned(): a fresh process, like
+  // torch's "spawn".
+  kSpawn,
+};
+
+// Which of a worker's streams go to its log files (torch's Std).
+enum class Std : uint8_t { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+
+// Per local rank, or one value for all ("0:1,1:2" or "3" on the command line).
+struct StdSpec {
+  Std all = Std::kNone;
+  std::map<int, Std> by_rank;
+  Std for_rank(int local_rank) const;
+};
+
+// Parses torch's -r/-t syntax: "3" or "0:1,1:2". Throws InvalidArgument.
+StdSpec parse_std_spec(const std::string& text, const char* flag);
+
+struct WorkerSpec {
+  std::string role = "default";
+  int local_world_size = 1;
+  Entrypoint entrypoint;
+  StartMethod start_method = StartMethod::kSpawn;
+  std::shared_ptr<rendezvous::RendezvousHandler> rdzv_handler;
+  // Restarts of the worker group after a failure, per agent.
+  int max_restarts = 3;
+  // How often the agent asks the rendezvous whether nodes wait to join.
+  // Worker exits are seen at once, whatever this is.
+  std::chrono::milliseconds monitor_interval{100};
+  // Streams written to <log dir>/attempt_<n>/<local_rank>/{stdout,stderr}.log
+  // (redirects), or written there and copied to the console with a
+  // "[<role><local_rank>]:" prefix (tee).
+  StdSpec redirects;
+  StdSpec tee;
+  // Local ranks whose output is shown on the console; empty: all.
+  std::set<int> local_ranks_filter;
+  // Base directory for logs and error files; empty: a new directory under
+  // $TMPDIR named tide_<random>. The run goes in <log_dir>/<run_id>_<random>.
+  std::string log_dir;
+  // Overrides for MASTER_ADDR / MASTER_PORT (else the rendezvous' store).
+  std::optional<std::string> master_addr;
+  std::optional<uint16_t> master_port;
+  // Extra environment for the workers, on top of the agent's own.
+  std::map<std::string, std::string> env;
+  // SIGTERM to SIGKILL grace when stopping workers (torch: 30 s,
+  // TORCH_ELASTIC_SHUTDOWN_TIMEOUT).
+  std::chrono::milliseconds shutdown_grace{30'000};
+  // How long a worker that ignores SIGKILL (stuck in the kernel) is waited
+  // for before the agent leaves it behind and goes on.
+  std::chrono::milliseconds kill_wait{5'000};
+  // How long a finished agent waits for the others (torch: 300 s, fixed).
+  std::chrono::milliseconds exit_barrier_timeout{300'000};
+};
+
+// Throws InvalidArgument when a spec cannot run (no handler, no workers, an
+// empty command, an unknown function).
+void validate(const WorkerSpec& spec);
+
+// A human-readable name of the entrypoint: the script or function name.
+std::string entrypoint_name(const Entrypoint& e);
+
+}  // namespace tide::agent

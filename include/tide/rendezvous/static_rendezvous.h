@@ -1,0 +1,52 @@
+#pragma once
+
+#include <memory>
+
+#include "tide/rendezvous/rendezvous_handler.h"
+#include "tide/store/tcp_store.h"
+
+namespace tide::rendezvous {
+
+// The static backend (torch's static_tcp_rendezvous): a fixed number of
+// nodes, each told its rank. Node 0 hosts the store at the endpoint
+// (MASTER_ADDR:MASTER_PORT; port 0 picks a free one, for single-node jobs);
+// the others connect to it. No elasticity: num_nodes_waiting() is 0.
+//
+// Parameters: endpoint "host[:port]" (default port 29500), max_nodes = the
+// node count, config "rank" (this node's rank, default 0) and "timeout"
+// (seconds, the store timeout, default 600).
+class StaticRendezvousHandler final : public RendezvousHandler {
+ public:
+  explicit StaticRendezvousHandler(const RendezvousParameters& params);
+
+  std::string get_backend() const override {
+    return "static";
+  }
+  RendezvousInfo next_rendezvous() override;
+  bool is_closed() override;
+  void set_closed() override;
+  int num_nodes_waiting() override {
+    return 0;
+  }
+  std::string get_run_id() const override {
+    return run_id_;
+  }
+  bool shutdown() override;
+
+ private:
+  std::string run_id_;
+  std::string host_;
+  uint16_t port_ = 0;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<store::TcpStore> store_;
+  bool closed_ = false;
+};
+
+// Splits "host[:port]" or "[v6addr]:port"; port defaults to default_port.
+std::pair<std::string, uint16_t> parse_endpoint(
+    const std::string& endpoint,
+    uint16_t default_port);
+
+}  // namespace tide::rendezvous

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <sys/types.h>
+
+// The janitor: a small process forked when an agent starts, which outlives
+// it. The agent tells it each worker's process group as it starts and ends;
+// when the agent dies, however it dies (SIGKILL included), its end of a pipe
+// closes and the janitor kills the process groups still listed, so neither
+// workers nor their children survive the agent. A worker's own
+// PR_SET_PDEATHSIG covers the worker; the janitor covers what it started.
+namespace tide::agent::detail {
+
+class Janitor {
+ public:
+  // Forks the janitor. Throws Error when it cannot.
+  Janitor();
+  // Closes the pipe and reaps the janitor (which finds nothing to kill when
+  // the agent stopped its workers itself).
+  ~Janitor();
+  Janitor(const Janitor&) = delete;
+  Janitor& operator=(const Janitor&) = delete;
+
+  // Best effort: a janitor that is gone cannot be told.
+  void watch(pid_t pgid);
+  void forget(pid_t pgid);
+
+ private:
+  void tell(int value);
+  int fd_ = -1;
+  pid_t pid_ = -1;
+};
+
+}  // namespace tide::agent::detail

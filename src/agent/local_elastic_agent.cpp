@@ -1,0 +1,641 @@
+// The agent's run loop (torch's SimpleElasticAgent._invoke_run), event
+// driven: one poll() over the workers' pidfds, their tee pipes and a wake-up
+// eventfd. Worker exits are seen when they happen; monitor_interval only
+// paces the question "are nodes waiting to join?".
+#include "tide/agent/local_elastic_agent.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "agent/entrypoint_run.h"
+#include "agent/error_file.h"
+#include "agent/janitor.h"
+#include "agent/worker_process.h"
+#include "tide/common/logging.h"
+#include "tide/rendezvous/rendezvous_handler.h"
+
+extern char** environ;
+
+namespace tide::agent {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string random_suffix() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device rd;
+  std::string s;
+  for (int i = 0; i < 8; ++i) {
+    s.push_back(kChars[rd() % (sizeof kChars - 1)]);
+  }
+  return s;
+}
+
+std::string make_temp_dir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {
+    throw Error("cannot create a log directory " + templ + ": " + std::strerror(errno));
+  }
+  return templ;
+}
+
+// The parts of the agent's environment a worker inherits, as a map.
+std::map<std::string, std::string> inherited_env() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string_view::npos) {
+      env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+    }
+  }
+  return env;
+}
+
+const char* py_bool(bool b) {
+  return b ? "True" : "False";
+}
+
+}  // namespace
+
+struct LocalElasticAgent::Impl {
+  explicit Impl(LocalElasticAgent& agent, AgentOptions opts)
+      : self(agent), options(opts) {
+    wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd < 0) {
+      throw Error(std::string("eventfd failed: ") + std::strerror(errno));
+    }
+  }
+  ~Impl() {
+    processes.clear();
+    ::close(wake_fd);
+  }
+
+  RunResult run();
+  void initialize_workers();
+  void rendezvous();
+  void assign_ranks();
+  void start_workers();
+  // Stops every running worker: `sig` to each process group, SIGKILL after
+  // the grace period, and gives up on those that survive even that.
+  void stop_workers(int sig, milliseconds grace);
+  // Waits for events until `deadline`; returns false on timeout.
+  bool wait_for_events(Clock::time_point deadline);
+  void reap();
+  void pump_output();
+  WorkerState group_state() const;
+  std::map<int, ProcessFailure> failures() const;
+  std::map<int, std::string> return_values() const;
+  void exit_barrier();
+  std::string attempt_dir() const;
+  std::vector<std::string> worker_env(const Worker& w) const;
+
+  LocalElasticAgent& self;
+  const AgentOptions options;
+  int wake_fd = -1;
+  std::atomic<int> stop_signal{0};
+  std::unique_ptr<detail::Janitor> janitor;
+  std::string run_log_dir;
+  std::string host = hostname();
+  WorkerGroup group;
+  rendezvous::RendezvousInfo rdzv;
+  int restart_count = 0;
+  int incarnation = 0;  // groups started, restarts and membership changes
+  std::vector<std::string> attempt_dirs;
+  std::vector<std::unique_ptr<detail::WorkerProcess>> processes;
+  std::vector<std::string> result_files;
+  std::vector<std::string> error_files;
+  std::map<std::string, std::string> base_env;
+  bool warned_omp = false;
+};
+
+LocalElasticAgent::LocalElasticAgent(WorkerSpec spec, AgentOptions options)
+    : spec_(std::move(spec)), remaining_restarts_(spec_.max_restarts) {
+  validate(spec_);
+  impl_ = std::make_unique<Impl>(*this, options);
+}
+
+LocalElasticAgent::~LocalElasticAgent() = default;
+
+const WorkerGroup& LocalElasticAgent::worker_group() const {
+  return impl_->group;
+}
+
+const std::string& LocalElasticAgent::run_log_dir() const {
+  return impl_->run_log_dir;
+}
+
+void LocalElasticAgent::request_stop(int sig) noexcept {
+  int expected = 0;
+  impl_->stop_signal.compare_exchange_strong(expected, sig);
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(impl_->wake_fd, &one, sizeof one);
+}
+
+RunResult LocalElasticAgent::run() {
+  return impl_->run();
+}
+
+std::string LocalElasticAgent::Impl::attempt_dir() const {
+  // torch's layout, attempt_<restart count>; a membership change keeps the
+  // count, and gets attempt_<n>.<k> rather than wiping the last logs.
+  std::string dir = run_log_dir + "/attempt_" + std::to_string(restart_count);
+  std::string candidate = dir;
+  for (int k = 1; fs::exists(candidate); ++k) {
+    candidate = dir + "." + std::to_string(k);
+  }
+  return candidate;
+}
+
+void LocalElasticAgent::Impl::rendezvous() {
+  const WorkerSpec& spec = self.spec_;
+  auto start = Clock::now();
+  rdzv = spec.rdzv_handler->next_rendezvous();
+  group.store = rdzv.store;
+  group.group_rank = rdzv.rank;
+  group.group_world_size = rdzv.world_size;
+  TIDE_LOG_INFO(
+      "[{}] rendezvous complete in {} ms: this node is {} of {} (run {})",
+      spec.role,
+      std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(),
+      rdzv.rank,
+      rdzv.world_size,
+      spec.rdzv_handler->get_run_id());
+}
+
+void LocalElasticAgent::Impl::assign_ranks() {
+  // torch's scheme: each node publishes (role, local_world_size); node 0
+  // computes every node's first global rank and publishes them. Keys are
+  // per attempt so a restart never reads the last attempt's answer.
+  const WorkerSpec& spec = self.spec_;
+  store::Store& st = *rdzv.store;
+  std::string base = "torchelastic/" + std::to_string(restart_count) + "." +
+      std::to_string(incarnation) + "/";
+  int n = rdzv.world_size;
+  int first_rank = 0;
+  int world = spec.local_world_size;
+  if (n > 1) {
+    st.set(
+        base + "role_info/" + std::to_string(rdzv.rank),
+        std::to_string(spec.local_world_size));
+    if (rdzv.rank == 0) {
+      std::vector<std::string> keys;
+      for (int i = 0; i < n; ++i) {
+        keys.push_back(base + "role_info/" + std::to_string(i));
+      }
+      auto sizes = st.multi_get(keys);
+      std::vector<std::string> out_keys;
+      std::vector<std::string> out_values;
+      int64_t total = 0;
+      for (const auto& s : sizes) {
+        total += std::stoll(s);
+      }
+      int64_t prefix = 0;
+      for (int i = 0; i < n; ++i) {
+        out_keys.push_back(base + "assigned_ranks/" + std::to_string(i));
+        out_values.push_back(std::to_string(prefix) + "," + std::to_string(total));
+        prefix += std::stoll(sizes[static_cast<size_t>(i)]);
+      }
+      st.multi_set(out_keys, out_values);
+    }
+    std::string mine = st.get(base + "assigned_ranks/" + std::to_string(rdzv.rank));
+    auto comma = mine.find(',');
+    first_rank = std::stoi(mine.substr(0, comma));
+    world = std::stoi(mine.substr(comma + 1));
+  }
+  group.workers.clear();
+  for (int i = 0; i < spec.local_world_size; ++i) {
+    group.workers.push_back(Worker{
+        .local_rank = i,
+        .global_rank = first_rank + i,
+        .role_rank = first_rank + i,
+        .world_size = world,
+        .role_world_size = world,
+    });
+  }
+}
+
+std::vector<std::string> LocalElasticAgent::Impl::worker_env(const Worker& w) const {
+  const WorkerSpec& spec = self.spec_;
+  std::map<std::string, std::string> env = base_env;
+  for (const auto& [k, v] : spec.env) {
+    env[k] = v;
+  }
+  auto set = [&](const char* k, const std::string& v) { env[k] = v; };
+  set("LOCAL_RANK", std::to_string(w.local_rank));
+  set("RANK", std::to_string(w.global_rank));
+  set("GROUP_RANK", std::to_string(group.group_rank));
+  set("ROLE_RANK", std::to_string(w.role_rank));
+  set("ROLE_NAME", spec.role);
+  set("LOCAL_WORLD_SIZE", std::to_string(spec.local_world_size));
+  set("WORLD_SIZE", std::to_string(w.world_size));
+  set("GROUP_WORLD_SIZE", std::to_string(group.group_world_size));
+  set("ROLE_WORLD_SIZE", std::to_string(w.role_world_size));
+  set("MASTER_ADDR", spec.master_addr.value_or(rdzv.bootstrap.master_addr));
+  set("MASTER_PORT", std::to_string(spec.master_port.value_or(rdzv.bootstrap.master_port)));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(spec.max_restarts));
+  set("TORCHELASTIC_RUN_ID", spec.rdzv_handler->get_run_id());
+  set("TORCHELASTIC_USE_AGENT_STORE", py_bool(spec.rdzv_handler->use_agent_store()));
+  set("TORCHELASTIC_ERROR_FILE", error_files[static_cast<size_t>(w.local_rank)]);
+  // torch 1.13 and today's torch name this differently; set both.
+  env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) {
+    out.push_back(k + "=" + v);
+  }
+  return out;
+}
+
+void LocalElasticAgent::Impl::start_workers() {
+  const WorkerSpec& spec = self.spec_;
+  ++incarnation;
+  std::string dir = attempt_dir();
+  attempt_dirs.push_back(dir);
+  result_files.assign(static_cast<size_t>(spec.local_world_size), "");
+  error_files.assign(static_cast<size_t>(spec.local_world_size), "");
+  for (int i = 0; i < spec.local_world_size; ++i) {
+    std::string rank_dir = dir + "/" + std::to_string(i);
+    fs::create_directories(rank_dir);
+    result_files[static_cast<size_t>(i)] = rank_dir + "/return_value";
+    error_files[static_cast<size_t>(i)] = rank_dir + "/error.json";
+  }
+
+  std::string exe;
+  if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
+    auto path = base_env.find("PATH");
+    exe = detail::find_executable(c->argv[0], path == base_env.end() ? "" : path->second);
+    if (exe.empty()) {
+      throw InvalidArgument(
+          "cannot run \"" + c->argv[0] + "\": no such executable (PATH searched)");
+    }
+  }
+
+  processes.clear();
+  for (const Worker& w : group.workers) {
+    detail::LaunchSpec ls;
+    ls.local_rank = w.local_rank;
+    ls.env = worker_env(w);
+    std::string rank_dir = dir + "/" + std::to_string(w.local_rank);
+    if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
+      ls.path = exe;
+      ls.argv = c->argv;
+    } else {
+      const auto& f = std::get<FunctionCall>(spec.entrypoint);
+      ls.result_file = result_files[static_cast<size_t>(w.local_rank)];
+      if (spec.start_method == StartMethod::kFork) {
+        ls.function = f.name;
+        ls.function_args = f.args;
+      } else {
+        ls.path = "/proc/self/exe";
+        ls.argv.push_back(std::string("tide-worker:") + f.name);
+        ls.argv.insert(ls.argv.end(), f.args.begin(), f.args.end());
+        ls.env.push_back(std::string(detail::kFunctionEnv) + "=" + f.name);
+        ls.env.push_back(std::string(detail::kResultFileEnv) + "=" + ls.result_file);
+      }
+    }
+    bool shown = spec.local_ranks_filter.empty() ||
+        spec.local_ranks_filter.count(w.local_rank) > 0;
+    auto target = [&](Std bit, const char* file) {
+      detail::StreamTarget t;
+      auto has = [&](const StdSpec& s) {
+        return (static_cast<int>(s.for_rank(w.local_rank)) & static_cast<int>(bit)) != 0;
+      };
+      if (has(spec.tee) && shown) {
+        t.mode = detail::StreamTarget::Mode::kTee;
+      } else if (has(spec.redirects) || has(spec.tee) || !shown) {
+        t.mode = detail::StreamTarget::Mode::kFile;
+      }
+      t.path = rank_dir + "/" + file;
+      return t;
+    };
+    ls.out = target(Std::kOut, "stdout.log");
+    ls.err = target(Std::kErr, "stderr.log");
+    ls.console_prefix = "[" + spec.role + std::to_string(w.local_rank) + "]:";
+    processes.push_back(std::make_unique<detail::WorkerProcess>(ls, janitor.get()));
+    group.workers[static_cast<size_t>(w.local_rank)].pid = processes.back()->pid();
+  }
+  group.state = WorkerState::kHealthy;
+  TIDE_LOG_INFO(
+      "[{}] started {} workers (attempt {}, ranks {}-{} of {}, {} restarts left)",
+      spec.role,
+      spec.local_world_size,
+      restart_count,
+      group.workers.front().global_rank,
+      group.workers.back().global_rank,
+      group.workers.front().world_size,
+      self.remaining_restarts_);
+}
+
+void LocalElasticAgent::Impl::initialize_workers() {
+  rendezvous();
+  assign_ranks();
+  start_workers();
+}
+
+void LocalElasticAgent::Impl::pump_output() {
+  for (auto& p : processes) {
+    for (auto& pump : p->pumps()) {
+      pump.pump();
+    }
+  }
+}
+
+void LocalElasticAgent::Impl::reap() {
+  if (options.adopt_orphans) {
+    // Orphans of workers are our children too; reap whatever has exited.
+    int st = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
+      for (auto& p : processes) {
+        if (p->pid() == pid) {
+          ::kill(-pid, SIGKILL);
+          p->set_status(st);
+        }
+      }
+    }
+  }
+  for (auto& p : processes) {
+    p->poll_exit();
+  }
+}
+
+bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
+  std::vector<pollfd> fds;
+  fds.push_back({.fd = wake_fd, .events = POLLIN, .revents = 0});
+  for (auto& p : processes) {
+    if (!p->exited() && !p->abandoned()) {
+      fds.push_back({.fd = p->pidfd(), .events = POLLIN, .revents = 0});
+    }
+    for (auto& pump : p->pumps()) {
+      if (pump.fd() >= 0) {
+        fds.push_back({.fd = pump.fd(), .events = POLLIN, .revents = 0});
+      }
+    }
+  }
+  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  int timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+  int r = ::poll(fds.data(), fds.size(), timeout);
+  if (r < 0 && errno != EINTR) {
+    throw Error(std::string("poll failed: ") + std::strerror(errno));
+  }
+  pump_output();
+  reap();
+  return r > 0;
+}
+
+WorkerState LocalElasticAgent::Impl::group_state() const {
+  bool all_done = true;
+  for (const auto& p : processes) {
+    if (!p->exited()) {
+      all_done = false;
+      continue;
+    }
+    if (p->exitcode() != 0) {
+      return WorkerState::kFailed;
+    }
+  }
+  return all_done ? WorkerState::kSucceeded : WorkerState::kHealthy;
+}
+
+std::map<int, ProcessFailure> LocalElasticAgent::Impl::failures() const {
+  std::map<int, ProcessFailure> out;
+  for (const auto& p : processes) {
+    if (!p->exited() || p->exitcode() == 0) {
+      continue;
+    }
+    const Worker& w = group.workers[static_cast<size_t>(p->local_rank())];
+    ProcessFailure f;
+    f.local_rank = w.local_rank;
+    f.global_rank = w.global_rank;
+    f.pid = p->pid();
+    f.exitcode = p->exitcode();
+    f.host = host;
+    f.timestamp = p->exit_time();
+    f.error_file = error_files[static_cast<size_t>(w.local_rank)];
+    f.error_file_data = detail::read_file(f.error_file);
+    if (!f.error_file_data.empty()) {
+      auto parsed = detail::parse_error_file(f.error_file_data);
+      f.message = parsed.message;
+      f.traceback = parsed.traceback;
+      if (parsed.timestamp > 0) {
+        f.timestamp = parsed.timestamp;
+      }
+    } else if (f.exitcode < 0) {
+      f.message = "Signal " + std::to_string(-f.exitcode) + " (" + f.signal_name() +
+          ") received by PID " + std::to_string(f.pid);
+    } else {
+      f.message = "exited with code " + std::to_string(f.exitcode) +
+          "; to see the worker's error here, have it write TORCHELASTIC_ERROR_FILE "
+          "(torch: @record)";
+    }
+    out.emplace(w.global_rank, std::move(f));
+  }
+  return out;
+}
+
+std::map<int, std::string> LocalElasticAgent::Impl::return_values() const {
+  std::map<int, std::string> out;
+  if (!std::holds_alternative<FunctionCall>(self.spec_.entrypoint)) {
+    return out;
+  }
+  for (const Worker& w : group.workers) {
+    out.emplace(w.global_rank, detail::read_file(result_files[static_cast<size_t>(w.local_rank)]));
+  }
+  return out;
+}
+
+void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
+  auto running = [&] {
+    int n = 0;
+    for (auto& p : processes) {
+      n += (!p->exited() && !p->abandoned()) ? 1 : 0;
+    }
+    return n;
+  };
+  auto wait_all = [&](Clock::time_point deadline) {
+    while (running() > 0 && Clock::now() < deadline) {
+      wait_for_events(deadline);
+    }
+  };
+  if (running() > 0) {
+    for (auto& p : processes) {
+      p->signal(sig);
+    }
+    wait_all(Clock::now() + grace);
+  }
+  if (running() > 0) {
+    TIDE_LOG_WARN(
+        "[{}] {} workers still running {} ms after {}; sending SIGKILL",
+        self.spec_.role,
+        running(),
+        grace.count(),
+        sigabbrev_np(sig) ? sigabbrev_np(sig) : "the signal");
+    for (auto& p : processes) {
+      p->signal(SIGKILL);
+    }
+    wait_all(Clock::now() + self.spec_.kill_wait);
+  }
+  for (auto& p : processes) {
+    if (!p->exited() && !p->abandoned()) {
+      TIDE_LOG_ERROR(
+          "[{}] worker pid {} survived SIGKILL for {} ms (stuck in the kernel?); "
+          "leaving it behind",
+          self.spec_.role,
+          p->pid(),
+          self.spec_.kill_wait.count());
+      p->abandon();
+    }
+  }
+  for (auto& p : processes) {
+    for (auto& pump : p->pumps()) {
+      pump.finish();
+    }
+  }
+}
+
+void LocalElasticAgent::Impl::exit_barrier() {
+  // Every node's agent counts in; the last one marks the barrier done. A
+  // timeout is only logged, as in torch.
+  if (rdzv.world_size <= 1) {
+    return;
+  }
+  const WorkerSpec& spec = self.spec_;
+  std::string base = "torchelastic/agent/terminal_state/";
+  try {
+    store::Store& st = *rdzv.store;
+    if (st.add(base + "num_members", 1) == rdzv.world_size) {
+      st.set(base + "last_member", "1");
+    }
+    st.wait({base + "last_member"}, spec.exit_barrier_timeout);
+  } catch (const Error& e) {
+    TIDE_LOG_WARN("[{}] exit barrier: {}", spec.role, e.what());
+  }
+}
+
+RunResult LocalElasticAgent::Impl::run() {
+  const WorkerSpec& spec = self.spec_;
+  if (run_log_dir.empty()) {
+    std::string base = spec.log_dir.empty() ? make_temp_dir("tide_") : spec.log_dir;
+    fs::create_directories(base);
+    run_log_dir = base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_suffix();
+    fs::create_directories(run_log_dir);
+  }
+  base_env = inherited_env();
+  if (!base_env.count("OMP_NUM_THREADS") && spec.local_world_size > 1) {
+    base_env["OMP_NUM_THREADS"] = "1";
+    if (!warned_omp) {
+      warned_omp = true;
+      TIDE_LOG_WARN(
+          "Setting OMP_NUM_THREADS to 1 for each worker so {} workers do not "
+          "overload this machine; set it yourself to tune performance",
+          spec.local_world_size);
+    }
+  }
+  if (options.adopt_orphans) {
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+  janitor = std::make_unique<detail::Janitor>();
+  TIDE_LOG_INFO(
+      "[{}] starting: {} workers per node, {} restarts allowed, logs in {}",
+      spec.role,
+      spec.local_world_size,
+      spec.max_restarts,
+      run_log_dir);
+
+  auto check_stop = [&] {
+    if (int sig = stop_signal.load(); sig != 0) {
+      const char* name = sigabbrev_np(sig);
+      TIDE_LOG_WARN(
+          "[{}] received SIG{}; stopping workers", spec.role, name ? name : "?");
+      stop_workers(sig, spec.shutdown_grace);
+      group.state = WorkerState::kStopped;
+      throw SignalException(
+          sig, std::string("agent stopped by SIG") + (name ? name : "?"));
+    }
+  };
+
+  check_stop();
+  initialize_workers();
+  auto next_membership_check = Clock::now() + spec.monitor_interval;
+  for (;;) {
+    wait_for_events(next_membership_check);
+    check_stop();
+    WorkerState state = group_state();
+    if (state == WorkerState::kSucceeded) {
+      group.state = state;
+      TIDE_LOG_INFO("[{}] all workers succeeded", spec.role);
+      stop_workers(SIGTERM, spec.shutdown_grace);  // their process groups' leftovers
+      exit_barrier();
+      return RunResult{.state = state, .return_values = return_values()};
+    }
+    if (state == WorkerState::kFailed) {
+      auto fails = failures();
+      for (const auto& [rank, f] : fails) {
+        TIDE_LOG_WARN(
+            "[{}] worker rank {} (local {}, pid {}) failed: {}",
+            spec.role,
+            rank,
+            f.local_rank,
+            f.pid,
+            f.message);
+      }
+      stop_workers(SIGTERM, spec.shutdown_grace);
+      if (self.remaining_restarts_ > 0) {
+        --self.remaining_restarts_;
+        ++restart_count;
+        TIDE_LOG_INFO(
+            "[{}] restarting the worker group ({} of {} restarts used)",
+            spec.role,
+            restart_count,
+            spec.max_restarts);
+        initialize_workers();
+        next_membership_check = Clock::now() + spec.monitor_interval;
+        continue;
+      }
+      group.state = WorkerState::kFailed;
+      TIDE_LOG_ERROR(
+          "[{}] worker group failed and no restarts are left ({} allowed)",
+          spec.role,
+          spec.max_restarts);
+      return RunResult{.state = WorkerState::kFailed, .failures = std::move(fails)};
+    }
+    if (Clock::now() >= next_membership_check) {
+      next_membership_check = Clock::now() + spec.monitor_interval;
+      if (int waiting = spec.rdzv_handler->num_nodes_waiting(); waiting > 0) {
+        TIDE_LOG_INFO(
+            "[{}] {} nodes wait to join; restarting the group to admit them "
+            "(not counted as a restart)",
+            spec.role,
+            waiting);
+        stop_workers(SIGTERM, spec.shutdown_grace);
+        initialize_workers();
+      }
+    }
+  }
+}
+
+}  // namespace tide::agent

@@ -1,0 +1,340 @@
+#include "agent/worker_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "agent/entrypoint_run.h"
+#include "agent/janitor.h"
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+
+extern char** environ;
+
+namespace tide::agent::detail {
+
+namespace {
+
+void write_all(int fd, const char* data, size_t len) {
+  while (len > 0) {
+    ssize_t n = ::write(fd, data, len);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      return;  // A closed console or a full disk: the output is lost, not the run.
+    }
+    data += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+int open_log(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw Error("cannot open log file " + path + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
+// Child side of fork(): async-signal-safe calls only until exec.
+[[noreturn]] void child_exec_or_run(
+    pid_t parent,
+    int out_fd,
+    int err_fd,
+    const LaunchSpec& spec,
+    char* const* argv,
+    char* const* envp) {
+  ::setsid();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) {
+    ::_exit(1);  // The agent died before we could arm the death signal.
+  }
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) {
+      ::signal(sig, SIG_DFL);
+    }
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (out_fd >= 0) {
+    ::dup2(out_fd, STDOUT_FILENO);
+  }
+  if (err_fd >= 0) {
+    ::dup2(err_fd, STDERR_FILENO);
+  }
+  if (!spec.path.empty()) {
+    ::execve(spec.path.c_str(), argv, envp);
+    const char* msg = "tide: exec failed: ";
+    write_all(STDERR_FILENO, msg, std::strlen(msg));
+    const char* err = std::strerror(errno);
+    write_all(STDERR_FILENO, err, std::strlen(err));
+    write_all(STDERR_FILENO, "\n", 1);
+    ::_exit(127);
+  }
+  // Fork start method: the function runs in this copy of the agent.
+  environ = const_cast<char**>(envp);
+  int code = run_function(spec.function, spec.function_args, spec.result_file);
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+}  // namespace
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string find_executable(const std::string& file, const std::string& path_env) {
+  if (file.find('/') != std::string::npos) {
+    return ::access(file.c_str(), X_OK) == 0 ? file : "";
+  }
+  std::string_view rest = path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env;
+  while (true) {
+    auto colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
+    if (::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    if (colon == std::string_view::npos) {
+      return "";
+    }
+    rest.remove_prefix(colon + 1);
+  }
+}
+
+TeePump::TeePump(int read_fd, int file_fd, int console_fd, std::string prefix)
+    : read_fd_(read_fd),
+      file_fd_(file_fd),
+      console_fd_(console_fd),
+      prefix_(std::move(prefix)) {
+  ::fcntl(read_fd_, F_SETFL, ::fcntl(read_fd_, F_GETFL) | O_NONBLOCK);
+}
+
+TeePump::TeePump(TeePump&& other) noexcept
+    : read_fd_(std::exchange(other.read_fd_, -1)),
+      file_fd_(std::exchange(other.file_fd_, -1)),
+      console_fd_(other.console_fd_),
+      prefix_(std::move(other.prefix_)),
+      partial_(std::move(other.partial_)) {}
+
+TeePump::~TeePump() {
+  if (read_fd_ >= 0) {
+    ::close(read_fd_);
+  }
+  if (file_fd_ >= 0) {
+    ::close(file_fd_);
+  }
+}
+
+bool TeePump::pump() {
+  if (read_fd_ < 0) {
+    return false;
+  }
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(read_fd_, buf, sizeof buf);
+    if (n > 0) {
+      write_all(file_fd_, buf, static_cast<size_t>(n));
+      partial_.append(buf, static_cast<size_t>(n));
+      emit_lines(false);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return true;
+    }
+    emit_lines(true);
+    ::close(read_fd_);
+    read_fd_ = -1;
+    return false;
+  }
+}
+
+void TeePump::finish() {
+  while (read_fd_ >= 0) {
+    pollfd p{.fd = read_fd_, .events = POLLIN, .revents = 0};
+    // What the process wrote before it exited is in the pipe already;
+    // anything still open by its children is not waited for.
+    if (::poll(&p, 1, 0) <= 0) {
+      emit_lines(true);
+      return;
+    }
+    pump();
+  }
+}
+
+void TeePump::emit_lines(bool flush_partial) {
+  size_t start = 0;
+  for (;;) {
+    size_t nl = partial_.find('\n', start);
+    if (nl == std::string::npos) {
+      break;
+    }
+    std::string line = prefix_ + partial_.substr(start, nl - start + 1);
+    write_all(console_fd_, line.data(), line.size());
+    start = nl + 1;
+  }
+  partial_.erase(0, start);
+  if (flush_partial && !partial_.empty()) {
+    std::string line = prefix_ + partial_ + "\n";
+    write_all(console_fd_, line.data(), line.size());
+    partial_.clear();
+  }
+}
+
+WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
+    : local_rank_(spec.local_rank), janitor_(janitor) {
+  // Descriptors the child gets as stdout/stderr; closed in the parent after
+  // the fork. -1 = inherit.
+  int child_fds[2] = {-1, -1};
+  auto setup = [&](const StreamTarget& t, int index, int console) {
+    if (t.mode == StreamTarget::Mode::kInherit) {
+      return;
+    }
+    int file = open_log(t.path);
+    if (t.mode == StreamTarget::Mode::kFile) {
+      child_fds[index] = file;
+      return;
+    }
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) {
+      ::close(file);
+      throw Error(std::string("pipe failed: ") + std::strerror(errno));
+    }
+    child_fds[index] = p[1];
+    pumps_.emplace_back(p[0], file, console, spec.console_prefix);
+  };
+  auto close_child_fds = [&] {
+    for (int& fd : child_fds) {
+      if (fd >= 0) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+  };
+  try {
+    setup(spec.out, 0, STDOUT_FILENO);
+    setup(spec.err, 1, STDERR_FILENO);
+  } catch (...) {
+    close_child_fds();
+    throw;
+  }
+
+  // Everything the child needs is built before fork().
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) {
+    argv.push_back(const_cast<char*>(a.c_str()));
+  }
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : spec.env) {
+    envp.push_back(const_cast<char*>(e.c_str()));
+  }
+  envp.push_back(nullptr);
+
+  pid_t parent = ::getpid();
+  std::fflush(nullptr);
+  pid_ = ::fork();
+  if (pid_ < 0) {
+    int err = errno;
+    close_child_fds();
+    throw Error(std::string("fork failed: ") + std::strerror(err));
+  }
+  if (pid_ == 0) {
+    child_exec_or_run(parent, child_fds[0], child_fds[1], spec, argv.data(), envp.data());
+  }
+  close_child_fds();
+  janitor_->watch(pid_);
+  pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  if (pidfd_ < 0) {
+    int err = errno;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    janitor_->forget(pid_);
+    throw Error(std::string("pidfd_open failed: ") + std::strerror(err));
+  }
+}
+
+WorkerProcess::~WorkerProcess() {
+  if (!status_ && !abandoned_) {
+    signal(SIGKILL);
+    pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 1000) > 0) {
+      poll_exit();
+    }
+  }
+  if (pidfd_ >= 0) {
+    ::close(pidfd_);
+  }
+}
+
+bool WorkerProcess::poll_exit() {
+  if (status_) {
+    return true;
+  }
+  siginfo_t info{};
+  // Peek without reaping: while the process is a zombie its group id cannot
+  // be reused, so the group can be cleared safely first.
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid_) {
+    return false;
+  }
+  ::kill(-pid_, SIGKILL);
+  int st = 0;
+  if (::waitpid(pid_, &st, 0) == pid_) {
+    on_exit(st);
+  }
+  return status_.has_value();
+}
+
+void WorkerProcess::set_status(int wait_status) {
+  if (!status_) {
+    on_exit(wait_status);
+  }
+}
+
+void WorkerProcess::on_exit(int wait_status) {
+  status_ = wait_status;
+  exit_time_ = now_seconds();
+  janitor_->forget(pid_);
+}
+
+int WorkerProcess::exitcode() const {
+  int st = *status_;
+  if (WIFEXITED(st)) {
+    return WEXITSTATUS(st);
+  }
+  if (WIFSIGNALED(st)) {
+    return -WTERMSIG(st);
+  }
+  return -1;
+}
+
+void WorkerProcess::signal(int sig) const {
+  if (status_ || abandoned_) {
+    return;
+  }
+  if (::kill(-pid_, sig) != 0) {
+    ::kill(pid_, sig);
+  }
+}
+
+void WorkerProcess::abandon() {
+  abandoned_ = true;
+}
+
+}  // namespace tide::agent::detail

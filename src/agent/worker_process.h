@@ -1,0 +1,140 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+// One worker process: how it is started (exec of a command, fork into a
+// function), where its output goes, and its exit. Private to the agent.
+namespace tide::agent::detail {
+
+class Janitor;
+
+// Where one of a worker's standard streams goes.
+struct StreamTarget {
+  enum class Mode {
+    kInherit,  // the agent's own stream
+    kFile,     // the log file only
+    kTee,      // the log file, and the console with a prefix
+  };
+  Mode mode = Mode::kInherit;
+  std::string path;
+};
+
+struct LaunchSpec {
+  int local_rank = 0;
+  // The whole environment, "NAME=value".
+  std::vector<std::string> env;
+  // exec: the program's resolved path and argv (argv[0] included).
+  std::string path;
+  std::vector<std::string> argv;
+  // fork: a registered function instead (path empty).
+  std::string function;
+  std::vector<std::string> function_args;
+  std::string result_file;
+  StreamTarget out;
+  StreamTarget err;
+  std::string console_prefix;  // "[default0]:"
+};
+
+// Copies a tee'd stream from its pipe to the log file and, line by line
+// with a prefix, to the console.
+class TeePump {
+ public:
+  TeePump(int read_fd, int file_fd, int console_fd, std::string prefix);
+  ~TeePump();
+  TeePump(TeePump&& other) noexcept;
+  TeePump& operator=(TeePump&&) = delete;
+
+  int fd() const {
+    return read_fd_;
+  }
+  // Reads what is available; false at EOF (the pump is then finished).
+  bool pump();
+  // Drains to EOF or until nothing more is readable, then flushes a last
+  // partial line.
+  void finish();
+
+ private:
+  void emit_lines(bool flush_partial);
+  int read_fd_ = -1;
+  int file_fd_ = -1;
+  int console_fd_ = -1;
+  std::string prefix_;
+  std::string partial_;
+};
+
+class WorkerProcess {
+ public:
+  // Starts the worker in a new session (its own process group) that dies
+  // with the agent's thread (PR_SET_PDEATHSIG). Throws Error when the
+  // process or its log files cannot be created.
+  WorkerProcess(const LaunchSpec& spec, Janitor* janitor);
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  pid_t pid() const {
+    return pid_;
+  }
+  int local_rank() const {
+    return local_rank_;
+  }
+  // Readable once the process has exited.
+  int pidfd() const {
+    return pidfd_;
+  }
+  std::vector<TeePump>& pumps() {
+    return pumps_;
+  }
+
+  // Collects the exit status if the process has exited (never blocks),
+  // killing whatever is left in its process group first.
+  bool poll_exit();
+  // Records a status reaped elsewhere (waitpid(-1)).
+  void set_status(int wait_status);
+  bool exited() const {
+    return status_.has_value();
+  }
+  // The raw wait status.
+  int status() const {
+    return *status_;
+  }
+  // Exit code, or minus the signal.
+  int exitcode() const;
+  double exit_time() const {
+    return exit_time_;
+  }
+
+  // Signals the whole process group (the process alone until it has made
+  // its group).
+  void signal(int sig) const;
+  // Stops watching: the process could not be killed (stuck in the kernel).
+  void abandon();
+  bool abandoned() const {
+    return abandoned_;
+  }
+
+ private:
+  void on_exit(int wait_status);
+
+  int local_rank_ = 0;
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+  Janitor* janitor_ = nullptr;
+  std::vector<TeePump> pumps_;
+  std::optional<int> status_;
+  double exit_time_ = 0;
+  bool abandoned_ = false;
+};
+
+// The first executable named `file` on PATH (or `file` itself when it
+// contains a slash); empty when none.
+std::string find_executable(const std::string& file, const std::string& path_env);
+
+double now_seconds();
+
+}  // namespace tide::agent::detail

@@ -1,0 +1,73 @@
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+
+#include "tide/rendezvous/rendezvous_handler.h"
+
+namespace tide::rendezvous {
+
+std::string RendezvousParameters::get(
+    const std::string& key,
+    const std::string& fallback) const {
+  auto it = config.find(key);
+  return it == config.end() ? fallback : it->second;
+}
+
+int64_t RendezvousParameters::get_as_int(
+    const std::string& key,
+    int64_t fallback) const {
+  auto it = config.find(key);
+  if (it == config.end()) {
+    return fallback;
+  }
+  const std::string& v = it->second;
+  int64_t n = 0;
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || ptr != v.data() + v.size()) {
+    throw InvalidArgument(
+        "rendezvous config " + key + "=" + v + " is not an integer");
+  }
+  return n;
+}
+
+bool RendezvousParameters::get_as_bool(const std::string& key, bool fallback) const {
+  auto it = config.find(key);
+  if (it == config.end()) {
+    return fallback;
+  }
+  std::string v = it->second;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) {
+    return static_cast<char>(std::tolower(c));
+  });
+  if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") {
+    return true;
+  }
+  if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") {
+    return false;
+  }
+  throw InvalidArgument(
+      "rendezvous config " + key + "=" + it->second +
+      " is not a boolean (use 1/true/yes or 0/false/no)");
+}
+
+std::chrono::milliseconds RendezvousParameters::get_as_seconds(
+    const std::string& key,
+    std::chrono::milliseconds fallback) const {
+  auto it = config.find(key);
+  if (it == config.end()) {
+    return fallback;
+  }
+  double s = 0;
+  const std::string& v = it->second;
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), s);
+  if (v.empty() || ec != std::errc() || ptr != v.data() + v.size() || s < 0 ||
+      !std::isfinite(s)) {
+    throw InvalidArgument(
+        "rendezvous config " + key + "=" + v +
+        " is not a non-negative number of seconds");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
+}
+
+}  // namespace tide::rendezvous

@@ -1,0 +1,68 @@
+#include "tide/rendezvous/registry.h"
+
+#include "tide/rendezvous/static_rendezvous.h"
+
+namespace tide::rendezvous {
+
+void HandlerRegistry::add(const std::string& backend, HandlerFactory factory) {
+  std::lock_guard lock(mutex_);
+  for (const auto& [name, f] : factories_) {
+    if (name == backend) {
+      throw InvalidArgument(
+          "rendezvous backend \"" + backend + "\" is already registered");
+    }
+  }
+  factories_.emplace_back(backend, std::move(factory));
+}
+
+std::unique_ptr<RendezvousHandler> HandlerRegistry::create(
+    const RendezvousParameters& params) {
+  HandlerFactory factory;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, f] : factories_) {
+      if (name == params.backend) {
+        factory = f;
+      }
+    }
+  }
+  if (!factory) {
+    std::string known;
+    for (const auto& name : backends()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    throw InvalidArgument(
+        "unknown rendezvous backend \"" + params.backend + "\"; known: " + known);
+  }
+  return factory(params);
+}
+
+std::vector<std::string> HandlerRegistry::backends() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> names;
+  for (const auto& [name, f] : factories_) {
+    names.push_back(name);
+  }
+  return names;
+}
+
+namespace {
+
+void register_builtins(HandlerRegistry& registry) {
+  registry.add("static", [](const RendezvousParameters& p) {
+    return std::make_unique<StaticRendezvousHandler>(p);
+  });
+}
+
+}  // namespace
+
+HandlerRegistry& handler_registry() {
+  static HandlerRegistry* registry = [] {
+    auto* r = new HandlerRegistry();
+    register_builtins(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+}  // namespace tide::rendezvous
