@@ -1,0 +1,13 @@
+// main() of tide_tests: registers the worker functions the agent tests use,
+// lets a spawned worker run its function, then runs the tests.
+#include <gtest/gtest.h>
+
+#include "support/worker_functions.h"
+#include "tide/agent/entrypoint.h"
+
+int main(int argc, char** argv) {
+  tide::test::register_worker_functions();
+  tide::agent::run_worker_if_spawned(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
