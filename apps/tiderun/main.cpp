@@ -44,7 +44,9 @@ extern "C" void on_signal(int sig) {
 
 std::string uuid4() {
   std::random_device rd;
-  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+  std::mt19937_64 gen(
+      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+      static_cast<uint64_t>(::getpid()));
   uint64_t a = gen();
   uint64_t b = gen();
   a = (a & 0xFFFFFFFFFFFF0FFFull) | 0x0000000000004000ull;
@@ -66,7 +68,8 @@ int parse_int(const std::string& text, const char* what) {
   int v = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
-    throw InvalidArgument(std::string(what) + ": \"" + text + "\" is not an integer");
+    throw InvalidArgument(
+        std::string(what) + ": \"" + text + "\" is not an integer");
   }
   return v;
 }
@@ -74,7 +77,9 @@ int parse_int(const std::string& text, const char* what) {
 std::pair<int, int> parse_nnodes(const std::string& text) {
   auto colon = text.find(':');
   int lo = parse_int(text.substr(0, colon), "--nnodes");
-  int hi = colon == std::string::npos ? lo : parse_int(text.substr(colon + 1), "--nnodes");
+  int hi = colon == std::string::npos
+               ? lo
+               : parse_int(text.substr(colon + 1), "--nnodes");
   if (lo < 1 || hi < lo) {
     throw InvalidArgument(
         "--nnodes=" + text + ": need 0 < MIN <= MAX (N or MIN:MAX)");
@@ -94,7 +99,8 @@ int count_gpus() {
   }
   int n = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
     (void)e;
     ++n;
   }
@@ -102,7 +108,8 @@ int count_gpus() {
 }
 
 int parse_nproc(const std::string& text) {
-  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int cpus =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (text == "cpu") {
     return cpus;
   }
@@ -134,7 +141,8 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
     auto eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
       throw InvalidArgument(
-          "--rdzv-conf \"" + text + "\": expected KEY=VALUE pairs separated by commas");
+          "--rdzv-conf \"" + text +
+          "\": expected KEY=VALUE pairs separated by commas");
     }
     out[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
   }
@@ -146,7 +154,8 @@ std::set<int> parse_ranks(const std::string& text) {
   std::string_view rest = text;
   while (!rest.empty()) {
     auto comma = rest.find(',');
-    out.insert(parse_int(std::string(rest.substr(0, comma)), "--local-ranks-filter"));
+    out.insert(
+        parse_int(std::string(rest.substr(0, comma)), "--local-ranks-filter"));
     rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
   }
   return out;
@@ -154,7 +163,8 @@ std::set<int> parse_ranks(const std::string& text) {
 
 std::chrono::milliseconds seconds_flag(double s, const char* flag) {
   if (!(s > 0)) {
-    throw InvalidArgument(std::string(flag) + " must be a positive number of seconds");
+    throw InvalidArgument(
+        std::string(flag) + " must be a positive number of seconds");
   }
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000 + 0.5));
 }
@@ -200,46 +210,104 @@ struct Flags {
 
 void add_flags(CLI::App& app, Flags& f) {
   // name list, PET_ variable
-  auto opt = [&](const std::string& names, auto& var, const std::string& pet, const std::string& help) {
-    return app.add_option(names, var, help)->envname(pet)->capture_default_str();
+  auto opt = [&](const std::string& names,
+                 auto& var,
+                 const std::string& pet,
+                 const std::string& help) {
+    return app.add_option(names, var, help)
+        ->envname(pet)
+        ->capture_default_str();
   };
   opt("--nnodes", f.nnodes, "PET_NNODES", "number of nodes, N or MIN:MAX");
   opt("--nproc-per-node,--nproc_per_node",
       f.nproc_per_node,
       "PET_NPROC_PER_NODE",
       "workers per node: a number, cpu, gpu or auto");
-  opt("--node-rank,--node_rank", f.node_rank, "PET_NODE_RANK", "this node's rank (static backend)");
-  opt("--master-addr,--master_addr", f.master_addr, "PET_MASTER_ADDR", "node 0's address (static backend)");
-  opt("--master-port,--master_port", f.master_port, "PET_MASTER_PORT", "node 0's store port (static backend)")
+  opt("--node-rank,--node_rank",
+      f.node_rank,
+      "PET_NODE_RANK",
+      "this node's rank (static backend)");
+  opt("--master-addr,--master_addr",
+      f.master_addr,
+      "PET_MASTER_ADDR",
+      "node 0's address (static backend)");
+  opt("--master-port,--master_port",
+      f.master_port,
+      "PET_MASTER_PORT",
+      "node 0's store port (static backend)")
       ->check(CLI::Range(0, 65535));
-  opt("--max-restarts,--max_restarts", f.max_restarts, "PET_MAX_RESTARTS", "restarts of the worker group on failure")
+  opt("--max-restarts,--max_restarts",
+      f.max_restarts,
+      "PET_MAX_RESTARTS",
+      "restarts of the worker group on failure")
       ->check(CLI::NonNegativeNumber);
   opt("--monitor-interval,--monitor_interval",
       f.monitor_interval,
       "PET_MONITOR_INTERVAL",
-      "seconds between checks for nodes waiting to join (worker exits are seen at once)");
-  opt("--start-method,--start_method", f.start_method, "PET_START_METHOD", "spawn, fork or forkserver (function entrypoints)")
+      "seconds between checks for nodes waiting to join (worker exits are seen "
+      "at once)");
+  opt("--start-method,--start_method",
+      f.start_method,
+      "PET_START_METHOD",
+      "spawn, fork or forkserver (function entrypoints)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
   opt("--role", f.role, "PET_ROLE", "the workers' role name");
-  app.add_flag("-m,--module", f.module, "run the script as a Python module (python -m)")->envname("PET_MODULE");
-  app.add_flag("--no-python,--no_python", f.no_python, "exec the script directly, without python")
+  app.add_flag(
+         "-m,--module",
+         f.module,
+         "run the script as a Python module (python -m)")
+      ->envname("PET_MODULE");
+  app.add_flag(
+         "--no-python,--no_python",
+         f.no_python,
+         "exec the script directly, without python")
       ->envname("PET_NO_PYTHON");
-  app.add_flag("--run-path,--run_path", f.run_path, "run the script with python (torchrun: runpy)")
+  app.add_flag(
+         "--run-path,--run_path",
+         f.run_path,
+         "run the script with python (torchrun: runpy)")
       ->envname("PET_RUN_PATH");
-  opt("--log-dir,--log_dir", f.log_dir, "PET_LOG_DIR", "base directory for logs (default: a new temporary directory)");
-  opt("-r,--redirects", f.redirects, "PET_REDIRECTS", "streams to log files: 0-3, or LOCAL_RANK:VALUE,...");
-  opt("-t,--tee", f.tee, "PET_TEE", "streams to log files and the console: 0-3, or LOCAL_RANK:VALUE,...");
+  opt("--log-dir,--log_dir",
+      f.log_dir,
+      "PET_LOG_DIR",
+      "base directory for logs (default: a new temporary directory)");
+  opt("-r,--redirects",
+      f.redirects,
+      "PET_REDIRECTS",
+      "streams to log files: 0-3, or LOCAL_RANK:VALUE,...");
+  opt("-t,--tee",
+      f.tee,
+      "PET_TEE",
+      "streams to log files and the console: 0-3, or LOCAL_RANK:VALUE,...");
   opt("--local-ranks-filter,--local_ranks_filter",
       f.local_ranks_filter,
       "PET_LOCAL_RANKS_FILTER",
       "comma-separated local ranks whose output the console shows");
-  app.add_flag("--standalone", f.standalone, "single node: a local store on a free port, a random run id")
+  app.add_flag(
+         "--standalone",
+         f.standalone,
+         "single node: a local store on a free port, a random run id")
       ->envname("PET_STANDALONE");
-  opt("--rdzv-backend,--rdzv_backend", f.rdzv_backend, "PET_RDZV_BACKEND", "rendezvous backend");
-  opt("--rdzv-endpoint,--rdzv_endpoint", f.rdzv_endpoint, "PET_RDZV_ENDPOINT", "rendezvous endpoint, host[:port]");
-  opt("--rdzv-id,--rdzv_id", f.rdzv_id, "PET_RDZV_ID", "job id shared by all nodes");
-  opt("--rdzv-conf,--rdzv_conf", f.rdzv_conf, "PET_RDZV_CONF", "rendezvous settings, KEY=VALUE,...");
-  opt("--local-addr,--local_addr", f.local_addr, "PET_LOCAL_ADDR", "address this node advertises");
+  opt("--rdzv-backend,--rdzv_backend",
+      f.rdzv_backend,
+      "PET_RDZV_BACKEND",
+      "rendezvous backend");
+  opt("--rdzv-endpoint,--rdzv_endpoint",
+      f.rdzv_endpoint,
+      "PET_RDZV_ENDPOINT",
+      "rendezvous endpoint, host[:port]");
+  opt("--rdzv-id,--rdzv_id",
+      f.rdzv_id,
+      "PET_RDZV_ID",
+      "job id shared by all nodes");
+  opt("--rdzv-conf,--rdzv_conf",
+      f.rdzv_conf,
+      "PET_RDZV_CONF",
+      "rendezvous settings, KEY=VALUE,...");
+  opt("--local-addr,--local_addr",
+      f.local_addr,
+      "PET_LOCAL_ADDR",
+      "address this node advertises");
   opt("--shutdown-timeout,--shutdown_timeout",
       f.shutdown_timeout,
       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
@@ -254,22 +322,29 @@ void add_flags(CLI::App& app, Flags& f) {
       "signals forwarded to the workers");
 }
 
-tide::agent::Entrypoint make_entrypoint(const Flags& f, const std::vector<std::string>& rest) {
+tide::agent::Entrypoint make_entrypoint(
+    const Flags& f, const std::vector<std::string>& rest) {
   if (rest.empty()) {
-    throw InvalidArgument("the following arguments are required: training_script");
+    throw InvalidArgument(
+        "the following arguments are required: training_script");
   }
   if (f.module && f.no_python) {
     throw InvalidArgument("--no-python cannot be used with --module (-m)");
   }
   const std::string& script = rest[0];
+  if (script.size() > 1 && script[0] == '-') {
+    // Options stop at the script; anything dash-led before it is a typo.
+    throw InvalidArgument("unrecognized option: " + script);
+  }
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   std::vector<std::string> argv;
   const char* py = std::getenv("PYTHON_EXEC");
   std::string python = py && *py ? py : "python3";
-  bool is_py = script.size() > 3 && script.compare(script.size() - 3, 3, ".py") == 0;
-  bool direct = f.no_python ||
-      (!f.module && !f.run_path && !is_py && script.find('/') != std::string::npos &&
-       ::access(script.c_str(), X_OK) == 0);
+  bool is_py =
+      script.size() > 3 && script.compare(script.size() - 3, 3, ".py") == 0;
+  bool direct = f.no_python || (!f.module && !f.run_path && !is_py &&
+                                script.find('/') != std::string::npos &&
+                                ::access(script.c_str(), X_OK) == 0);
   if (direct) {
     argv.push_back(script);
   } else if (f.module) {
@@ -299,10 +374,12 @@ LaunchConfig make_config(const Flags& f) {
   c.rdzv_configs = parse_rdzv_conf(f.rdzv_conf);
   c.local_addr = f.local_addr;
   c.shutdown_grace = seconds_flag(f.shutdown_timeout, "--shutdown-timeout");
-  c.exit_barrier_timeout = seconds_flag(f.exit_barrier_timeout, "--exit-barrier-timeout");
+  c.exit_barrier_timeout =
+      seconds_flag(f.exit_barrier_timeout, "--exit-barrier-timeout");
   if (f.standalone) {
     if (c.max_nodes != 1) {
-      TIDE_LOG_WARN("--standalone runs one node; ignoring --nnodes={}", f.nnodes);
+      TIDE_LOG_WARN(
+          "--standalone runs one node; ignoring --nnodes={}", f.nnodes);
     }
     c.min_nodes = c.max_nodes = 1;
     c.rdzv_backend = "static";
@@ -323,7 +400,8 @@ LaunchConfig make_config(const Flags& f) {
   return c;
 }
 
-void write_own_error_file(const tide::agent::RunResult& result, const std::string& summary) {
+void write_own_error_file(
+    const tide::agent::RunResult& result, const std::string& summary) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') {
     return;
@@ -335,7 +413,8 @@ void write_own_error_file(const tide::agent::RunResult& result, const std::strin
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "tiderun: launch a fault-tolerant, elastic group of workers, as torchrun does.\n"
+      "tiderun: launch a fault-tolerant, elastic group of workers, as torchrun "
+      "does.\n"
       "Usage: tiderun [OPTIONS] TRAINING_SCRIPT [SCRIPT ARGS...]",
       "tiderun"};
   app.prefix_command();
@@ -351,7 +430,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", e.what());
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s\ntiderun: error: %s\n", app.help().c_str(), e.what());
+    std::fprintf(
+        stderr, "%s\ntiderun: error: %s\n", app.help().c_str(), e.what());
     return 2;
   }
 
@@ -368,7 +448,10 @@ int main(int argc, char** argv) {
       rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
     }
   } catch (const tide::Error& e) {
-    std::fprintf(stderr, "tiderun: error: %s\nRun tiderun --help for usage.\n", e.what());
+    std::fprintf(
+        stderr,
+        "tiderun: error: %s\nRun tiderun --help for usage.\n",
+        e.what());
     return 2;
   }
 
@@ -389,7 +472,8 @@ int main(int argc, char** argv) {
     auto outcome = tide::launcher::launch(
         config, entrypoint, [](tide::agent::LocalElasticAgent* agent) {
           g_agent.store(agent);
-          if (int sig = g_pending_signal.exchange(0); agent != nullptr && sig != 0) {
+          if (int sig = g_pending_signal.exchange(0);
+              agent != nullptr && sig != 0) {
             agent->request_stop(sig);
           }
         });
@@ -402,7 +486,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (outcome.result.is_failed()) {
-      std::string summary = tide::launcher::format_failure_summary(name, outcome.result);
+      std::string summary =
+          tide::launcher::format_failure_summary(name, outcome.result);
       std::fprintf(stderr, "tiderun: worker group failed:%s", summary.c_str());
       write_own_error_file(outcome.result, summary);
       return 1;

@@ -8,9 +8,10 @@
 #include <map>
 #include <mutex>
 
+#include "tide/common/error.h"
+
 #include "agent/entrypoint_run.h"
 #include "agent/error_file.h"
-#include "tide/common/error.h"
 
 namespace tide::agent {
 
@@ -40,7 +41,8 @@ void register_function(const std::string& name, WorkerFunction fn) {
   auto& r = registry();
   std::lock_guard lock(r.mutex);
   if (!r.functions.emplace(name, std::move(fn)).second) {
-    throw InvalidArgument("a worker function named \"" + name + "\" is already registered");
+    throw InvalidArgument(
+        "a worker function named \"" + name + "\" is already registered");
   }
 }
 
@@ -62,7 +64,11 @@ int run_function(
     if (error_file != nullptr && *error_file != '\0') {
       write_error_file(error_file, message, "");
     }
-    std::fprintf(stderr, "worker function %s failed: %s\n", name.c_str(), message.c_str());
+    std::fprintf(
+        stderr,
+        "worker function %s failed: %s\n",
+        name.c_str(),
+        message.c_str());
     return 1;
   };
   const WorkerFunction* fn = find_function(name);

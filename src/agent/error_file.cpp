@@ -80,8 +80,8 @@ bool write_error_file(
         {"extraInfo",
          {{"py_callstack", traceback},
           {"timestamp",
-           std::to_string(
-               std::chrono::duration_cast<std::chrono::seconds>(now).count())}}}}}};
+           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now)
+                              .count())}}}}}};
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << doc.dump();
   return static_cast<bool>(out);

@@ -24,7 +24,8 @@ constexpr int kMaxGroups = 65536;
   // Not part of the agent's session: a Ctrl-C to the terminal's foreground
   // group must not take the janitor with the agent.
   ::setsid();
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) {
+  for (int sig :
+       {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) {
     ::signal(sig, SIG_IGN);
   }
   sigset_t none;
@@ -79,7 +80,8 @@ Janitor::Janitor() {
   // not raise SIGPIPE in the agent (MSG_NOSIGNAL).
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    throw Error(std::string("janitor: socketpair failed: ") + std::strerror(errno));
+    throw Error(
+        std::string("janitor: socketpair failed: ") + std::strerror(errno));
   }
   pid_ = ::fork();
   if (pid_ < 0) {

@@ -18,12 +18,13 @@
 #include <filesystem>
 #include <random>
 
+#include "tide/common/logging.h"
+#include "tide/rendezvous/rendezvous_handler.h"
+
 #include "agent/entrypoint_run.h"
 #include "agent/error_file.h"
 #include "agent/janitor.h"
 #include "agent/worker_process.h"
-#include "tide/common/logging.h"
-#include "tide/rendezvous/rendezvous_handler.h"
 
 extern char** environ;
 
@@ -53,9 +54,11 @@ std::string random_suffix() {
 
 std::string make_temp_dir(const std::string& prefix) {
   const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  std::string templ =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) {
-    throw Error("cannot create a log directory " + templ + ": " + std::strerror(errno));
+    throw Error(
+        "cannot create a log directory " + templ + ": " + std::strerror(errno));
   }
   return templ;
 }
@@ -67,7 +70,8 @@ std::map<std::string, std::string> inherited_env() {
     std::string_view kv(*e);
     auto eq = kv.find('=');
     if (eq != std::string_view::npos) {
-      env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+      env.emplace(
+          std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
     }
   }
   return env;
@@ -191,7 +195,7 @@ void LocalElasticAgent::Impl::assign_ranks() {
   const WorkerSpec& spec = self.spec_;
   store::Store& st = *rdzv.store;
   std::string base = "torchelastic/" + std::to_string(restart_count) + "." +
-      std::to_string(incarnation) + "/";
+                     std::to_string(incarnation) + "/";
   int n = rdzv.world_size;
   int first_rank = 0;
   int world = spec.local_world_size;
@@ -214,12 +218,14 @@ void LocalElasticAgent::Impl::assign_ranks() {
       int64_t prefix = 0;
       for (int i = 0; i < n; ++i) {
         out_keys.push_back(base + "assigned_ranks/" + std::to_string(i));
-        out_values.push_back(std::to_string(prefix) + "," + std::to_string(total));
+        out_values.push_back(
+            std::to_string(prefix) + "," + std::to_string(total));
         prefix += std::stoll(sizes[static_cast<size_t>(i)]);
       }
       st.multi_set(out_keys, out_values);
     }
-    std::string mine = st.get(base + "assigned_ranks/" + std::to_string(rdzv.rank));
+    std::string mine =
+        st.get(base + "assigned_ranks/" + std::to_string(rdzv.rank));
     auto comma = mine.find(',');
     first_rank = std::stoi(mine.substr(0, comma));
     world = std::stoi(mine.substr(comma + 1));
@@ -236,7 +242,8 @@ void LocalElasticAgent::Impl::assign_ranks() {
   }
 }
 
-std::vector<std::string> LocalElasticAgent::Impl::worker_env(const Worker& w) const {
+std::vector<std::string> LocalElasticAgent::Impl::worker_env(
+    const Worker& w) const {
   const WorkerSpec& spec = self.spec_;
   std::map<std::string, std::string> env = base_env;
   for (const auto& [k, v] : spec.env) {
@@ -253,12 +260,15 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(const Worker& w) co
   set("GROUP_WORLD_SIZE", std::to_string(group.group_world_size));
   set("ROLE_WORLD_SIZE", std::to_string(w.role_world_size));
   set("MASTER_ADDR", spec.master_addr.value_or(rdzv.bootstrap.master_addr));
-  set("MASTER_PORT", std::to_string(spec.master_port.value_or(rdzv.bootstrap.master_port)));
+  set("MASTER_PORT",
+      std::to_string(spec.master_port.value_or(rdzv.bootstrap.master_port)));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(spec.max_restarts));
   set("TORCHELASTIC_RUN_ID", spec.rdzv_handler->get_run_id());
-  set("TORCHELASTIC_USE_AGENT_STORE", py_bool(spec.rdzv_handler->use_agent_store()));
-  set("TORCHELASTIC_ERROR_FILE", error_files[static_cast<size_t>(w.local_rank)]);
+  set("TORCHELASTIC_USE_AGENT_STORE",
+      py_bool(spec.rdzv_handler->use_agent_store()));
+  set("TORCHELASTIC_ERROR_FILE",
+      error_files[static_cast<size_t>(w.local_rank)]);
   // torch 1.13 and today's torch name this differently; set both.
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
@@ -287,10 +297,12 @@ void LocalElasticAgent::Impl::start_workers() {
   std::string exe;
   if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
     auto path = base_env.find("PATH");
-    exe = detail::find_executable(c->argv[0], path == base_env.end() ? "" : path->second);
+    exe = detail::find_executable(
+        c->argv[0], path == base_env.end() ? "" : path->second);
     if (exe.empty()) {
       throw InvalidArgument(
-          "cannot run \"" + c->argv[0] + "\": no such executable (PATH searched)");
+          "cannot run \"" + c->argv[0] +
+          "\": no such executable (PATH searched)");
     }
   }
 
@@ -314,15 +326,17 @@ void LocalElasticAgent::Impl::start_workers() {
         ls.argv.push_back(std::string("tide-worker:") + f.name);
         ls.argv.insert(ls.argv.end(), f.args.begin(), f.args.end());
         ls.env.push_back(std::string(detail::kFunctionEnv) + "=" + f.name);
-        ls.env.push_back(std::string(detail::kResultFileEnv) + "=" + ls.result_file);
+        ls.env.push_back(
+            std::string(detail::kResultFileEnv) + "=" + ls.result_file);
       }
     }
     bool shown = spec.local_ranks_filter.empty() ||
-        spec.local_ranks_filter.count(w.local_rank) > 0;
+                 spec.local_ranks_filter.count(w.local_rank) > 0;
     auto target = [&](Std bit, const char* file) {
       detail::StreamTarget t;
       auto has = [&](const StdSpec& s) {
-        return (static_cast<int>(s.for_rank(w.local_rank)) & static_cast<int>(bit)) != 0;
+        return (static_cast<int>(s.for_rank(w.local_rank)) &
+                static_cast<int>(bit)) != 0;
       };
       if (has(spec.tee) && shown) {
         t.mode = detail::StreamTarget::Mode::kTee;
@@ -335,12 +349,15 @@ void LocalElasticAgent::Impl::start_workers() {
     ls.out = target(Std::kOut, "stdout.log");
     ls.err = target(Std::kErr, "stderr.log");
     ls.console_prefix = "[" + spec.role + std::to_string(w.local_rank) + "]:";
-    processes.push_back(std::make_unique<detail::WorkerProcess>(ls, janitor.get()));
-    group.workers[static_cast<size_t>(w.local_rank)].pid = processes.back()->pid();
+    processes.push_back(
+        std::make_unique<detail::WorkerProcess>(ls, janitor.get()));
+    group.workers[static_cast<size_t>(w.local_rank)].pid =
+        processes.back()->pid();
   }
   group.state = WorkerState::kHealthy;
   TIDE_LOG_INFO(
-      "[{}] started {} workers (attempt {}, ranks {}-{} of {}, {} restarts left)",
+      "[{}] started {} workers (attempt {}, ranks {}-{} of {}, {} restarts "
+      "left)",
       spec.role,
       spec.local_world_size,
       restart_count,
@@ -445,12 +462,14 @@ std::map<int, ProcessFailure> LocalElasticAgent::Impl::failures() const {
         f.timestamp = parsed.timestamp;
       }
     } else if (f.exitcode < 0) {
-      f.message = "Signal " + std::to_string(-f.exitcode) + " (" + f.signal_name() +
-          ") received by PID " + std::to_string(f.pid);
+      f.message = "Signal " + std::to_string(-f.exitcode) + " (" +
+                  f.signal_name() + ") received by PID " +
+                  std::to_string(f.pid);
     } else {
       f.message = "exited with code " + std::to_string(f.exitcode) +
-          "; to see the worker's error here, have it write TORCHELASTIC_ERROR_FILE "
-          "(torch: @record)";
+                  "; to see the worker's error here, have it write "
+                  "TORCHELASTIC_ERROR_FILE "
+                  "(torch: @record)";
     }
     out.emplace(w.global_rank, std::move(f));
   }
@@ -463,7 +482,9 @@ std::map<int, std::string> LocalElasticAgent::Impl::return_values() const {
     return out;
   }
   for (const Worker& w : group.workers) {
-    out.emplace(w.global_rank, detail::read_file(result_files[static_cast<size_t>(w.local_rank)]));
+    out.emplace(
+        w.global_rank,
+        detail::read_file(result_files[static_cast<size_t>(w.local_rank)]));
   }
   return out;
 }
@@ -502,7 +523,8 @@ void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
   for (auto& p : processes) {
     if (!p->exited() && !p->abandoned()) {
       TIDE_LOG_ERROR(
-          "[{}] worker pid {} survived SIGKILL for {} ms (stuck in the kernel?); "
+          "[{}] worker pid {} survived SIGKILL for {} ms (stuck in the "
+          "kernel?); "
           "leaving it behind",
           self.spec_.role,
           p->pid(),
@@ -539,9 +561,11 @@ void LocalElasticAgent::Impl::exit_barrier() {
 RunResult LocalElasticAgent::Impl::run() {
   const WorkerSpec& spec = self.spec_;
   if (run_log_dir.empty()) {
-    std::string base = spec.log_dir.empty() ? make_temp_dir("tide_") : spec.log_dir;
+    std::string base =
+        spec.log_dir.empty() ? make_temp_dir("tide_") : spec.log_dir;
     fs::create_directories(base);
-    run_log_dir = base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_suffix();
+    run_log_dir =
+        base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_suffix();
     fs::create_directories(run_log_dir);
   }
   base_env = inherited_env();
@@ -570,7 +594,9 @@ RunResult LocalElasticAgent::Impl::run() {
     if (int sig = stop_signal.load(); sig != 0) {
       const char* name = sigabbrev_np(sig);
       TIDE_LOG_WARN(
-          "[{}] received SIG{}; stopping workers", spec.role, name ? name : "?");
+          "[{}] received SIG{}; stopping workers",
+          spec.role,
+          name ? name : "?");
       stop_workers(sig, spec.shutdown_grace);
       group.state = WorkerState::kStopped;
       throw SignalException(
@@ -588,7 +614,8 @@ RunResult LocalElasticAgent::Impl::run() {
     if (state == WorkerState::kSucceeded) {
       group.state = state;
       TIDE_LOG_INFO("[{}] all workers succeeded", spec.role);
-      stop_workers(SIGTERM, spec.shutdown_grace);  // their process groups' leftovers
+      stop_workers(
+          SIGTERM, spec.shutdown_grace);  // their process groups' leftovers
       exit_barrier();
       return RunResult{.state = state, .return_values = return_values()};
     }
@@ -621,7 +648,8 @@ RunResult LocalElasticAgent::Impl::run() {
           "[{}] worker group failed and no restarts are left ({} allowed)",
           spec.role,
           spec.max_restarts);
-      return RunResult{.state = WorkerState::kFailed, .failures = std::move(fails)};
+      return RunResult{
+          .state = WorkerState::kFailed, .failures = std::move(fails)};
     }
     if (Clock::now() >= next_membership_check) {
       next_membership_check = Clock::now() + spec.monitor_interval;

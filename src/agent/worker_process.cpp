@@ -12,10 +12,11 @@
 #include <chrono>
 #include <cstring>
 
-#include "agent/entrypoint_run.h"
-#include "agent/janitor.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+
+#include "agent/entrypoint_run.h"
+#include "agent/janitor.h"
 
 extern char** environ;
 
@@ -30,7 +31,8 @@ void write_all(int fd, const char* data, size_t len) {
       if (errno == EINTR) {
         continue;
       }
-      return;  // A closed console or a full disk: the output is lost, not the run.
+      return;  // A closed console or a full disk: the output is lost, not the
+               // run.
     }
     data += n;
     len -= static_cast<size_t>(n);
@@ -38,7 +40,8 @@ void write_all(int fd, const char* data, size_t len) {
 }
 
 int open_log(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw Error("cannot open log file " + path + ": " + std::strerror(errno));
   }
@@ -95,11 +98,13 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-std::string find_executable(const std::string& file, const std::string& path_env) {
+std::string find_executable(
+    const std::string& file, const std::string& path_env) {
   if (file.find('/') != std::string::npos) {
     return ::access(file.c_str(), X_OK) == 0 ? file : "";
   }
-  std::string_view rest = path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env;
+  std::string_view rest =
+      path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env;
   while (true) {
     auto colon = rest.find(':');
     std::string dir(rest.substr(0, colon));
@@ -255,7 +260,8 @@ WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
     throw Error(std::string("fork failed: ") + std::strerror(err));
   }
   if (pid_ == 0) {
-    child_exec_or_run(parent, child_fds[0], child_fds[1], spec, argv.data(), envp.data());
+    child_exec_or_run(
+        parent, child_fds[0], child_fds[1], spec, argv.data(), envp.data());
   }
   close_child_fds();
   janitor_->watch(pid_);
@@ -289,7 +295,9 @@ bool WorkerProcess::poll_exit() {
   siginfo_t info{};
   // Peek without reaping: while the process is a zombie its group id cannot
   // be reused, so the group can be cleared safely first.
-  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+  if (::waitid(
+          P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) !=
+          0 ||
       info.si_pid != pid_) {
     return false;
   }

@@ -133,7 +133,8 @@ class WorkerProcess {
 
 // The first executable named `file` on PATH (or `file` itself when it
 // contains a slash); empty when none.
-std::string find_executable(const std::string& file, const std::string& path_env);
+std::string find_executable(
+    const std::string& file, const std::string& path_env);
 
 double now_seconds();
 

@@ -123,7 +123,8 @@ std::string ProcessFailure::signal_name() const {
     return "";
   }
   const char* abbrev = sigabbrev_np(-exitcode);
-  return abbrev ? std::string("SIG") + abbrev : "SIG" + std::to_string(-exitcode);
+  return abbrev ? std::string("SIG") + abbrev
+                : "SIG" + std::to_string(-exitcode);
 }
 
 const ProcessFailure* RunResult::root_cause() const {

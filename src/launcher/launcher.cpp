@@ -1,13 +1,13 @@
 #include "tide/launcher/launcher.h"
 
 #include <ctime>
+#include <fstream>
 #include <sstream>
 
-#include <fstream>
-
-#include "agent/error_file.h"
 #include "tide/common/logging.h"
 #include "tide/rendezvous/registry.h"
+
+#include "agent/error_file.h"
 
 namespace tide::launcher {
 
@@ -83,7 +83,8 @@ std::string indent_lines(const std::string& text) {
   return out;
 }
 
-std::string format_failure(size_t idx, int rank, const agent::ProcessFailure& f) {
+std::string format_failure(
+    size_t idx, int rank, const agent::ProcessFailure& f) {
   std::string message;
   if (!f.traceback.empty()) {
     message = indent_lines(f.traceback);
@@ -92,7 +93,9 @@ std::string format_failure(size_t idx, int rank, const agent::ProcessFailure& f)
   } else if (f.exitcode < 0) {
     message = f.message;
   } else {
-    message = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
+    message =
+        "To enable traceback see: "
+        "https://pytorch.org/docs/stable/elastic/errors.html";
   }
   std::ostringstream s;
   s << "[" << idx << "]:\n"
@@ -100,7 +103,8 @@ std::string format_failure(size_t idx, int rank, const agent::ProcessFailure& f)
     << "  host      : " << f.host << "\n"
     << "  rank      : " << rank << " (local_rank: " << f.local_rank << ")\n"
     << "  exitcode  : " << f.exitcode << " (pid: " << f.pid << ")\n"
-    << "  error_file: " << (f.error_file_data.empty() ? "<N/A>" : f.error_file) << "\n"
+    << "  error_file: " << (f.error_file_data.empty() ? "<N/A>" : f.error_file)
+    << "\n"
     << "  traceback : " << message;
   return s.str();
 }
@@ -123,8 +127,7 @@ size_t widest_line(const std::string& text) {
 }  // namespace
 
 std::string format_failure_summary(
-    const std::string& entrypoint_name,
-    const agent::RunResult& result) {
+    const std::string& entrypoint_name, const agent::RunResult& result) {
   const agent::ProcessFailure* root = result.root_cause();
   std::string title = entrypoint_name + " FAILED";
   size_t width = title.size();
@@ -144,8 +147,9 @@ std::string format_failure_summary(
   std::string border(width, '=');
   std::string section(width, '-');
   return "\n" + border + "\n" + title + "\n" + section + "\nFailures:\n" +
-      (others.empty() ? std::string("  <NO_OTHER_FAILURES>") : others) + "\n" + section +
-      "\nRoot Cause (first observed failure):\n" + root_text + "\n" + border + "\n";
+         (others.empty() ? std::string("  <NO_OTHER_FAILURES>") : others) +
+         "\n" + section + "\nRoot Cause (first observed failure):\n" +
+         root_text + "\n" + border + "\n";
 }
 
 void write_error_file_for_launcher(
@@ -155,7 +159,8 @@ void write_error_file_for_launcher(
   const agent::ProcessFailure* root = result.root_cause();
   if (root != nullptr && !root->error_file_data.empty()) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << agent::detail::with_error_code(root->error_file_data, root->exitcode);
+    out << agent::detail::with_error_code(
+        root->error_file_data, root->exitcode);
     return;
   }
   agent::detail::write_error_file(path, "ChildFailedError: " + summary, "");

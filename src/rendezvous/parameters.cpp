@@ -8,15 +8,13 @@
 namespace tide::rendezvous {
 
 std::string RendezvousParameters::get(
-    const std::string& key,
-    const std::string& fallback) const {
+    const std::string& key, const std::string& fallback) const {
   auto it = config.find(key);
   return it == config.end() ? fallback : it->second;
 }
 
 int64_t RendezvousParameters::get_as_int(
-    const std::string& key,
-    int64_t fallback) const {
+    const std::string& key, int64_t fallback) const {
   auto it = config.find(key);
   if (it == config.end()) {
     return fallback;
@@ -31,7 +29,8 @@ int64_t RendezvousParameters::get_as_int(
   return n;
 }
 
-bool RendezvousParameters::get_as_bool(const std::string& key, bool fallback) const {
+bool RendezvousParameters::get_as_bool(
+    const std::string& key, bool fallback) const {
   auto it = config.find(key);
   if (it == config.end()) {
     return fallback;
@@ -52,8 +51,7 @@ bool RendezvousParameters::get_as_bool(const std::string& key, bool fallback) co
 }
 
 std::chrono::milliseconds RendezvousParameters::get_as_seconds(
-    const std::string& key,
-    std::chrono::milliseconds fallback) const {
+    const std::string& key, std::chrono::milliseconds fallback) const {
   auto it = config.find(key);
   if (it == config.end()) {
     return fallback;
@@ -67,7 +65,8 @@ std::chrono::milliseconds RendezvousParameters::get_as_seconds(
         "rendezvous config " + key + "=" + v +
         " is not a non-negative number of seconds");
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::llround(s * 1000)));
 }
 
 }  // namespace tide::rendezvous

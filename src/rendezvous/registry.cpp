@@ -32,7 +32,8 @@ std::unique_ptr<RendezvousHandler> HandlerRegistry::create(
       known += (known.empty() ? "" : ", ") + name;
     }
     throw InvalidArgument(
-        "unknown rendezvous backend \"" + params.backend + "\"; known: " + known);
+        "unknown rendezvous backend \"" + params.backend +
+        "\"; known: " + known);
   }
   return factory(params);
 }

@@ -10,8 +10,7 @@
 namespace tide::rendezvous {
 
 std::pair<std::string, uint16_t> parse_endpoint(
-    const std::string& endpoint,
-    uint16_t default_port) {
+    const std::string& endpoint, uint16_t default_port) {
   std::string host = endpoint;
   std::string port_text;
   if (!endpoint.empty() && endpoint.front() == '[') {
@@ -40,8 +39,8 @@ std::pair<std::string, uint16_t> parse_endpoint(
     return {host, default_port};
   }
   unsigned port = 0;
-  auto [ptr, ec] =
-      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  auto [ptr, ec] = std::from_chars(
+      port_text.data(), port_text.data() + port_text.size(), port);
   if (ec != std::errc() || ptr != port_text.data() + port_text.size() ||
       port > 65535) {
     throw InvalidArgument(
@@ -66,18 +65,20 @@ bool is_loopback(const std::string& host) {
 
 }  // namespace
 
-StaticRendezvousHandler::StaticRendezvousHandler(const RendezvousParameters& params)
+StaticRendezvousHandler::StaticRendezvousHandler(
+    const RendezvousParameters& params)
     : run_id_(params.run_id),
       rank_(static_cast<int>(params.get_as_int("rank", 0))),
       world_size_(params.max_nodes),
       timeout_(params.get_as_seconds("timeout", std::chrono::seconds(600))) {
-  std::tie(host_, port_) =
-      parse_endpoint(params.endpoint.empty() ? "127.0.0.1" : params.endpoint,
-                     store::kDefaultPort);
+  std::tie(host_, port_) = parse_endpoint(
+      params.endpoint.empty() ? "127.0.0.1" : params.endpoint,
+      store::kDefaultPort);
   if (params.min_nodes != params.max_nodes) {
     throw InvalidArgument(
         "the static rendezvous needs a fixed node count, not " +
-        std::to_string(params.min_nodes) + ":" + std::to_string(params.max_nodes) +
+        std::to_string(params.min_nodes) + ":" +
+        std::to_string(params.max_nodes) +
         "; use --rdzv-backend=c10d for an elastic job");
   }
   if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_) {
@@ -88,7 +89,8 @@ StaticRendezvousHandler::StaticRendezvousHandler(const RendezvousParameters& par
   if (port_ == 0 && world_size_ > 1) {
     throw InvalidArgument(
         "static rendezvous: port 0 only works for a single node; give "
-        "--master-port for " + std::to_string(world_size_) + " nodes");
+        "--master-port for " +
+        std::to_string(world_size_) + " nodes");
   }
 }
 

@@ -284,7 +284,8 @@ TcpStore::TcpStore(TcpStoreOptions options)
     : Store(options.timeout), options_(std::move(options)) {
   if (options_.is_server) {
     TcpStoreServerOptions so = options_.server;
-    so.host = options_.listen_host.empty() ? options_.host : options_.listen_host;
+    so.host =
+        options_.listen_host.empty() ? options_.host : options_.listen_host;
     so.port = options_.port;
     so.token = options_.token;
     server_ = TcpStoreServer::start(std::move(so));

@@ -10,8 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "support/process_checks.h"
 #include "tide/rendezvous/registry.h"
+
+#include "support/process_checks.h"
 
 namespace tide::agent {
 namespace {
@@ -23,8 +24,8 @@ class LocalElasticAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-        ("tide_agent_test_" + std::to_string(::getpid()) + "_" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("tide_agent_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -71,8 +72,8 @@ TEST_F(LocalElasticAgentTest, FunctionWorkersReturnValuesByGlobalRank) {
 
 TEST_F(LocalElasticAgentTest, CommandWorkersGetTorchrunsEnvironment) {
   auto out = dir_ / "env";
-  LocalElasticAgent agent(spec(
-      sh("env > " + out.string() + ".$LOCAL_RANK"), 2));
+  LocalElasticAgent agent(
+      spec(sh("env > " + out.string() + ".$LOCAL_RANK"), 2));
   ASSERT_EQ(agent.run().state, WorkerState::kSucceeded);
   std::ifstream in(out.string() + ".1");
   std::map<std::string, std::string> env;
@@ -95,7 +96,9 @@ TEST_F(LocalElasticAgentTest, CommandWorkersGetTorchrunsEnvironment) {
   EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "0");
   EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "test");
   EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
-  EXPECT_NE(env["TORCHELASTIC_ERROR_FILE"].find("attempt_0/1/error.json"), std::string::npos);
+  EXPECT_NE(
+      env["TORCHELASTIC_ERROR_FILE"].find("attempt_0/1/error.json"),
+      std::string::npos);
   EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "1");
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
@@ -106,13 +109,16 @@ TEST_F(LocalElasticAgentTest, AFailureReportsExitCodeErrorFileAndRank) {
   // Worker 1 writes a torch-style error file, then fails.
   std::string script =
       "if [ \"$LOCAL_RANK\" = 1 ]; then "
-      "printf '%s' '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
-      "{\"py_callstack\": \"Traceback: here\", \"timestamp\": \"1700000000\"}}}' "
+      "printf '%s' '{\"message\": {\"message\": \"ValueError: boom\", "
+      "\"extraInfo\": "
+      "{\"py_callstack\": \"Traceback: here\", \"timestamp\": "
+      "\"1700000000\"}}}' "
       "> \"$TORCHELASTIC_ERROR_FILE\"; exit 7; fi; exec sleep 100";
   LocalElasticAgent agent(spec(sh(script), 2));
   RunResult r = agent.run();
   ASSERT_TRUE(r.is_failed());
-  ASSERT_EQ(r.failures.size(), 1u) << "the worker the agent stopped is not a failure";
+  ASSERT_EQ(r.failures.size(), 1u)
+      << "the worker the agent stopped is not a failure";
   const ProcessFailure& f = r.failures.at(1);
   EXPECT_EQ(f.exitcode, 7);
   EXPECT_EQ(f.local_rank, 1);
@@ -131,7 +137,9 @@ TEST_F(LocalElasticAgentTest, AWorkerKilledByASignalIsReportedAsSuch) {
   const ProcessFailure& f = r.failures.at(0);
   EXPECT_EQ(f.exitcode, -SIGKILL);
   EXPECT_EQ(f.signal_name(), "SIGKILL");
-  EXPECT_NE(f.message.find("Signal 9 (SIGKILL) received by PID"), std::string::npos) << f.message;
+  EXPECT_NE(
+      f.message.find("Signal 9 (SIGKILL) received by PID"), std::string::npos)
+      << f.message;
 }
 
 TEST_F(LocalElasticAgentTest, AFunctionThatThrowsFailsWithItsTypeAndMessage) {
@@ -192,8 +200,9 @@ TEST_F(LocalElasticAgentTest, RedirectsAndTeeWriteTheLogFiles) {
 TEST_F(LocalElasticAgentTest, StoppingKillsWorkersAndTheirChildren) {
   // Each worker starts a grandchild that ignores SIGTERM, records both
   // pids, and waits.
-  std::string script = "trap '' TERM; sleep 1000 & echo $! > " + (dir_ / "child").string() +
-      ".$LOCAL_RANK; echo $$ > " + (dir_ / "worker").string() + ".$LOCAL_RANK; wait";
+  std::string script = "trap '' TERM; sleep 1000 & echo $! > " +
+                       (dir_ / "child").string() + ".$LOCAL_RANK; echo $$ > " +
+                       (dir_ / "worker").string() + ".$LOCAL_RANK; wait";
   auto s = spec(sh(script), 2);
   s.shutdown_grace = 200ms;
   LocalElasticAgent agent(std::move(s));
@@ -202,7 +211,8 @@ TEST_F(LocalElasticAgentTest, StoppingKillsWorkersAndTheirChildren) {
   for (int r = 0; r < 2; ++r) {
     auto file = dir_ / ("child." + std::to_string(r));
     for (int i = 0; i < 1000 && test::read_pid(file.string()) <= 0; ++i) {
-      ASSERT_EQ(run.wait_for(5ms), std::future_status::timeout) << "agent ended early";
+      ASSERT_EQ(run.wait_for(5ms), std::future_status::timeout)
+          << "agent ended early";
     }
   }
   agent.request_stop(SIGTERM);
@@ -212,7 +222,8 @@ TEST_F(LocalElasticAgentTest, StoppingKillsWorkersAndTheirChildren) {
     for (const char* what : {"child.", "worker."}) {
       pid_t pid = test::read_pid((dir_ / (what + std::to_string(r))).string());
       ASSERT_GT(pid, 0);
-      EXPECT_TRUE(test::process_gone_within(pid, 5s)) << what << r << " pid " << pid;
+      EXPECT_TRUE(test::process_gone_within(pid, 5s))
+          << what << r << " pid " << pid;
     }
   }
 }

@@ -11,31 +11,68 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 // A child process for tests: argv exec'd with its stdout on a pipe, read line
 // by line with a deadline; killed and reaped when the object goes away.
+extern char** environ;
+
 namespace tide::test {
+
+struct SubprocessOptions {
+  // Added to (or replacing in) the parent's environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Send stderr to the same pipe as stdout.
+  bool merge_stderr = false;
+};
 
 class Subprocess {
  public:
-  explicit Subprocess(const std::vector<std::string>& argv) {
+  explicit Subprocess(
+      const std::vector<std::string>& argv,
+      const SubprocessOptions& options = {}) {
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) {
       throw std::runtime_error("Subprocess: pipe failed");
     }
+    // The child's environment, built before fork() (only async-signal-safe
+    // calls are allowed in the child of a threaded process).
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv = *e;
+      bool replaced = false;
+      for (const auto& [k, v] : options.env) {
+        replaced = replaced || kv.rfind(k + "=", 0) == 0;
+      }
+      if (!replaced) {
+        env_strings.push_back(kv);
+      }
+    }
+    for (const auto& [k, v] : options.env) {
+      env_strings.push_back(k + "=" + v);
+    }
+    std::vector<char*> envp;
+    for (auto& e : env_strings) {
+      envp.push_back(e.data());
+    }
+    envp.push_back(nullptr);
+    std::vector<char*> args;
+    for (const auto& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
+    args.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ < 0) {
       throw std::runtime_error("Subprocess: fork failed");
     }
     if (pid_ == 0) {
       ::dup2(out[1], STDOUT_FILENO);
-      std::vector<char*> args;
-      for (const auto& a : argv) {
-        args.push_back(const_cast<char*>(a.c_str()));
+      if (options.merge_stderr) {
+        ::dup2(out[1], STDERR_FILENO);
       }
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
+
+      ::execve(args[0], args.data(), envp.data());
       ::_exit(127);
     }
     ::close(out[1]);
@@ -82,6 +119,17 @@ class Subprocess {
       }
       buffer_.append(buf, static_cast<size_t>(n));
     }
+  }
+
+  // Everything the child writes until it closes its output (or timeout).
+  std::string read_all(std::chrono::milliseconds timeout) {
+    std::string all;
+    while (auto line = read_line(timeout)) {
+      all += *line + "\n";
+    }
+    all += buffer_;
+    buffer_.clear();
+    return all;
   }
 
   void signal(int sig) {

@@ -2,8 +2,9 @@
 // lets a spawned worker run its function, then runs the tests.
 #include <gtest/gtest.h>
 
-#include "support/worker_functions.h"
 #include "tide/agent/entrypoint.h"
+
+#include "support/worker_functions.h"
 
 int main(int argc, char** argv) {
   tide::test::register_worker_functions();

@@ -21,7 +21,8 @@ std::string env(const char* name) {
 void register_worker_functions() {
   using tide::agent::register_function;
   register_function("rank", [](const std::vector<std::string>&) {
-    return env("RANK") + "/" + env("WORLD_SIZE") + "/" + env("TORCHELASTIC_RESTART_COUNT");
+    return env("RANK") + "/" + env("WORLD_SIZE") + "/" +
+           env("TORCHELASTIC_RESTART_COUNT");
   });
   register_function("fail_first_attempt", [](const std::vector<std::string>&) {
     if (env("TORCHELASTIC_RESTART_COUNT") == "0" && env("LOCAL_RANK") == "1") {
@@ -29,13 +30,15 @@ void register_worker_functions() {
     }
     return std::string("ok");
   });
-  register_function("throw", [](const std::vector<std::string>&) -> std::string {
-    throw std::invalid_argument("bad input");
-  });
-  register_function("exit_code", [](const std::vector<std::string>& args) -> std::string {
-    std::fflush(nullptr);
-    std::_Exit(std::stoi(args.at(0)));
-  });
+  register_function(
+      "throw", [](const std::vector<std::string>&) -> std::string {
+        throw std::invalid_argument("bad input");
+      });
+  register_function(
+      "exit_code", [](const std::vector<std::string>& args) -> std::string {
+        std::fflush(nullptr);
+        std::_Exit(std::stoi(args.at(0)));
+      });
 }
 
 }  // namespace tide::test

@@ -52,8 +52,7 @@ LaunchResult launch(
 // torchrun's ChildFailedError text for a failed result: root cause first,
 // then the other failures, in torch's layout.
 std::string format_failure_summary(
-    const std::string& entrypoint_name,
-    const agent::RunResult& result);
+    const std::string& entrypoint_name, const agent::RunResult& result);
 
 // Writes torchrun's own error file (its TORCHELASTIC_ERROR_FILE): the
 // root-cause worker's error JSON with message.errorCode set to its exit

@@ -10,8 +10,8 @@
 
 namespace tide::rendezvous {
 
-using HandlerFactory =
-    std::function<std::unique_ptr<RendezvousHandler>(const RendezvousParameters&)>;
+using HandlerFactory = std::function<std::unique_ptr<RendezvousHandler>(
+    const RendezvousParameters&)>;
 
 // Backends by name (torch's rendezvous_handler_registry). Thread safe.
 //

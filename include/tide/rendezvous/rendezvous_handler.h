@@ -47,14 +47,14 @@ struct RendezvousParameters {
   std::map<std::string, std::string> config;
 
   // A config value, or `fallback` when absent.
-  std::string get(const std::string& key, const std::string& fallback = "") const;
+  std::string get(
+      const std::string& key, const std::string& fallback = "") const;
   // Integers and booleans (1,true,t,yes,y / 0,false,f,no,n, any case);
   // InvalidArgument names the key when the value does not parse.
   int64_t get_as_int(const std::string& key, int64_t fallback) const;
   bool get_as_bool(const std::string& key, bool fallback) const;
   std::chrono::milliseconds get_as_seconds(
-      const std::string& key,
-      std::chrono::milliseconds fallback) const;
+      const std::string& key, std::chrono::milliseconds fallback) const;
 };
 
 // One agent's handle on the rendezvous. Called from the agent's thread only

@@ -1,0 +1,286 @@
+// tiderun as a user runs it: flags, exit codes, the failure summary, signals
+// and what is left in the process table afterwards.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "support/process_checks.h"
+#include "support/subprocess.h"
+
+namespace tide {
+namespace {
+
+using namespace std::chrono_literals;
+using test::Subprocess;
+namespace fs = std::filesystem;
+
+class TiderunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tiderun_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+  }
+
+  // A shell script as the entrypoint.
+  std::string script(const std::string& name, const std::string& body) {
+    fs::path p = dir_ / name;
+    std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
+    fs::permissions(p, fs::perms::owner_all);
+    return p.string();
+  }
+
+  std::vector<std::string> tiderun(std::vector<std::string> args) {
+    args.insert(
+        args.begin(), {TIDERUN_BIN, "--log-dir", (dir_ / "logs").string()});
+    return args;
+  }
+
+  // Runs to the end; returns (exit status, output).
+  std::pair<int, std::string> run(
+      std::vector<std::string> args,
+      test::SubprocessOptions opts = {.merge_stderr = true}) {
+    Subprocess p(tiderun(std::move(args)), opts);
+    std::string out = p.read_all(60s);
+    auto status = p.wait(30s);
+    EXPECT_TRUE(status.has_value()) << out;
+    return {status ? *status : -1, out};
+  }
+
+  static int exit_code(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TiderunTest, RunsWorkersAndExitsZero) {
+  auto s = script("w.sh", "echo \"hello from $RANK of $WORLD_SIZE\"");
+  auto [status, out] = run({"--standalone", "--nproc-per-node=3", s});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(
+        out.find("hello from " + std::to_string(r) + " of 3"),
+        std::string::npos)
+        << out;
+  }
+}
+
+TEST_F(TiderunTest, AcceptsUnderscoreSpellingsAndPetVariables) {
+  auto s =
+      script("w.sh", "echo \"rank=$RANK restarts=$TORCHELASTIC_MAX_RESTARTS\"");
+  auto [status, out] =
+      run({"--standalone", s},
+          {.env = {{"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "4"}},
+           .merge_stderr = true});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("rank=1 restarts=4"), std::string::npos) << out;
+  auto [status2, out2] =
+      run({"--standalone", "--nproc_per_node=2", "--max_restarts=1", s});
+  EXPECT_EQ(exit_code(status2), 0) << out2;
+  EXPECT_NE(out2.find("rank=1 restarts=1"), std::string::npos) << out2;
+}
+
+TEST_F(TiderunTest, BadFlagsExitTwoWithUsage) {
+  for (std::vector<std::string> args : {
+           std::vector<std::string>{"--no-such-flag", "x"},
+           {"--nnodes=3:1", "x"},
+           {"--nproc-per-node=zero", "x"},
+           {"--redirects=7", "x"},
+           {"--rdzv-conf=novalue", "x"},
+           {"-m", "--no-python", "x"},
+           {"--standalone"},
+       }) {
+    auto [status, out] = run(args);
+    EXPECT_EQ(exit_code(status), 2) << args[0] << "\n" << out;
+    EXPECT_NE(out.find("error"), std::string::npos) << out;
+  }
+  auto [status, out] = run({"--version"});
+  EXPECT_EQ(exit_code(status), 0);
+  EXPECT_NE(out.find("tiderun "), std::string::npos);
+}
+
+TEST_F(TiderunTest, AFailurePrintsTorchsSummaryAndExitsOne) {
+  auto s = script("w.sh", "[ \"$LOCAL_RANK\" = 1 ] && exit 3; sleep 100");
+  fs::path error_file = dir_ / "launcher_error.json";
+  auto [status, out] =
+      run({"--standalone", "--nproc-per-node=2", s},
+          {.env = {{"TORCHELASTIC_ERROR_FILE", error_file.string()}},
+           .merge_stderr = true});
+  EXPECT_EQ(exit_code(status), 1) << out;
+  for (const char* piece : {
+           "w.sh FAILED",
+           "Failures:\n  <NO_OTHER_FAILURES>",
+           "Root Cause (first observed failure):\n[0]:",
+           "  rank      : 1 (local_rank: 1)",
+           "  exitcode  : 3 (pid: ",
+           "  error_file: <N/A>",
+           "  traceback : To enable traceback see: "
+           "https://pytorch.org/docs/stable/elastic/errors.html",
+       }) {
+    EXPECT_NE(out.find(piece), std::string::npos) << piece << "\n" << out;
+  }
+  EXPECT_TRUE(fs::exists(error_file));
+}
+
+TEST_F(TiderunTest, TeePrefixesConsoleLinesAndTheFilterHidesOtherRanks) {
+  auto s = script("w.sh", "echo line-$LOCAL_RANK");
+  auto [status, out] = run(
+      {"--standalone",
+       "--nproc-per-node=3",
+       "--tee=3",
+       "--local-ranks-filter=0,2",
+       s});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("[default0]:line-0"), std::string::npos) << out;
+  EXPECT_NE(out.find("[default2]:line-2"), std::string::npos) << out;
+  EXPECT_EQ(out.find("line-1"), std::string::npos) << out;
+}
+
+TEST_F(TiderunTest, TwentyStandaloneJobsAtOnceNeverCollide) {
+  auto s = script("w.sh", "echo port=$MASTER_PORT");
+  std::vector<std::unique_ptr<Subprocess>> jobs;
+  for (int i = 0; i < 20; ++i) {
+    jobs.push_back(std::make_unique<Subprocess>(
+        tiderun({"--standalone", "--nproc-per-node=2", s}),
+        test::SubprocessOptions{.merge_stderr = true}));
+  }
+  std::set<std::string> ports;
+  for (auto& job : jobs) {
+    std::string out = job->read_all(60s);
+    auto status = job->wait(30s);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(exit_code(*status), 0) << out;
+    auto at = out.find("port=");
+    ASSERT_NE(at, std::string::npos) << out;
+    ports.insert(out.substr(at, out.find('\n', at) - at));
+  }
+  EXPECT_EQ(ports.size(), 20u);
+}
+
+// A worker that reports the signal it gets and leaves a grandchild behind.
+std::string signal_worker(const fs::path& dir) {
+  return "echo $$ > " + (dir / "worker").string() + ".$LOCAL_RANK\n" +
+         "sleep 1000 & echo $! > " + (dir / "child").string() +
+         ".$LOCAL_RANK\n" +
+         "for s in INT TERM HUP QUIT USR1; do trap \"echo $s > " +
+         (dir / "got").string() + ".$LOCAL_RANK; exit 1\" $s; done\n" +
+         "echo ready\nwhile :; do wait; done";
+}
+
+void wait_ready(Subprocess& p, int workers) {
+  int ready = 0;
+  while (ready < workers) {
+    auto line = p.read_line(20s);
+    ASSERT_TRUE(line.has_value()) << "workers did not start";
+    if (line->find("ready") != std::string::npos) {
+      ++ready;
+    }
+  }
+}
+
+void expect_all_gone(const fs::path& dir, int workers) {
+  for (int r = 0; r < workers; ++r) {
+    for (const char* what : {"worker.", "child."}) {
+      pid_t pid = test::read_pid((dir / (what + std::to_string(r))).string());
+      ASSERT_GT(pid, 0) << what << r;
+      EXPECT_TRUE(test::process_gone_within(pid, 10s))
+          << what << r << " pid " << pid;
+    }
+  }
+}
+
+TEST_F(TiderunTest, SignalsAreForwardedAndNothingIsLeftBehind) {
+  auto s = script("w.sh", signal_worker(dir_));
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    Subprocess p(
+        tiderun({"--standalone", "--nproc-per-node=2", s}),
+        {.merge_stderr = true});
+    wait_ready(p, 2);
+    p.signal(sig);
+    std::string out = p.read_all(30s);
+    auto status = p.wait(30s);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(exit_code(*status), 1) << out;
+    std::string name = std::string(sigabbrev_np(sig));
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream got(dir_ / ("got." + std::to_string(r)));
+      std::string received;
+      got >> received;
+      EXPECT_EQ(received, name) << "rank " << r;
+    }
+    expect_all_gone(dir_, 2);
+  }
+}
+
+TEST_F(TiderunTest, ExtraSignalsByFlag) {
+  auto s = script("w.sh", signal_worker(dir_));
+  Subprocess p(
+      tiderun({"--standalone", "--signals-to-handle=SIGTERM,SIGUSR1", s}),
+      {.merge_stderr = true});
+  wait_ready(p, 1);
+  p.signal(SIGUSR1);
+  std::string out = p.read_all(30s);
+  ASSERT_TRUE(p.wait(30s).has_value()) << out;
+  std::ifstream got(dir_ / "got.0");
+  std::string received;
+  got >> received;
+  EXPECT_EQ(received, "USR1");
+  expect_all_gone(dir_, 1);
+}
+
+TEST_F(TiderunTest, AWorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  auto s =
+      script("w.sh", "trap '' TERM\necho ready\nwhile :; do sleep 1; done");
+  Subprocess p(
+      tiderun({"--standalone", "--shutdown-timeout=0.3", s}),
+      {.merge_stderr = true});
+  wait_ready(p, 1);
+  p.signal(SIGTERM);
+  std::string out = p.read_all(30s);
+  auto status = p.wait(30s);
+  ASSERT_TRUE(status.has_value()) << out;
+  EXPECT_NE(out.find("sending SIGKILL"), std::string::npos) << out;
+}
+
+TEST_F(TiderunTest, KillingTiderunWithSigkillLeavesNoWorkerOrChild) {
+  auto s = script("w.sh", signal_worker(dir_));
+  Subprocess p(
+      tiderun({"--standalone", "--nproc-per-node=2", s}),
+      {.merge_stderr = true});
+  wait_ready(p, 2);
+  p.signal(SIGKILL);
+  ASSERT_TRUE(p.wait(10s).has_value());
+  expect_all_gone(dir_, 2);
+}
+
+TEST_F(TiderunTest, KillingAWorkerRestartsTheGroupAndLeavesNothingBehind) {
+  auto s = script(
+      "w.sh",
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then exit 0; fi\n" +
+          signal_worker(dir_));
+  Subprocess p(
+      tiderun({"--standalone", "--nproc-per-node=2", "--max-restarts=1", s}),
+      {.merge_stderr = true});
+  wait_ready(p, 2);
+  ::kill(test::read_pid((dir_ / "worker.1").string()), SIGKILL);
+  std::string out = p.read_all(30s);
+  auto status = p.wait(30s);
+  ASSERT_TRUE(status.has_value()) << out;
+  EXPECT_EQ(exit_code(*status), 0) << out;
+  EXPECT_NE(out.find("restarting the worker group"), std::string::npos) << out;
+  expect_all_gone(dir_, 2);
+}
+
+}  // namespace
+}  // namespace tide
