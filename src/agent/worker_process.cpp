@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -76,6 +77,9 @@ int open_log(const std::string& path) {
     ::dup2(err_fd, STDERR_FILENO);
   }
   if (!spec.path.empty()) {
+    // Nothing of the agent's (its store's sockets, the janitor's channel)
+    // leaks into the worker.
+    ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
     ::execve(spec.path.c_str(), argv, envp);
     const char* msg = "tide: exec failed: ";
     write_all(STDERR_FILENO, msg, std::strlen(msg));
@@ -84,7 +88,10 @@ int open_log(const std::string& path) {
     write_all(STDERR_FILENO, "\n", 1);
     ::_exit(127);
   }
-  // Fork start method: the function runs in this copy of the agent.
+  // Fork start method: the function runs in this copy of the agent, without
+  // the agent's descriptors (a copy of the janitor's channel would keep the
+  // janitor from noticing the agent's death).
+  ::syscall(SYS_close_range, 3U, ~0U, 0U);
   environ = const_cast<char**>(envp);
   int code = run_function(spec.function, spec.function_args, spec.result_file);
   std::fflush(nullptr);
