@@ -206,6 +206,8 @@ struct Flags {
   double shutdown_timeout = 30;
   double exit_barrier_timeout = 300;
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  bool file_timer = false;
+  std::string timer_file;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -320,6 +322,16 @@ void add_flags(CLI::App& app, Flags& f) {
       f.signals_to_handle,
       "TORCHELASTIC_SIGNALS_TO_HANDLE",
       "signals forwarded to the workers");
+  app.add_flag(
+         "--file-timer,--file_timer",
+         f.file_timer,
+         "serve expiration timers to the workers on a FIFO "
+         "(TORCHELASTIC_TIMER_FILE)")
+      ->envname("TORCHELASTIC_ENABLE_FILE_TIMER");
+  opt("--timer-file,--timer_file",
+      f.timer_file,
+      "TORCHELASTIC_TIMER_FILE",
+      "the timer FIFO's path (default: in the run's log directory)");
 }
 
 tide::agent::Entrypoint make_entrypoint(
@@ -376,6 +388,10 @@ LaunchConfig make_config(const Flags& f) {
   c.shutdown_grace = seconds_flag(f.shutdown_timeout, "--shutdown-timeout");
   c.exit_barrier_timeout =
       seconds_flag(f.exit_barrier_timeout, "--exit-barrier-timeout");
+  if (f.file_timer) {
+    c.timer = tide::agent::WorkerSpec::Timer::kFile;
+    c.timer_file = f.timer_file;
+  }
   if (f.standalone) {
     if (c.max_nodes != 1) {
       TIDE_LOG_WARN(

@@ -4,6 +4,8 @@
 // paces the question "are nodes waiting to join?".
 #include "tide/agent/local_elastic_agent.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -20,6 +22,8 @@
 
 #include "tide/common/logging.h"
 #include "tide/rendezvous/rendezvous_handler.h"
+#include "tide/timer/file_timer.h"
+#include "tide/timer/local_timer.h"
 
 #include "agent/entrypoint_run.h"
 #include "agent/error_file.h"
@@ -36,10 +40,49 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string hostname() {
+// The host's fully qualified name as Python's socket.getfqdn() gives it (the
+// name torch puts in failure reports): among the names the host's address
+// maps back to, the first with a dot, else the primary one.
+std::string fqdn() {
   char buf[256] = {};
   ::gethostname(buf, sizeof buf - 1);
-  return buf;
+  std::string name = buf;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 ||
+      res == nullptr) {
+    return name;
+  }
+  hostent entry{};
+  hostent* found = nullptr;
+  char scratch[4096];
+  int err = 0;
+  const void* addr = nullptr;
+  socklen_t len = 0;
+  if (res->ai_family == AF_INET) {
+    addr = &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+    len = sizeof(in_addr);
+  } else {
+    addr = &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr;
+    len = sizeof(in6_addr);
+  }
+  ::gethostbyaddr_r(
+      addr, len, res->ai_family, &entry, scratch, sizeof scratch, &found, &err);
+  ::freeaddrinfo(res);
+  if (found == nullptr) {
+    return name;
+  }
+  std::vector<std::string> names{found->h_name};
+  for (char** a = found->h_aliases; a && *a; ++a) {
+    names.emplace_back(*a);
+  }
+  for (const auto& n : names) {
+    if (n.find('.') != std::string::npos) {
+      return n;
+    }
+  }
+  return names.front();
 }
 
 std::string random_suffix() {
@@ -92,6 +135,7 @@ struct LocalElasticAgent::Impl {
     }
   }
   ~Impl() {
+    timer_server.reset();
     processes.clear();
     ::close(wake_fd);
   }
@@ -121,7 +165,7 @@ struct LocalElasticAgent::Impl {
   std::atomic<int> stop_signal{0};
   std::unique_ptr<detail::Janitor> janitor;
   std::string run_log_dir;
-  std::string host = hostname();
+  std::string host = fqdn();
   WorkerGroup group;
   rendezvous::RendezvousInfo rdzv;
   int restart_count = 0;
@@ -132,6 +176,14 @@ struct LocalElasticAgent::Impl {
   std::vector<std::string> error_files;
   std::map<std::string, std::string> base_env;
   bool warned_omp = false;
+
+  // Expiration timers. The watchdog thread reads the worker pids and writes
+  // the reaped timers, so both are guarded by timer_mutex.
+  void start_timer_server();
+  std::unique_ptr<timer::TimerServer> timer_server;
+  mutable std::mutex timer_mutex;
+  std::set<pid_t> worker_pids;                  // Guarded by timer_mutex.
+  std::map<pid_t, timer::ExpiredTimer> reaped;  // Guarded by timer_mutex.
 };
 
 LocalElasticAgent::LocalElasticAgent(WorkerSpec spec, AgentOptions options)
@@ -269,6 +321,12 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
       py_bool(spec.rdzv_handler->use_agent_store()));
   set("TORCHELASTIC_ERROR_FILE",
       error_files[static_cast<size_t>(w.local_rank)]);
+  if (auto* f = dynamic_cast<timer::FileTimerServer*>(timer_server.get())) {
+    set("TORCHELASTIC_TIMER_FILE", f->path());
+  } else if (
+      auto* l = dynamic_cast<timer::LocalTimerServer*>(timer_server.get())) {
+    set("TIDE_TIMER_SOCKET", l->path());
+  }
   // torch 1.13 and today's torch name this differently; set both.
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
@@ -353,6 +411,13 @@ void LocalElasticAgent::Impl::start_workers() {
         std::make_unique<detail::WorkerProcess>(ls, janitor.get()));
     group.workers[static_cast<size_t>(w.local_rank)].pid =
         processes.back()->pid();
+  }
+  {
+    std::lock_guard lock(timer_mutex);
+    worker_pids.clear();
+    for (const auto& p : processes) {
+      worker_pids.insert(p->pid());
+    }
   }
   group.state = WorkerState::kHealthy;
   TIDE_LOG_INFO(
@@ -454,7 +519,21 @@ std::map<int, ProcessFailure> LocalElasticAgent::Impl::failures() const {
     f.timestamp = p->exit_time();
     f.error_file = error_files[static_cast<size_t>(w.local_rank)];
     f.error_file_data = detail::read_file(f.error_file);
-    if (!f.error_file_data.empty()) {
+    std::optional<timer::ExpiredTimer> expired;
+    {
+      std::lock_guard lock(timer_mutex);
+      if (auto it = reaped.find(f.pid); it != reaped.end()) {
+        expired = it->second;
+      }
+    }
+    if (expired && f.exitcode == -expired->signal) {
+      char overrun[32];
+      std::snprintf(overrun, sizeof overrun, "%.3f", expired->overrun_seconds);
+      f.message = "expiration timer \"" + expired->scope_id +
+                  "\" expired: the worker was " + overrun +
+                  " s past its deadline and got " + f.signal_name() +
+                  " from the timer server";
+    } else if (!f.error_file_data.empty()) {
       auto parsed = detail::parse_error_file(f.error_file_data);
       f.message = parsed.message;
       f.traceback = parsed.traceback;
@@ -558,6 +637,43 @@ void LocalElasticAgent::Impl::exit_barrier() {
   }
 }
 
+void LocalElasticAgent::Impl::start_timer_server() {
+  const WorkerSpec& spec = self.spec_;
+  if (spec.timer == WorkerSpec::Timer::kNone || timer_server) {
+    return;
+  }
+  timer::TimerServerOptions opts{
+      .max_interval = spec.timer_max_interval,
+      .run_id = spec.rdzv_handler->get_run_id(),
+      .allow_pid =
+          [this](pid_t pid) {
+            std::lock_guard lock(timer_mutex);
+            return worker_pids.count(pid) > 0;
+          },
+      .on_reap =
+          [this](const timer::ExpiredTimer& e) {
+            std::lock_guard lock(timer_mutex);
+            reaped[e.worker_id] = e;
+          },
+  };
+  std::string path = spec.timer_file;
+  if (spec.timer == WorkerSpec::Timer::kFile) {
+    if (path.empty()) {
+      path = run_log_dir + "/watchdog_timer";
+    }
+    timer_server =
+        std::make_unique<timer::FileTimerServer>(path, std::move(opts));
+  } else {
+    if (path.empty()) {
+      path = run_log_dir + "/timer.sock";
+    }
+    timer_server =
+        std::make_unique<timer::LocalTimerServer>(path, std::move(opts));
+  }
+  timer_server->start();
+  TIDE_LOG_INFO("[{}] expiration timer server on {}", spec.role, path);
+}
+
 RunResult LocalElasticAgent::Impl::run() {
   const WorkerSpec& spec = self.spec_;
   if (run_log_dir.empty()) {
@@ -583,6 +699,7 @@ RunResult LocalElasticAgent::Impl::run() {
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   }
   janitor = std::make_unique<detail::Janitor>();
+  start_timer_server();
   TIDE_LOG_INFO(
       "[{}] starting: {} workers per node, {} restarts allowed, logs in {}",
       spec.role,

@@ -41,6 +41,8 @@ LaunchResult launch(
       .log_dir = config.log_dir,
       .shutdown_grace = config.shutdown_grace,
       .exit_barrier_timeout = config.exit_barrier_timeout,
+      .timer = config.timer,
+      .timer_file = config.timer_file,
   };
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});
   if (on_agent) {

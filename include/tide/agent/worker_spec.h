@@ -88,6 +88,17 @@ struct WorkerSpec {
   std::chrono::milliseconds kill_wait{5'000};
   // How long a finished agent waits for the others (torch: 300 s, fixed).
   std::chrono::milliseconds exit_barrier_timeout{300'000};
+  // Expiration timers for the workers (docs/timers.md). kFile: a
+  // FileTimerServer on timer_file (empty: a new path), exported to the
+  // workers as TORCHELASTIC_TIMER_FILE (torch's
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1). kLocal: a LocalTimerServer whose
+  // socket is exported as TIDE_TIMER_SOCKET. The server signals only this
+  // agent's workers.
+  enum class Timer { kNone, kFile, kLocal };
+  Timer timer = Timer::kNone;
+  std::string timer_file;
+  // The timer server's longest sleep (torch: 0.1 s for the agent's).
+  std::chrono::milliseconds timer_max_interval{100};
 };
 
 // Throws InvalidArgument when a spec cannot run (no handler, no workers, an

@@ -32,6 +32,8 @@ struct LaunchConfig {
   std::set<int> local_ranks_filter;
   std::chrono::milliseconds shutdown_grace{30'000};
   std::chrono::milliseconds exit_barrier_timeout{300'000};
+  agent::WorkerSpec::Timer timer = agent::WorkerSpec::Timer::kNone;
+  std::string timer_file;
 };
 
 // The outcome of launch(): the agent's result, or the signal that stopped it.

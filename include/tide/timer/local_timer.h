@@ -1,0 +1,52 @@
+#pragma once
+
+#include <csignal>
+#include <mutex>
+#include <string>
+
+#include "tide/timer/timer_server.h"
+
+// Timers for workers on the agent's host over a Unix datagram socket the
+// agent creates. The kernel tells the server each sender's pid
+// (SCM_CREDENTIALS), so a worker can only arm timers for itself.
+namespace tide::timer {
+
+class LocalTimerServer final : public TimerServer {
+ public:
+  // Binds a datagram socket at `path` (a filesystem path; removed by the
+  // destructor). Call start() to serve.
+  LocalTimerServer(std::string path, TimerServerOptions options = {});
+  ~LocalTimerServer() override;
+
+  const std::string& path() const {
+    return path_;
+  }
+
+ protected:
+  int channel_fd() const override {
+    return fd_;
+  }
+  void read_requests(std::vector<TimerRequest>& out) override;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+class LocalTimerClient final : public TimerClient {
+ public:
+  explicit LocalTimerClient(std::string path, int signal = SIGKILL);
+  ~LocalTimerClient() override;
+
+  void acquire(const std::string& scope_id, double expiration_time) override;
+  void release(const std::string& scope_id) override;
+
+ private:
+  void send(const std::string& scope_id, double expiration_time, int signal);
+
+  const std::string path_;
+  const int signal_;
+  int fd_ = -1;
+};
+
+}  // namespace tide::timer

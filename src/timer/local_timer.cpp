@@ -1,0 +1,143 @@
+#include "tide/timer/local_timer.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tide/common/logging.h"
+
+// Datagram layout: f64 expiration_time, i32 signal, then the scope bytes.
+// The sender's pid is not in it: the kernel supplies it.
+namespace tide::timer {
+
+namespace {
+
+constexpr size_t kHeader = sizeof(double) + sizeof(int32_t);
+constexpr size_t kMaxScope = 4096;
+
+sockaddr_un address(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) {
+    throw InvalidArgument("timer socket path too long: " + path);
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
+}  // namespace
+
+LocalTimerServer::LocalTimerServer(std::string path, TimerServerOptions options)
+    : TimerServer(std::move(options)), path_(std::move(path)) {
+  sockaddr_un addr = address(path_);
+  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) {
+    throw Error(std::string("timer socket: ") + std::strerror(errno));
+  }
+  int one = 1;
+  ::setsockopt(fd_, SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
+  ::unlink(path_.c_str());
+  if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int err = errno;
+    ::close(fd_);
+    throw Error(
+        "cannot bind the timer socket " + path_ + ": " + std::strerror(err));
+  }
+}
+
+LocalTimerServer::~LocalTimerServer() {
+  stop();
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void LocalTimerServer::read_requests(std::vector<TimerRequest>& out) {
+  for (;;) {
+    char data[kHeader + kMaxScope + 1];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+    iovec iov{.iov_base = data, .iov_len = sizeof data};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
+    if (n < 0) {
+      return;
+    }
+    const ucred* cred = nullptr;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+        cred = reinterpret_cast<const ucred*>(CMSG_DATA(c));
+      }
+    }
+    if (cred == nullptr || static_cast<size_t>(n) < kHeader ||
+        static_cast<size_t>(n) > kHeader + kMaxScope ||
+        (msg.msg_flags & MSG_TRUNC)) {
+      TIDE_LOG_WARN("[timer] skipping a malformed datagram ({} bytes)", n);
+      continue;
+    }
+    TimerRequest r;
+    std::memcpy(&r.expiration_time, data, sizeof(double));
+    int32_t sig = 0;
+    std::memcpy(&sig, data + sizeof(double), sizeof sig);
+    r.signal = sig;
+    r.worker_id = cred->pid;
+    r.scope_id.assign(data + kHeader, static_cast<size_t>(n) - kHeader);
+    out.push_back(std::move(r));
+  }
+}
+
+LocalTimerClient::LocalTimerClient(std::string path, int signal)
+    : path_(std::move(path)), signal_(signal) {
+  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) {
+    throw Error(std::string("timer socket: ") + std::strerror(errno));
+  }
+}
+
+LocalTimerClient::~LocalTimerClient() {
+  ::close(fd_);
+}
+
+void LocalTimerClient::acquire(
+    const std::string& scope_id, double expiration_time) {
+  send(scope_id, expiration_time, signal_);
+}
+
+void LocalTimerClient::release(const std::string& scope_id) {
+  send(scope_id, -1, 0);
+}
+
+void LocalTimerClient::send(
+    const std::string& scope_id, double expiration_time, int signal) {
+  if (scope_id.size() > kMaxScope) {
+    throw InvalidArgument(
+        "timer scope longer than " + std::to_string(kMaxScope) + " bytes");
+  }
+  char data[kHeader + kMaxScope];
+  std::memcpy(data, &expiration_time, sizeof(double));
+  int32_t sig = signal;
+  std::memcpy(data + sizeof(double), &sig, sizeof sig);
+  std::memcpy(data + kHeader, scope_id.data(), scope_id.size());
+  sockaddr_un addr = address(path_);
+  // Blocking: a full server queue makes the caller wait, never drops.
+  ssize_t n = ::sendto(
+      fd_,
+      data,
+      kHeader + scope_id.size(),
+      MSG_NOSIGNAL,
+      reinterpret_cast<sockaddr*>(&addr),
+      sizeof addr);
+  if (n < 0) {
+    throw Error(
+        "cannot send a timer request to " + path_ + ": " +
+        std::strerror(errno));
+  }
+}
+
+}  // namespace tide::timer
