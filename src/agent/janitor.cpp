@@ -1,6 +1,7 @@
 #include "agent/janitor.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -83,7 +84,14 @@ Janitor::Janitor() {
     throw Error(
         std::string("janitor: socketpair failed: ") + std::strerror(errno));
   }
+  sigset_t all;
+  sigset_t old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);  // Until the child ignores them.
   pid_ = ::fork();
+  if (pid_ != 0) {
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
   if (pid_ < 0) {
     ::close(fds[0]);
     ::close(fds[1]);

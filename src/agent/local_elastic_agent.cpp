@@ -412,12 +412,18 @@ void LocalElasticAgent::Impl::start_workers() {
     group.workers[static_cast<size_t>(w.local_rank)].pid =
         processes.back()->pid();
   }
+  std::set<pid_t> old_pids;
   {
     std::lock_guard lock(timer_mutex);
-    worker_pids.clear();
+    old_pids.swap(worker_pids);
     for (const auto& p : processes) {
       worker_pids.insert(p->pid());
     }
+  }
+  // Timers of the last group's workers die with them. (Outside timer_mutex:
+  // the server calls allow_pid, which takes it, under its own lock.)
+  if (timer_server) {
+    timer_server->clear_timers(old_pids);
   }
   group.state = WorkerState::kHealthy;
   TIDE_LOG_INFO(
@@ -483,6 +489,10 @@ bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
   int r = ::poll(fds.data(), fds.size(), timeout);
   if (r < 0 && errno != EINTR) {
     throw Error(std::string("poll failed: ") + std::strerror(errno));
+  }
+  if (r > 0 && (fds[0].revents & POLLIN)) {
+    uint64_t drained;
+    [[maybe_unused]] ssize_t n = ::read(wake_fd, &drained, sizeof drained);
   }
   pump_output();
   reap();
@@ -748,6 +758,7 @@ RunResult LocalElasticAgent::Impl::run() {
             f.message);
       }
       stop_workers(SIGTERM, spec.shutdown_grace);
+      check_stop();
       if (self.remaining_restarts_ > 0) {
         --self.remaining_restarts_;
         ++restart_count;
@@ -777,6 +788,7 @@ RunResult LocalElasticAgent::Impl::run() {
             spec.role,
             waiting);
         stop_workers(SIGTERM, spec.shutdown_grace);
+        check_stop();
         initialize_workers();
       }
     }

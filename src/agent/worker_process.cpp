@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -260,7 +261,17 @@ WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
 
   pid_t parent = ::getpid();
   std::fflush(nullptr);
+  // Signals stay blocked from fork() until the child has reset their
+  // handlers: a signal in between must not run the agent's handler (which
+  // would write to the agent's wake-up descriptor) inside the child.
+  sigset_t all;
+  sigset_t old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
   pid_ = ::fork();
+  if (pid_ != 0) {
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
   if (pid_ < 0) {
     int err = errno;
     close_child_fds();

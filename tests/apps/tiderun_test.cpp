@@ -282,5 +282,27 @@ TEST_F(TiderunTest, KillingAWorkerRestartsTheGroupAndLeavesNothingBehind) {
   expect_all_gone(dir_, 2);
 }
 
+TEST_F(TiderunTest, AnImmediateFailureNeverStallsTheStopOfWorkersStillStarting) {
+  // Rank 0 fails at once, while the other workers may still be between
+  // fork and exec; stopping them must not wait for the grace period.
+  auto s = script(
+      "w.sh",
+      "[ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ] && exit 0\n"
+      "[ \"$LOCAL_RANK\" = 0 ] && exit 1\n"
+      "exec sleep 100");
+  for (int i = 0; i < 5; ++i) {
+    Subprocess p(
+        tiderun(
+            {"--standalone", "--nproc-per-node=8", "--max-restarts=1",
+             "--shutdown-timeout=60", s}),
+        {.merge_stderr = true});
+    std::string out = p.read_all(20s);
+    auto status = p.wait(1s);
+    ASSERT_TRUE(status.has_value()) << "run " << i << " stalled:\n" << out;
+    EXPECT_EQ(exit_code(*status), 0) << out;
+    EXPECT_EQ(out.find("sending SIGKILL"), std::string::npos) << out;
+  }
+}
+
 }  // namespace
 }  // namespace tide
