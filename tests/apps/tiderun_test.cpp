@@ -282,7 +282,47 @@ TEST_F(TiderunTest, KillingAWorkerRestartsTheGroupAndLeavesNothingBehind) {
   expect_all_gone(dir_, 2);
 }
 
-TEST_F(TiderunTest, AnImmediateFailureNeverStallsTheStopOfWorkersStillStarting) {
+TEST_F(TiderunTest, ACppWorkerOverrunningItsTimerIsKilledAndRestarted) {
+  auto [status, out] = run(
+      {"--standalone",
+       "--nproc-per-node=2",
+       "--max-restarts=1",
+       "--file-timer",
+       TIDE_TIMER_WORKER,
+       "--hang-once"});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("overran timer \"step\""), std::string::npos) << out;
+  EXPECT_NE(out.find("restarting the worker group"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 0: 5 steps done"), std::string::npos) << out;
+}
+
+TEST_F(TiderunTest, ATimerExpiryIsTheFailureSummarysRootCause) {
+  auto [status, out] = run(
+      {"--standalone", "--file-timer", TIDE_TIMER_WORKER, "--hang-once"},
+      {.env = {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}, .merge_stderr = true});
+  EXPECT_EQ(exit_code(status), 1) << out;
+  EXPECT_NE(out.find("exitcode  : -9"), std::string::npos) << out;
+  EXPECT_NE(
+      out.find("traceback : expiration timer \"step\" expired: the worker was"),
+      std::string::npos)
+      << out;
+}
+
+TEST_F(TiderunTest, TheTimerFileComesFromTheEnvironmentAsInTorch) {
+  fs::path fifo = dir_ / "my_timer";
+  auto s = script("w.sh", "echo timer=$TORCHELASTIC_TIMER_FILE");
+  auto [status, out] =
+      run({"--standalone", s},
+          {.env =
+               {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
+                {"TORCHELASTIC_TIMER_FILE", fifo.string()}},
+           .merge_stderr = true});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("timer=" + fifo.string()), std::string::npos) << out;
+}
+
+TEST_F(
+    TiderunTest, AnImmediateFailureNeverStallsTheStopOfWorkersStillStarting) {
   // Rank 0 fails at once, while the other workers may still be between
   // fork and exec; stopping them must not wait for the grace period.
   auto s = script(
@@ -293,8 +333,11 @@ TEST_F(TiderunTest, AnImmediateFailureNeverStallsTheStopOfWorkersStillStarting) 
   for (int i = 0; i < 5; ++i) {
     Subprocess p(
         tiderun(
-            {"--standalone", "--nproc-per-node=8", "--max-restarts=1",
-             "--shutdown-timeout=60", s}),
+            {"--standalone",
+             "--nproc-per-node=8",
+             "--max-restarts=1",
+             "--shutdown-timeout=60",
+             s}),
         {.merge_stderr = true});
     std::string out = p.read_all(20s);
     auto status = p.wait(1s);

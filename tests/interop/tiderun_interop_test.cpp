@@ -59,6 +59,8 @@ using test::kSystemPython;
 constexpr milliseconds kLaunchTimeout = 75s;
 
 constexpr const char* kDdpScript = TIDE_INTEROP_DIR "/ddp_train.py";
+const std::string kTimerScript =
+    std::string(TIDE_INTEROP_DIR) + "/torch_timer_worker.py";
 constexpr const char* kPrintEnvScript = TIDE_INTEROP_DIR "/print_env.py";
 constexpr const char* kInjectedFailure =
     "RuntimeError: injected failure: rank 1 on attempt 0";
@@ -747,6 +749,37 @@ TEST(
           .find(kInjectedFailure),
       std::string::npos)
       << launcher_error.dump(2);
+}
+
+// A Python worker using torch's own FileTimerClient, served by tiderun's
+// timer server: its hang is ended by the timer and the group restarts.
+TEST(TiderunInteropTest, TorchFileTimerClientsAreServedAndAHangIsReclaimed) {
+  TempDir tmp;
+  fs::path out = tmp.make("out");
+  Outcome r =
+      run(tiderun({
+              "--standalone",
+              "--nproc-per-node=2",
+              "--max-restarts=1",
+              "--file-timer",
+              "--log-dir=" + tmp.make("logs").string(),
+              kTimerScript,
+              out.string(),
+          }),
+          parent_env(tmp),
+          tmp.path(),
+          "tiderun");
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.err.find("overran timer \"train_step\""), std::string::npos)
+      << r.describe();
+  EXPECT_NE(
+      r.err.find("expiration timer \"train_step\" expired"), std::string::npos)
+      << r.describe();
+  EXPECT_TRUE(fs::exists(out / "done.1.0")) << r.describe();
+  EXPECT_TRUE(fs::exists(out / "done.1.1")) << r.describe();
+  EXPECT_FALSE(fs::exists(out / "done.0.0")) << r.describe();
+  EXPECT_TRUE(r.leftovers.empty()) << r.describe();
 }
 
 TEST(TiderunInteropTest, FailureSummaryMatchesTorchrunsLineForLine) {
