@@ -11,6 +11,7 @@ packages=(
   # libraries
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus-cpp-dev libcivetweb-dev
   # the peer: PyTorch 1.13.1 for interop tests and benchmarks
   python3 python3-torch
   # tools the tests use

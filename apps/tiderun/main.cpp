@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -20,7 +21,10 @@
 
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+#include "tide/events/events.h"
+#include "tide/launcher/health_server.h"
 #include "tide/launcher/launcher.h"
+#include "tide/metrics/metrics.h"
 #include "tide/store/tcp_store.h"
 
 namespace {
@@ -32,6 +36,9 @@ constexpr const char* kVersion = "0.1.0";
 
 std::atomic<tide::agent::LocalElasticAgent*> g_agent{nullptr};
 std::atomic<int> g_pending_signal{0};
+// The agent the health endpoint reads; the mutex keeps it alive while read.
+std::mutex g_health_mutex;
+tide::agent::LocalElasticAgent* g_health_agent = nullptr;
 
 extern "C" void on_signal(int sig) {
   if (auto* agent = g_agent.load()) {
@@ -208,6 +215,9 @@ struct Flags {
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   bool file_timer = false;
   std::string timer_file;
+  std::string metrics;
+  std::string events;
+  std::string health_port;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -328,6 +338,19 @@ void add_flags(CLI::App& app, Flags& f) {
          "serve expiration timers to the workers on a FIFO "
          "(TORCHELASTIC_TIMER_FILE)")
       ->envname("TORCHELASTIC_ENABLE_FILE_TIMER");
+  opt("--metrics",
+      f.metrics,
+      "PET_METRICS",
+      "where metrics go: console, or prometheus:[HOST:]PORT (default: "
+      "nowhere)");
+  opt("--events",
+      f.events,
+      "PET_EVENTS",
+      "where events go: log, or jsonl:PATH (default: nowhere)");
+  opt("--health-port,--health_port",
+      f.health_port,
+      "PET_HEALTH_PORT",
+      "serve GET /health on [HOST:]PORT");
   opt("--timer-file,--timer_file",
       f.timer_file,
       "TORCHELASTIC_TIMER_FILE",
@@ -416,6 +439,37 @@ LaunchConfig make_config(const Flags& f) {
   return c;
 }
 
+// Installs the metric and event sinks the flags ask for.
+void configure_sinks(const Flags& f) {
+  if (f.metrics == "console") {
+    tide::metrics::configure(
+        std::make_shared<tide::metrics::ConsoleMetricHandler>());
+  } else if (f.metrics.rfind("prometheus:", 0) == 0) {
+    std::string address = f.metrics.substr(11);
+    if (address.find(':') == std::string::npos) {
+      address = "0.0.0.0:" + address;
+    }
+    auto handler =
+        std::make_shared<tide::metrics::PrometheusMetricHandler>(address);
+    TIDE_LOG_INFO("Prometheus metrics on port {} (/metrics)", handler->port());
+    tide::metrics::configure(handler);
+  } else if (!f.metrics.empty()) {
+    throw InvalidArgument(
+        "--metrics=" + f.metrics +
+        ": expected console or prometheus:[HOST:]PORT");
+  }
+  if (f.events == "log") {
+    tide::events::configure(std::make_shared<tide::events::LogEventHandler>());
+  } else if (f.events.rfind("jsonl:", 0) == 0 && f.events.size() > 6) {
+    tide::events::configure(
+        std::make_shared<tide::events::JsonLinesEventHandler>(
+            f.events.substr(6)));
+  } else if (!f.events.empty()) {
+    throw InvalidArgument(
+        "--events=" + f.events + ": expected log or jsonl:PATH");
+  }
+}
+
 void write_own_error_file(
     const tide::agent::RunResult& result, const std::string& summary) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
@@ -479,6 +533,27 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
 
+  // Never destroyed: stopping civetweb's threads takes up to its 2 s poll
+  // period, and the process is about to exit anyway.
+  tide::launcher::HealthServer* health = nullptr;
+  try {
+    configure_sinks(flags);
+    if (!flags.health_port.empty()) {
+      health = new tide::launcher::HealthServer(
+          flags.health_port, []() -> std::optional<tide::agent::AgentStatus> {
+            std::lock_guard lock(g_health_mutex);
+            if (g_health_agent == nullptr) {
+              return std::nullopt;
+            }
+            return g_health_agent->status();
+          });
+      TIDE_LOG_INFO("health checks on port {} (/health)", health->port());
+    }
+  } catch (const tide::Error& e) {
+    std::fprintf(stderr, "tiderun: error: %s\n", e.what());
+    return 2;
+  }
+
   std::string name = tide::agent::entrypoint_name(entrypoint);
   if (auto* cmd = std::get_if<tide::agent::Command>(&entrypoint);
       cmd && !flags.no_python && cmd->argv.size() > 2 && cmd->argv[1] == "-u") {
@@ -487,6 +562,10 @@ int main(int argc, char** argv) {
   try {
     auto outcome = tide::launcher::launch(
         config, entrypoint, [](tide::agent::LocalElasticAgent* agent) {
+          {
+            std::lock_guard lock(g_health_mutex);
+            g_health_agent = agent;
+          }
           g_agent.store(agent);
           if (int sig = g_pending_signal.exchange(0);
               agent != nullptr && sig != 0) {

@@ -14,13 +14,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "tide/common/logging.h"
+#include "tide/events/events.h"
+#include "tide/metrics/metrics.h"
 #include "tide/rendezvous/rendezvous_handler.h"
 #include "tide/timer/file_timer.h"
 #include "tide/timer/local_timer.h"
@@ -177,6 +183,19 @@ struct LocalElasticAgent::Impl {
   std::map<std::string, std::string> base_env;
   bool warned_omp = false;
 
+  // Metrics, events and the status snapshot (read by other threads).
+  void set_state(WorkerState s);
+  void worker_event(
+      const Worker& w, const char* state, const std::string& raw_error = "");
+  void agent_event(const std::string& what, events::Event::Metadata meta);
+  void record_run_metrics(bool succeeded);
+  std::string metric(const std::string& name) const {
+    return "workers." + self.spec_.role + "." + name;
+  }
+  double started_at = detail::now_seconds();
+  mutable std::mutex status_mutex;
+  AgentStatus status;  // Guarded by status_mutex.
+
   // Expiration timers. The watchdog thread reads the worker pids and writes
   // the reaped timers, so both are guarded by timer_mutex.
   void start_timer_server();
@@ -226,8 +245,20 @@ std::string LocalElasticAgent::Impl::attempt_dir() const {
 
 void LocalElasticAgent::Impl::rendezvous() {
   const WorkerSpec& spec = self.spec_;
+  auto prof = metrics::profile("SimpleElasticAgent._rendezvous");
   auto start = Clock::now();
   rdzv = spec.rdzv_handler->next_rendezvous();
+  agent_event(
+      "rendezvous",
+      {{"group_rank", int64_t{rdzv.rank}},
+       {"group_world_size", int64_t{rdzv.world_size}},
+       {"duration_ms",
+        static_cast<int64_t>(
+            std::chrono::duration_cast<milliseconds>(Clock::now() - start)
+                .count())},
+       {"master_endpoint",
+        rdzv.bootstrap.master_addr + ":" +
+            std::to_string(rdzv.bootstrap.master_port)}});
   group.store = rdzv.store;
   group.group_rank = rdzv.rank;
   group.group_world_size = rdzv.world_size;
@@ -340,6 +371,7 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
 
 void LocalElasticAgent::Impl::start_workers() {
   const WorkerSpec& spec = self.spec_;
+  auto prof = metrics::profile("LocalElasticAgent._start_workers");
   ++incarnation;
   std::string dir = attempt_dir();
   attempt_dirs.push_back(dir);
@@ -425,7 +457,11 @@ void LocalElasticAgent::Impl::start_workers() {
   if (timer_server) {
     timer_server->clear_timers(old_pids);
   }
-  group.state = WorkerState::kHealthy;
+  set_state(WorkerState::kHealthy);
+  metrics::put_metric(metric("remaining_restarts"), self.remaining_restarts_);
+  for (const Worker& w : group.workers) {
+    worker_event(w, "HEALTHY");
+  }
   TIDE_LOG_INFO(
       "[{}] started {} workers (attempt {}, ranks {}-{} of {}, {} restarts "
       "left)",
@@ -579,6 +615,7 @@ std::map<int, std::string> LocalElasticAgent::Impl::return_values() const {
 }
 
 void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
+  auto prof = metrics::profile("LocalElasticAgent._stop_workers");
   auto running = [&] {
     int n = 0;
     for (auto& p : processes) {
@@ -647,6 +684,103 @@ void LocalElasticAgent::Impl::exit_barrier() {
   }
 }
 
+AgentStatus LocalElasticAgent::status() const {
+  std::lock_guard lock(impl_->status_mutex);
+  AgentStatus s = impl_->status;
+  if (impl_->timer_server) {
+    s.last_progress =
+        std::max(s.last_progress, impl_->timer_server->last_progress_time());
+  }
+  return s;
+}
+
+void LocalElasticAgent::Impl::set_state(WorkerState s) {
+  group.state = s;
+  std::string name = to_string(s);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
+    return static_cast<char>(std::tolower(c));
+  });
+  metrics::put_metric(metric(name), 1);
+  std::lock_guard lock(status_mutex);
+  status.state = s;
+  status.run_id = self.spec_.rdzv_handler->get_run_id();
+  status.restart_count = restart_count;
+  status.remaining_restarts = self.remaining_restarts_;
+  status.group_rank = group.group_rank;
+  status.group_world_size = group.group_world_size;
+  status.workers = group.workers;
+  status.started_at = started_at;
+  status.last_progress = detail::now_seconds();
+}
+
+void LocalElasticAgent::Impl::worker_event(
+    const Worker& w, const char* state, const std::string& raw_error) {
+  if (!events::enabled()) {
+    return;
+  }
+  const WorkerSpec& spec = self.spec_;
+  nlohmann::json md = {
+      {"group_world_size", group.group_world_size},
+      {"entry_point", entrypoint_name(spec.entrypoint)},
+      {"local_rank", w.local_rank},
+      {"role_rank", w.role_rank},
+      {"role_world_size", w.role_world_size},
+  };
+  events::Event e{
+      .name = std::string("torchelastic.worker.status.") + state,
+      .source = events::EventSource::kAgent,
+      .metadata = {
+          {"run_id", spec.rdzv_handler->get_run_id()},
+          {"global_rank", int64_t{w.global_rank}},
+          {"group_rank", int64_t{group.group_rank}},
+          {"worker_id", std::to_string(w.pid)},
+          {"role", spec.role},
+          {"hostname", host},
+          {"state", std::string(state)},
+          {"total_run_time",
+           static_cast<int64_t>(detail::now_seconds() - started_at)},
+          {"rdzv_backend", spec.rdzv_handler->get_backend()},
+          {"raw_error",
+           raw_error.empty() ? events::MetadataValue{} : raw_error},
+          {"metadata", md.dump()},
+          {"agent_restarts", int64_t{restart_count}},
+      }};
+  events::record(std::move(e));
+}
+
+void LocalElasticAgent::Impl::agent_event(
+    const std::string& what, events::Event::Metadata meta) {
+  if (!events::enabled()) {
+    return;
+  }
+  meta["run_id"] = self.spec_.rdzv_handler->get_run_id();
+  meta["role"] = self.spec_.role;
+  meta["hostname"] = host;
+  meta["agent_restarts"] = int64_t{restart_count};
+  events::record(events::Event{
+      .name = "torchelastic.agent." + what,
+      .source = events::EventSource::kAgent,
+      .metadata = std::move(meta)});
+}
+
+void LocalElasticAgent::Impl::record_run_metrics(bool succeeded) {
+  // torch's _record_metrics and _record_flakiness_metric.
+  const WorkerSpec& spec = self.spec_;
+  bool retried = self.remaining_restarts_ != spec.max_restarts;
+  metrics::put_metric(metric("run_total"), 1);
+  metrics::put_metric(
+      metric(
+          std::string(succeeded ? "run_success" : "run_failed") +
+          (retried ? "_with_retries" : "_no_retries")),
+      1);
+  int64_t flakiness = 100;
+  if (succeeded) {
+    flakiness =
+        100 - 100 * (self.remaining_restarts_ + 1) / (spec.max_restarts + 1);
+  }
+  metrics::put_metric(metric("flakiness"), flakiness);
+}
+
 void LocalElasticAgent::Impl::start_timer_server() {
   const WorkerSpec& spec = self.spec_;
   if (spec.timer == WorkerSpec::Timer::kNone || timer_server) {
@@ -662,8 +796,18 @@ void LocalElasticAgent::Impl::start_timer_server() {
           },
       .on_reap =
           [this](const timer::ExpiredTimer& e) {
-            std::lock_guard lock(timer_mutex);
-            reaped[e.worker_id] = e;
+            {
+              std::lock_guard lock(timer_mutex);
+              reaped[e.worker_id] = e;
+            }
+            metrics::put_metric(metric("timer_expired"), 1);
+            agent_event(
+                "timer_expired",
+                {{"worker_id", std::to_string(e.worker_id)},
+                 {"scope_id", e.scope_id},
+                 {"expiration_time", e.expiration_time},
+                 {"overrun_ms", static_cast<int64_t>(e.overrun_seconds * 1000)},
+                 {"signal", int64_t{e.signal}}});
           },
   };
   std::string path = spec.timer_file;
@@ -725,12 +869,16 @@ RunResult LocalElasticAgent::Impl::run() {
           spec.role,
           name ? name : "?");
       stop_workers(sig, spec.shutdown_grace);
-      group.state = WorkerState::kStopped;
+      for (const Worker& w : group.workers) {
+        worker_event(w, "TERMINATED");
+      }
+      set_state(WorkerState::kStopped);
       throw SignalException(
           sig, std::string("agent stopped by SIG") + (name ? name : "?"));
     }
   };
 
+  auto run_prof = metrics::profile("SimpleElasticAgent.run");
   check_stop();
   initialize_workers();
   auto next_membership_check = Clock::now() + spec.monitor_interval;
@@ -739,7 +887,11 @@ RunResult LocalElasticAgent::Impl::run() {
     check_stop();
     WorkerState state = group_state();
     if (state == WorkerState::kSucceeded) {
-      group.state = state;
+      set_state(state);
+      for (const Worker& w : group.workers) {
+        worker_event(w, "SUCCEEDED");
+      }
+      record_run_metrics(true);
       TIDE_LOG_INFO("[{}] all workers succeeded", spec.role);
       stop_workers(
           SIGTERM, spec.shutdown_grace);  // their process groups' leftovers
@@ -758,6 +910,18 @@ RunResult LocalElasticAgent::Impl::run() {
             f.message);
       }
       stop_workers(SIGTERM, spec.shutdown_grace);
+      for (const Worker& w : group.workers) {
+        auto f = fails.find(w.global_rank);
+        if (f != fails.end()) {
+          worker_event(
+              w,
+              "FAILED",
+              f->second.error_file_data.empty() ? f->second.message
+                                                : f->second.error_file_data);
+        } else {
+          worker_event(w, "TERMINATED");
+        }
+      }
       check_stop();
       if (self.remaining_restarts_ > 0) {
         --self.remaining_restarts_;
@@ -767,11 +931,16 @@ RunResult LocalElasticAgent::Impl::run() {
             spec.role,
             restart_count,
             spec.max_restarts);
+        agent_event(
+            "restart",
+            {{"reason", std::string("worker failure")},
+             {"remaining_restarts", int64_t{self.remaining_restarts_}}});
         initialize_workers();
         next_membership_check = Clock::now() + spec.monitor_interval;
         continue;
       }
-      group.state = WorkerState::kFailed;
+      set_state(WorkerState::kFailed);
+      record_run_metrics(false);
       TIDE_LOG_ERROR(
           "[{}] worker group failed and no restarts are left ({} allowed)",
           spec.role,
@@ -788,6 +957,13 @@ RunResult LocalElasticAgent::Impl::run() {
             spec.role,
             waiting);
         stop_workers(SIGTERM, spec.shutdown_grace);
+        for (const Worker& w : group.workers) {
+          worker_event(w, "TERMINATED");
+        }
+        agent_event(
+            "restart",
+            {{"reason", std::string("nodes waiting to join")},
+             {"nodes_waiting", int64_t{waiting}}});
         check_stop();
         initialize_workers();
       }

@@ -1,10 +1,12 @@
 #include "tide/rendezvous/static_rendezvous.h"
 
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <charconv>
 
 #include "tide/common/logging.h"
+#include "tide/events/events.h"
 #include "tide/store/prefix_store.h"
 
 namespace tide::rendezvous {
@@ -94,7 +96,40 @@ StaticRendezvousHandler::StaticRendezvousHandler(
   }
 }
 
+namespace {
+
+void rdzv_event(
+    const std::string& run_id,
+    const std::string& message,
+    events::NodeState state,
+    const std::string& endpoint,
+    int rank) {
+  if (!events::enabled()) {
+    return;
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  events::record_rdzv_event(events::RdzvEvent{
+      .name = "StaticRendezvousHandler.next_rendezvous",
+      .run_id = run_id,
+      .message = message,
+      .hostname = host,
+      .node_state = state,
+      .master_endpoint = endpoint,
+      .rank = rank,
+  });
+}
+
+}  // namespace
+
 RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
+  rdzv_event(
+      run_id_,
+      "joining round " + std::to_string(round_) + " as node " +
+          std::to_string(rank_) + " of " + std::to_string(world_size_),
+      events::NodeState::kInit,
+      host_ + ":" + std::to_string(port_),
+      rank_);
   if (!store_) {
     store::TcpStoreOptions opts{
         .host = host_,
@@ -125,6 +160,14 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
         host_,
         port_);
   }
+  rdzv_event(
+      run_id_,
+      "round " + std::to_string(round_) + " complete: world size " +
+          std::to_string(world_size_),
+      events::NodeState::kRunning,
+      host_ + ":" + std::to_string(port_),
+      rank_);
+  ++round_;
   return RendezvousInfo{
       .store = std::make_shared<store::PrefixStore>(run_id_, store_),
       .rank = rank_,

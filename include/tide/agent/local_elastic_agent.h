@@ -24,6 +24,21 @@ class SignalException : public Error {
   int sig_;
 };
 
+// A snapshot of what the agent is doing, for health checks.
+struct AgentStatus {
+  WorkerState state = WorkerState::kInit;
+  std::string run_id;
+  int restart_count = 0;
+  int remaining_restarts = 0;
+  int group_rank = -1;
+  int group_world_size = -1;
+  std::vector<Worker> workers;
+  // Seconds since the epoch: when the agent started, and the last sign of
+  // progress (a worker started or ended, or a timer request arrived).
+  double started_at = 0;
+  double last_progress = 0;
+};
+
 struct AgentOptions {
   // Make the agent a child subreaper and reap any child: orphans of
   // workers (their own children) then end up reaped by the agent instead
@@ -60,6 +75,8 @@ class LocalElasticAgent {
   int remaining_restarts() const {
     return remaining_restarts_;
   }
+  // Thread safe.
+  AgentStatus status() const;
   // This run's log directory (<log_dir>/<run_id>_<random>), once run() has
   // started.
   const std::string& run_log_dir() const;

@@ -42,6 +42,7 @@ class StaticRendezvousHandler final : public RendezvousHandler {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<store::TcpStore> store_;
   bool closed_ = false;
+  int round_ = 0;
 };
 
 // Splits "host[:port]" or "[v6addr]:port"; port defaults to default_port.
