@@ -1,0 +1,816 @@
+// launch_bench: what a launcher costs, tiderun against torchrun (Debian's
+// python3-torch 1.13.1, through bench/peers/torchrun_py311.py), in one run on one machine:
+//
+//   launch   wall time of `LAUNCHER --standalone --nproc-per-node=4 /bin/true`,
+//            spawn to the launcher's exit;
+//   restart  `--max-restarts=1` with restart_worker, whose local rank 1 fails
+//            on attempt 0: from the failing worker's exit stamp to the first
+//            (and to the last) worker of attempt 1 starting.
+//
+// Each at the launchers' default monitor interval (tiderun 0.1 s, torchrun
+// 5 s) and at the smallest they accept (tiderun 0.001 s, torchrun 0.1 s).
+// Both launchers run the same worker binaries (torchrun with --no_python), so
+// only the launcher differs. Runs alternate which launcher goes first; the
+// report gives medians, the ratio torch/tide, and lines starting with RESULT
+// for scripts. docs/benchmarks.md has the figures and the command that made
+// them.
+//
+// Every run gets a scratch directory, also the launcher's TMPDIR (both put
+// their log directories there), removed afterwards. A launcher that outlives
+// --timeout gets SIGTERM, then SIGKILL with its process group.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace tide::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Between SIGTERM to a launcher and SIGKILL to its process group: torchrun
+// needs about a second to stop its workers and exit.
+constexpr int64_t kStopGraceNs = 10'000'000'000;
+
+volatile sig_atomic_t g_interrupted = 0;
+
+extern "C" void on_signal(int) {
+  g_interrupted = 1;
+}
+
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
+// CLOCK_MONOTONIC, as restart_worker stamps: one clock for every process of
+// the machine.
+int64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string errno_text(const char* what, int err) {
+  return fmt::format("{}: {}", what, std::strerror(err));
+}
+
+// A launcher process, in its own process group, watched through a pidfd.
+// Not thread-safe. The destructor stops and reaps it if it still runs.
+class Child {
+ public:
+  // Throws std::runtime_error if the process cannot be started.
+  Child(
+      const std::vector<std::string>& argv,
+      const std::vector<std::string>& env,
+      const std::string& stderr_path) {
+    std::vector<char*> cargv;
+    for (const auto& a : argv) {
+      cargv.push_back(const_cast<char*>(a.c_str()));
+    }
+    cargv.push_back(nullptr);
+    std::vector<char*> cenv;
+    for (const auto& e : env) {
+      cenv.push_back(const_cast<char*>(e.c_str()));
+    }
+    cenv.push_back(nullptr);
+
+    int err_fd = ::open(
+        stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (err_fd < 0) {
+      throw std::runtime_error(errno_text(stderr_path.c_str(), errno));
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawnattr_init(&attr);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
+    // Its own process group, so a stuck launcher and what it left behind in
+    // its group can be killed together.
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+    start_ns_ = now_ns();
+    int rc = ::posix_spawn(
+        &pid_, cargv[0], &actions, &attr, cargv.data(), cenv.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    ::close(err_fd);
+    if (rc != 0) {
+      pid_ = -1;
+      throw std::runtime_error(errno_text(argv[0].c_str(), rc));
+    }
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd_ < 0) {
+      int err = errno;
+      stop_and_reap();
+      throw std::runtime_error(errno_text("pidfd_open", err));
+    }
+  }
+
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  ~Child() {
+    stop_and_reap();
+  }
+
+  int64_t start_ns() const {
+    return start_ns_;
+  }
+
+  // Waits until the process exits or `deadline_ns` (now_ns() clock) passes.
+  // Returns the exit time; the wait status is then in status(). Returns
+  // nullopt on the deadline. Throws Interrupted on SIGINT/SIGTERM.
+  std::optional<int64_t> wait_until(int64_t deadline_ns) {
+    for (;;) {
+      if (g_interrupted != 0) {
+        throw Interrupted();
+      }
+      int64_t left_ms = (deadline_ns - now_ns() + 999'999) / 1'000'000;
+      if (left_ms <= 0) {
+        return std::nullopt;
+      }
+      pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
+      int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
+      if (n > 0) {
+        int64_t exit_ns = now_ns();
+        reap();
+        return exit_ns;
+      }
+      if (n < 0 && errno != EINTR) {
+        throw std::runtime_error(errno_text("poll(pidfd)", errno));
+      }
+    }
+  }
+
+  int status() const {
+    return status_;
+  }
+
+ private:
+  // Sweeps the process group (the launcher, a zombie at worst, keeps its
+  // pid and so the group id from being reused), then reaps.
+  void reap() {
+    ::kill(-pid_, SIGKILL);
+    while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    if (pidfd_ >= 0) {
+      ::close(pidfd_);
+      pidfd_ = -1;
+    }
+  }
+
+  // SIGTERM first, so that the launcher stops its workers (some may sit in
+  // process groups of their own), then SIGKILL after kStopGraceNs.
+  void stop_and_reap() {
+    if (pid_ <= 0) {
+      return;
+    }
+    ::kill(pid_, SIGTERM);
+    if (pidfd_ >= 0) {
+      int64_t deadline = now_ns() + kStopGraceNs;
+      for (;;) {
+        int64_t left_ms = (deadline - now_ns()) / 1'000'000;
+        if (left_ms <= 0) {
+          break;
+        }
+        pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
+        if (::poll(&p, 1, static_cast<int>(left_ms)) > 0) {
+          break;
+        }
+      }
+    }
+    reap();
+  }
+
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+  int status_ = 0;
+  int64_t start_ns_ = 0;
+};
+
+struct Options {
+  std::string tiderun = TIDE_BENCH_TIDERUN;
+  std::string restart_worker = TIDE_BENCH_RESTART_WORKER;
+  std::string python = "/usr/bin/python3";
+  std::string torchrun = TIDE_BENCH_TORCHRUN_PY;
+  std::string trivial = "/bin/true";
+  std::string cases = "launch,restart";
+  std::string launchers = "tide,torch";
+  int nproc = 4;
+  int reps = 5;
+  int slow_reps = 3;
+  int warmup = 1;
+  double tide_smallest = 0.001;
+  double torch_smallest = 0.1;
+  double timeout_s = 120;
+};
+
+enum class Launcher { kTide, kTorch };
+enum class Interval { kDefault, kSmallest };
+enum class Kind { kLaunch, kRestart };
+
+const char* name(Launcher l) {
+  return l == Launcher::kTide ? "tide" : "torch";
+}
+
+std::string interval_label(const Options& o, Launcher l, Interval i) {
+  if (i == Interval::kDefault) {
+    return l == Launcher::kTide ? "default(0.1)" : "default(5)";
+  }
+  return fmt::format(
+      "{}", l == Launcher::kTide ? o.tide_smallest : o.torch_smallest);
+}
+
+std::vector<std::string> command(
+    const Options& o, Launcher l, Interval i, Kind k) {
+  bool tide = l == Launcher::kTide;
+  std::vector<std::string> argv;
+  if (tide) {
+    argv = {o.tiderun};
+  } else {
+    argv = {o.python, o.torchrun};
+  }
+  argv.push_back("--standalone");
+  argv.push_back(fmt::format(
+      "{}={}", tide ? "--nproc-per-node" : "--nproc_per_node", o.nproc));
+  if (k == Kind::kRestart) {
+    argv.push_back(tide ? "--max-restarts=1" : "--max_restarts=1");
+  }
+  if (i == Interval::kSmallest) {
+    argv.push_back(fmt::format(
+        "{}={}",
+        tide ? "--monitor-interval" : "--monitor_interval",
+        tide ? o.tide_smallest : o.torch_smallest));
+  }
+  argv.push_back(tide ? "--no-python" : "--no_python");
+  argv.push_back(k == Kind::kLaunch ? o.trivial : o.restart_worker);
+  return argv;
+}
+
+std::string shell_join(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) {
+    out += (out.empty() ? "" : " ") + a;
+  }
+  return out;
+}
+
+// The bench's environment with `overrides` (NAME=VALUE) replacing or adding.
+std::vector<std::string> child_env(
+    const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv = *e;
+    auto eq = kv.find('=');
+    if (overrides.count(std::string(kv.substr(0, eq))) == 0) {
+      env.emplace_back(kv);
+    }
+  }
+  for (const auto& [k, v] : overrides) {
+    env.push_back(k + "=" + v);
+  }
+  return env;
+}
+
+// A directory removed, with its contents, when this goes out of scope.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+        "/launch_bench_XXXXXX";
+    if (::mkdtemp(templ.data()) == nullptr) {
+      throw std::runtime_error(errno_text("mkdtemp", errno));
+    }
+    path_ = templ;
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const {
+    return path_;
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string tail_of(const fs::path& file, size_t max_chars) {
+  std::ifstream in(file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > max_chars ? "..." + s.substr(s.size() - max_chars) : s;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) {
+    return fmt::format("exit code {}", WEXITSTATUS(status));
+  }
+  if (WIFSIGNALED(status)) {
+    const char* abbrev = sigabbrev_np(WTERMSIG(status));
+    return fmt::format("killed by SIG{}", abbrev ? abbrev : "?");
+  }
+  return fmt::format("wait status {}", status);
+}
+
+// One run's figures, in seconds; empty `error` if it counts.
+struct Run {
+  std::string error;
+  std::map<std::string, double> metrics;
+};
+
+// Throws std::runtime_error naming the file if it is missing or malformed.
+int64_t read_stamp(const fs::path& file) {
+  std::ifstream in(file);
+  std::string text;
+  if (!(in >> text)) {
+    throw std::runtime_error("missing stamp " + file.filename().string());
+  }
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    throw std::runtime_error("bad stamp " + file.filename().string());
+  }
+  return v;
+}
+
+Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
+  ScratchDir scratch;
+  fs::path out = scratch.path() / "out";
+  fs::path tmp = scratch.path() / "tmp";
+  fs::create_directory(out);
+  fs::create_directory(tmp);
+  fs::path err_file = scratch.path() / "stderr";
+  auto env = child_env({
+      {"TIDE_BENCH_RESTART_OUT", out.string()},
+      {"TMPDIR", tmp.string()},
+  });
+  Run run;
+  Child child(command(o, l, i, k), env, err_file.string());
+  int64_t start = child.start_ns();
+  auto exit_ns =
+      child.wait_until(start + static_cast<int64_t>(o.timeout_s * 1e9));
+  if (!exit_ns) {
+    run.error = fmt::format("timed out after {} s", o.timeout_s);
+  } else if (child.status() != 0) {
+    run.error = describe_status(child.status());
+  }
+  if (!run.error.empty()) {
+    run.error += "; stderr: " + tail_of(err_file, 1500);
+    return run;
+  }
+  double s = 1e-9;
+  run.metrics["wall_s"] = static_cast<double>(*exit_ns - start) * s;
+  if (k == Kind::kLaunch) {
+    return run;
+  }
+  try {
+    int64_t fail = read_stamp(out / "fail");
+    int64_t first0 = INT64_MAX;
+    int64_t first1 = INT64_MAX;
+    int64_t last1 = INT64_MIN;
+    for (int r = 0; r < o.nproc; ++r) {
+      // A worker of attempt 0 may be stopped before it stamps: its launcher
+      // saw rank 1 fail first.
+      if (fs::path a0 = out / fmt::format("start_a0_r{}", r); fs::exists(a0)) {
+        first0 = std::min(first0, read_stamp(a0));
+      }
+      int64_t s1 = read_stamp(out / fmt::format("start_a1_r{}", r));
+      first1 = std::min(first1, s1);
+      last1 = std::max(last1, s1);
+    }
+    if (fs::exists(out / "start_a2_r0")) {
+      throw std::runtime_error("a third attempt ran (max restarts is 1)");
+    }
+    run.metrics["first_start_s"] = static_cast<double>(first0 - start) * s;
+    run.metrics["restart_s"] = static_cast<double>(first1 - fail) * s;
+    run.metrics["restart_all_s"] = static_cast<double>(last1 - fail) * s;
+    run.metrics["tail_s"] = static_cast<double>(*exit_ns - last1) * s;
+  } catch (const std::runtime_error& e) {
+    run.error = e.what();
+    run.metrics.clear();
+  }
+  return run;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) {
+    return std::nan("");
+  }
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string fmt_dur(double s) {
+  if (std::isnan(s)) {
+    return "-";
+  }
+  return s < 1 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.2f} s", s);
+}
+
+// The reps of one (kind, interval, launcher).
+struct Series {
+  std::map<std::string, std::vector<double>> metrics;
+  int failed = 0;
+
+  double med(const std::string& metric) const {
+    auto it = metrics.find(metric);
+    return it == metrics.end() ? std::nan("") : median(it->second);
+  }
+  std::string range(const std::string& metric) const {
+    auto it = metrics.find(metric);
+    if (it == metrics.end() || it->second.empty()) {
+      return "-";
+    }
+    auto [lo, hi] = std::minmax_element(it->second.begin(), it->second.end());
+    return fmt_dur(*lo) + " - " + fmt_dur(*hi);
+  }
+  size_t runs() const {
+    return metrics.empty() ? 0 : metrics.begin()->second.size();
+  }
+};
+
+std::string fmt_ratio(double torch, double tide) {
+  if (std::isnan(torch) || std::isnan(tide) || tide <= 0) {
+    return "-";
+  }
+  double r = torch / tide;
+  return r >= 10 ? fmt::format("{:.0f}x", r) : fmt::format("{:.1f}x", r);
+}
+
+std::string today() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M %Z", &tm);
+  return buf;
+}
+
+std::string load_average() {
+  double l[3] = {};
+  if (::getloadavg(l, 3) != 3) {
+    return "?";
+  }
+  return fmt::format("{:.2f} {:.2f} {:.2f}", l[0], l[1], l[2]);
+}
+
+using SeriesKey = std::tuple<Kind, Interval, Launcher>;
+
+int bench_main(int argc, char** argv) {
+  CLI::App app{
+      "launch_bench: tiderun against torchrun, launch wall time and "
+      "failure-to-restart latency, in one run",
+      "launch_bench"};
+  Options o;
+  app.add_option("--tiderun", o.tiderun, "tiderun binary")
+      ->capture_default_str();
+  app.add_option(
+         "--restart-worker", o.restart_worker, "worker of the restart cases")
+      ->capture_default_str();
+  app.add_option("--python", o.python, "Python with torch for torchrun")
+      ->capture_default_str();
+  app.add_option("--torchrun", o.torchrun, "torchrun_py311.py (see its header)")
+      ->capture_default_str();
+  app.add_option("--trivial", o.trivial, "worker of the launch cases")
+      ->capture_default_str();
+  app.add_option("--cases", o.cases, "launch,restart or one of them")
+      ->capture_default_str();
+  app.add_option(
+         "--launchers", o.launchers, "tide,torch or one of them (diagnosis)")
+      ->capture_default_str();
+  app.add_option("--nproc", o.nproc, "workers per launch")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
+  app.add_option("--reps", o.reps, "runs per launcher and case")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option(
+         "--slow-reps",
+         o.slow_reps,
+         "runs of torchrun at its default 5 s interval (each takes 5-11 s)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--warmup", o.warmup, "unrecorded launches of each first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
+  app.add_option(
+         "--tide-smallest", o.tide_smallest, "tiderun's smallest interval, s")
+      ->capture_default_str();
+  app.add_option(
+         "--torch-smallest",
+         o.torch_smallest,
+         "torchrun's smallest interval, s")
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "seconds one launcher run may take")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<Kind> kinds;
+  if (o.cases.find("launch") != std::string::npos) {
+    kinds.push_back(Kind::kLaunch);
+  }
+  if (o.cases.find("restart") != std::string::npos) {
+    kinds.push_back(Kind::kRestart);
+  }
+  if (kinds.empty()) {
+    std::fprintf(stderr, "--cases: expected launch, restart or both\n");
+    return 2;
+  }
+  bool run_tide = o.launchers.find("tide") != std::string::npos;
+  bool run_torch = o.launchers.find("torch") != std::string::npos;
+  if (!run_tide && !run_torch) {
+    std::fprintf(stderr, "--launchers: expected tide, torch or both\n");
+    return 2;
+  }
+  for (const auto& f : {o.tiderun, o.restart_worker, o.python, o.torchrun}) {
+    if (::access(f.c_str(), R_OK) != 0) {
+      std::fprintf(stderr, "launch_bench: cannot read %s\n", f.c_str());
+      return 2;
+    }
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  std::string command_line;
+  for (int a = 0; a < argc; ++a) {
+    command_line += (a == 0 ? "" : " ") + std::string(argv[a]);
+  }
+  std::string sanitizer = TIDE_BENCH_SANITIZE;
+  if (sanitizer == "OFF" || sanitizer == "0") {
+    sanitizer.clear();
+  }
+  utsname uts{};
+  ::uname(&uts);
+  std::string load_before = load_average();
+  std::string date = today();
+  std::fprintf(stderr, "launch_bench: %s\n", command_line.c_str());
+
+  const Launcher launchers[] = {Launcher::kTide, Launcher::kTorch};
+  const Interval intervals[] = {Interval::kDefault, Interval::kSmallest};
+  std::map<SeriesKey, Series> results;
+  int failed_runs = 0;
+  try {
+    for (int w = 0; w < o.warmup; ++w) {
+      for (Launcher l : launchers) {
+        if (!(l == Launcher::kTide ? run_tide : run_torch)) {
+          continue;
+        }
+        Run r = run_once(o, l, Interval::kSmallest, Kind::kLaunch);
+        std::fprintf(
+            stderr,
+            "warm-up %s: %s\n",
+            name(l),
+            r.error.empty() ? fmt_dur(r.metrics["wall_s"]).c_str()
+                            : r.error.c_str());
+      }
+    }
+    for (Kind k : kinds) {
+      for (Interval i : intervals) {
+        int torch_reps = i == Interval::kDefault ? o.slow_reps : o.reps;
+        for (int rep = 0; rep < std::max(o.reps, torch_reps); ++rep) {
+          // Alternate which launcher goes first.
+          Launcher order[2] = {launchers[rep % 2], launchers[1 - rep % 2]};
+          for (Launcher l : order) {
+            bool tide = l == Launcher::kTide;
+            int n = 0;
+            if (tide && run_tide) {
+              n = o.reps;
+            } else if (!tide && run_torch) {
+              n = torch_reps;
+            }
+            if (rep >= n) {
+              continue;
+            }
+            Run r = run_once(o, l, i, k);
+            Series& series = results[{k, i, l}];
+            std::string line = fmt::format(
+                "{} {} interval={} rep {}/{}:",
+                k == Kind::kLaunch ? "launch" : "restart",
+                name(l),
+                interval_label(o, l, i),
+                rep + 1,
+                n);
+            if (!r.error.empty()) {
+              ++series.failed;
+              ++failed_runs;
+              std::fprintf(
+                  stderr, "%s FAILED: %s\n", line.c_str(), r.error.c_str());
+              continue;
+            }
+            for (const auto& [m, v] : r.metrics) {
+              series.metrics[m].push_back(v);
+              line += fmt::format(" {}={}", m, fmt_dur(v));
+            }
+            std::fprintf(stderr, "%s\n", line.c_str());
+          }
+        }
+      }
+    }
+  } catch (const Interrupted&) {
+    std::fprintf(stderr, "launch_bench: interrupted; launchers stopped\n");
+    return 130;
+  }
+
+  // The report: markdown for docs/benchmarks.md, then RESULT lines.
+  std::printf("Date: %s\n\n", date.c_str());
+  std::printf("Command: `%s`\n\n", command_line.c_str());
+  std::printf(
+      "Machine: %s %s, %u cores; load average %s before, %s after. "
+      "launch_bench built %s%s.\n\n",
+      uts.sysname,
+      uts.release,
+      std::max(1u, std::thread::hardware_concurrency()),
+      load_before.c_str(),
+      load_average().c_str(),
+      TIDE_BENCH_BUILD_TYPE,
+      sanitizer.empty() ? "" : (", sanitizer " + sanitizer).c_str());
+  for (Launcher l : launchers) {
+    std::printf(
+        "- %s: `%s`\n",
+        name(l),
+        shell_join(command(o, l, Interval::kSmallest, Kind::kRestart)).c_str());
+  }
+  std::printf(
+      "\n| case | monitor interval tide / torch | tide median | torch median "
+      "| torch / tide | tide min-max | torch min-max | runs tide / torch "
+      "|\n|---|---|---|---|---|---|---|---|\n");
+  struct Row {
+    Kind kind;
+    const char* metric;
+    std::string label;
+  };
+  std::vector<Row> rows;
+  for (Kind k : kinds) {
+    if (k == Kind::kLaunch) {
+      rows.push_back(
+          {k,
+           "wall_s",
+           fmt::format("launch: {} x {}, wall time", o.nproc, o.trivial)});
+    } else {
+      rows.push_back(
+          {k,
+           "restart_s",
+           "restart: a worker fails -> first worker of attempt 1 starts"});
+      rows.push_back(
+          {k,
+           "restart_all_s",
+           fmt::format(
+               "restart: a worker fails -> all {} of attempt 1 started",
+               o.nproc)});
+      rows.push_back({k, "wall_s", "restart run (2 attempts), wall time"});
+    }
+  }
+  for (const Row& row : rows) {
+    for (Interval i : intervals) {
+      const Series& tide = results[{row.kind, i, Launcher::kTide}];
+      const Series& torch = results[{row.kind, i, Launcher::kTorch}];
+      double a = tide.med(row.metric);
+      double b = torch.med(row.metric);
+      std::string interval =
+          i == Interval::kDefault
+              ? std::string("0.1 s / 5 s (defaults)")
+              : fmt::format("{} s / {} s", o.tide_smallest, o.torch_smallest);
+      std::printf(
+          "| %s | %s | %s | %s | %s | %s | %s | %zu / %zu |\n",
+          row.label.c_str(),
+          interval.c_str(),
+          fmt_dur(a).c_str(),
+          fmt_dur(b).c_str(),
+          fmt_ratio(b, a).c_str(),
+          tide.range(row.metric).c_str(),
+          torch.range(row.metric).c_str(),
+          tide.runs(),
+          torch.runs());
+    }
+  }
+
+  // The targets, judged conservatively: tiderun's slower setting
+  // against torchrun's faster one.
+  std::printf("\n");
+  auto worst_tide = [&](Kind k, const char* m) {
+    return std::max(
+        results[{k, Interval::kDefault, Launcher::kTide}].med(m),
+        results[{k, Interval::kSmallest, Launcher::kTide}].med(m));
+  };
+  auto best_torch = [&](Kind k, const char* m) {
+    return std::min(
+        results[{k, Interval::kDefault, Launcher::kTorch}].med(m),
+        results[{k, Interval::kSmallest, Launcher::kTorch}].med(m));
+  };
+  std::vector<std::string> target_lines;
+  auto ran = [&](Kind k) {
+    return std::find(kinds.begin(), kinds.end(), k) != kinds.end();
+  };
+  if (ran(Kind::kLaunch) && run_tide && run_torch) {
+    double tide = worst_tide(Kind::kLaunch, "wall_s");
+    double torch = best_torch(Kind::kLaunch, "wall_s");
+    double speedup = torch / tide;
+    std::printf(
+        "Target: launch at least 50x faster than torchrun's fastest setting: "
+        "tide %s (slower setting) vs torch %s (faster setting) = %s, %s.\n",
+        fmt_dur(tide).c_str(),
+        fmt_dur(torch).c_str(),
+        fmt_ratio(torch, tide).c_str(),
+        speedup >= 50 ? "met" : "NOT met");
+    target_lines.push_back(fmt::format(
+        "RESULT target launch_speedup={:.1f} goal>=50 met={}",
+        speedup,
+        speedup >= 50 ? "yes" : "no"));
+  }
+  if (ran(Kind::kRestart) && run_tide) {
+    double tide = worst_tide(Kind::kRestart, "restart_s");
+    std::printf(
+        "Target: median failure-to-restart under 20 ms: tide %s (slower "
+        "setting), %s.\n",
+        fmt_dur(tide).c_str(),
+        tide < 0.020 ? "met" : "NOT met");
+    target_lines.push_back(fmt::format(
+        "RESULT target restart_median_ms={:.2f} goal<20 met={}",
+        tide * 1e3,
+        tide < 0.020 ? "yes" : "no"));
+  }
+  if (failed_runs > 0) {
+    std::printf(
+        "\n%d runs failed (see stderr); medians omit them.\n", failed_runs);
+  }
+  std::printf("\n");
+  for (const auto& [key, series] : results) {
+    auto [k, i, l] = key;
+    for (const auto& [m, v] : series.metrics) {
+      std::printf(
+          "RESULT %s launcher=%s nproc=%d monitor_interval=%s %s "
+          "median=%.6f min=%.6f max=%.6f n=%zu failed=%d\n",
+          k == Kind::kLaunch ? "launch" : "restart",
+          name(l),
+          o.nproc,
+          interval_label(o, l, i).c_str(),
+          m.c_str(),
+          median(v),
+          *std::min_element(v.begin(), v.end()),
+          *std::max_element(v.begin(), v.end()),
+          v.size(),
+          series.failed);
+    }
+  }
+  for (const auto& t : target_lines) {
+    std::printf("%s\n", t.c_str());
+  }
+  return failed_runs > 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace tide::bench
+
+int main(int argc, char** argv) {
+  try {
+    return tide::bench::bench_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch_bench: %s\n", e.what());
+    return 1;
+  }
+}

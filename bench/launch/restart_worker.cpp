@@ -1,0 +1,87 @@
+// The worker of launch_bench's restart cases, run under both tiderun and
+// torchrun (--no_python), so that only the launcher differs. The C++ twin of
+// the peer's /work/shared/peers/restart/restart_worker.py.
+//
+// It stamps CLOCK_MONOTONIC nanoseconds (one clock for all processes of the
+// machine, and the one launch_bench times the launcher with) into files in
+// $TIDE_BENCH_RESTART_OUT:
+//   start_a<TORCHELASTIC_RESTART_COUNT>_r<LOCAL_RANK>  at entry, every worker
+//   fail                                               attempt 0, local rank 1
+// On attempt 0, local rank 1 then exits 1 at once and the other ranks sleep,
+// as if still training, until their launcher stops them (at most
+// kSleepBoundS). Every worker of a later attempt exits 0.
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+// As the peer's worker: far longer than either launcher takes to stop a
+// failed group (and than tiderun's 30 s shutdown grace, so that a worker that
+// misses its SIGTERM shows as such), yet bounded for orphans of a killed
+// launcher.
+constexpr int kSleepBoundS = 60;
+
+int64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+// Written aside and renamed into place: a worker stopped mid-way (its launcher
+// saw another fail) leaves no stamp rather than an empty one. Exits 3 if the
+// stamp cannot be written: a run without its stamps is void.
+void write_stamp(const std::string& path, int64_t ns) {
+  std::string aside = path + ".tmp";
+  int fd =
+      ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::perror(aside.c_str());
+    std::_Exit(3);
+  }
+  std::string text = std::to_string(ns) + "\n";
+  ssize_t n = ::write(fd, text.data(), text.size());
+  ::close(fd);
+  if (n != static_cast<ssize_t>(text.size()) ||
+      ::rename(aside.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::_Exit(3);
+  }
+}
+
+}  // namespace
+
+int main() {
+  int64_t start = now_ns();
+  const char* out = std::getenv("TIDE_BENCH_RESTART_OUT");
+  if (out == nullptr || *out == '\0') {
+    std::fprintf(stderr, "restart_worker: set TIDE_BENCH_RESTART_OUT\n");
+    return 2;
+  }
+  std::string dir = out;
+  std::string attempt = env_or("TORCHELASTIC_RESTART_COUNT", "?");
+  std::string local_rank = env_or("LOCAL_RANK", "?");
+  write_stamp(dir + "/start_a" + attempt + "_r" + local_rank, start);
+  if (attempt != "0") {
+    return 0;
+  }
+  if (local_rank == "1") {
+    write_stamp(dir + "/fail", now_ns());
+    std::_Exit(1);
+  }
+  timespec left{.tv_sec = kSleepBoundS, .tv_nsec = 0};
+  while (::nanosleep(&left, &left) != 0 && errno == EINTR) {
+  }
+  return 0;
+}
