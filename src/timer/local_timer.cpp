@@ -55,53 +55,67 @@ LocalTimerServer::~LocalTimerServer() {
 }
 
 void LocalTimerServer::read_requests(std::vector<TimerRequest>& out) {
-  for (;;) {
+  // Up to kBatch datagrams per system call.
+  constexpr unsigned kBatch = 32;
+  struct Slot {
     char data[kHeader + kMaxScope + 1];
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
-    iovec iov{.iov_base = data, .iov_len = sizeof data};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
-    if (n < 0) {
+    iovec iov;
+  };
+  static thread_local std::vector<Slot> slots(kBatch);
+  mmsghdr msgs[kBatch];
+  for (;;) {
+    for (unsigned i = 0; i < kBatch; ++i) {
+      slots[i].iov = {
+          .iov_base = slots[i].data, .iov_len = sizeof slots[i].data};
+      msgs[i] = {};
+      msgs[i].msg_hdr.msg_iov = &slots[i].iov;
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      msgs[i].msg_hdr.msg_control = slots[i].control;
+      msgs[i].msg_hdr.msg_controllen = sizeof slots[i].control;
+    }
+    int n = ::recvmmsg(fd_, msgs, kBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) {
       return;
     }
-    const ucred* cred = nullptr;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-         c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
-        cred = reinterpret_cast<const ucred*>(CMSG_DATA(c));
+    for (int i = 0; i < n; ++i) {
+      msghdr& msg = msgs[i].msg_hdr;
+      size_t len = msgs[i].msg_len;
+      const ucred* cred = nullptr;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+           c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+          cred = reinterpret_cast<const ucred*>(CMSG_DATA(c));
+        }
       }
+      if (cred == nullptr || len < kHeader || len > kHeader + kMaxScope ||
+          (msg.msg_flags & MSG_TRUNC)) {
+        TIDE_LOG_WARN("[timer] skipping a malformed datagram ({} bytes)", len);
+        continue;
+      }
+      const char* data = slots[static_cast<size_t>(i)].data;
+      TimerRequest r;
+      std::memcpy(&r.expiration_time, data, sizeof(double));
+      int32_t sig = 0;
+      std::memcpy(&sig, data + sizeof(double), sizeof sig);
+      r.signal = sig;
+      r.worker_id = cred->pid;
+      r.scope_id.assign(data + kHeader, len - kHeader);
+      out.push_back(std::move(r));
     }
-    if (cred == nullptr || static_cast<size_t>(n) < kHeader ||
-        static_cast<size_t>(n) > kHeader + kMaxScope ||
-        (msg.msg_flags & MSG_TRUNC)) {
-      TIDE_LOG_WARN("[timer] skipping a malformed datagram ({} bytes)", n);
-      continue;
+    if (static_cast<unsigned>(n) < kBatch) {
+      return;
     }
-    TimerRequest r;
-    std::memcpy(&r.expiration_time, data, sizeof(double));
-    int32_t sig = 0;
-    std::memcpy(&sig, data + sizeof(double), sizeof sig);
-    r.signal = sig;
-    r.worker_id = cred->pid;
-    r.scope_id.assign(data + kHeader, static_cast<size_t>(n) - kHeader);
-    out.push_back(std::move(r));
   }
 }
 
 LocalTimerClient::LocalTimerClient(std::string path, int signal)
-    : path_(std::move(path)), signal_(signal) {
-  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) {
-    throw Error(std::string("timer socket: ") + std::strerror(errno));
-  }
-}
+    : path_(std::move(path)), signal_(signal) {}
 
 LocalTimerClient::~LocalTimerClient() {
-  ::close(fd_);
+  if (fd_ >= 0) {
+    ::close(fd_);
+  }
 }
 
 void LocalTimerClient::acquire(
@@ -124,19 +138,36 @@ void LocalTimerClient::send(
   int32_t sig = signal;
   std::memcpy(data + sizeof(double), &sig, sizeof sig);
   std::memcpy(data + kHeader, scope_id.data(), scope_id.size());
-  sockaddr_un addr = address(path_);
-  // Blocking: a full server queue makes the caller wait, never drops.
-  ssize_t n = ::sendto(
-      fd_,
-      data,
-      kHeader + scope_id.size(),
-      MSG_NOSIGNAL,
-      reinterpret_cast<sockaddr*>(&addr),
-      sizeof addr);
-  if (n < 0) {
-    throw Error(
-        "cannot send a timer request to " + path_ + ": " +
-        std::strerror(errno));
+  std::lock_guard lock(mutex_);
+  // Connected once (the path is resolved once); a server that was replaced
+  // refuses the old connection, so reconnect once then.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (fd_ < 0) {
+      fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      sockaddr_un addr = address(path_);
+      if (fd_ < 0 ||
+          ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
+              0) {
+        int err = errno;
+        if (fd_ >= 0) {
+          ::close(fd_);
+          fd_ = -1;
+        }
+        throw Error("no timer server on " + path_ + ": " + std::strerror(err));
+      }
+    }
+    // Blocking: a full server queue makes the caller wait, never drops.
+    if (::send(fd_, data, kHeader + scope_id.size(), MSG_NOSIGNAL) >= 0) {
+      return;
+    }
+    int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err != ECONNREFUSED || attempt == 1) {
+      throw Error(
+          "cannot send a timer request to " + path_ + ": " +
+          std::strerror(err));
+    }
   }
 }
 

@@ -56,7 +56,7 @@ void TimerServer::event(const char* name, const TimerRequest& r) const {
 }
 
 bool TimerServer::allowed(pid_t pid) const {
-  if (pid <= 0 || pid == ::getpid()) {
+  if (pid <= 0 || pid == self_pid_) {
     return false;
   }
   return !options_.allow_pid || options_.allow_pid(pid);

@@ -35,6 +35,7 @@ class LocalTimerServer final : public TimerServer {
 
 class LocalTimerClient final : public TimerClient {
  public:
+  // Connects on first use.
   explicit LocalTimerClient(std::string path, int signal = SIGKILL);
   ~LocalTimerClient() override;
 
@@ -46,7 +47,8 @@ class LocalTimerClient final : public TimerClient {
 
   const std::string path_;
   const int signal_;
-  int fd_ = -1;
+  std::mutex mutex_;
+  int fd_ = -1;  // Guarded by mutex_.
 };
 
 }  // namespace tide::timer

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -97,6 +98,7 @@ class TimerServer {
   std::map<std::pair<pid_t, std::string>, TimerRequest> timers_;
   std::set<std::tuple<double, pid_t, std::string>> deadlines_;
 
+  const pid_t self_pid_ = ::getpid();
   std::atomic<double> last_progress_{0};
   int wake_fd_ = -1;
   std::atomic<bool> stopping_{false};
