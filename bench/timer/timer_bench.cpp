@@ -362,7 +362,9 @@ double parse_double(std::string_view text, std::string_view what) {
 std::unique_ptr<timer::TimerClient> make_client(
     std::string_view kind, const std::string& path) {
   if (kind == "file") {
-    return std::make_unique<timer::FileTimerClient>(path, SIGKILL);
+    // Kept open between requests: tide's server allows it (torch's does not).
+    return std::make_unique<timer::FileTimerClient>(
+        path, SIGKILL, std::chrono::seconds(10), /*keep_open=*/true);
   }
   if (kind == "local") {
     return std::make_unique<timer::LocalTimerClient>(path, SIGKILL);

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/events/events.h"
 #include "tide/metrics/metrics.h"
@@ -45,51 +46,6 @@ using std::chrono::milliseconds;
 namespace fs = std::filesystem;
 
 namespace {
-
-// The host's fully qualified name as Python's socket.getfqdn() gives it (the
-// name torch puts in failure reports): among the names the host's address
-// maps back to, the first with a dot, else the primary one.
-std::string fqdn() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof buf - 1);
-  std::string name = buf;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 ||
-      res == nullptr) {
-    return name;
-  }
-  hostent entry{};
-  hostent* found = nullptr;
-  char scratch[4096];
-  int err = 0;
-  const void* addr = nullptr;
-  socklen_t len = 0;
-  if (res->ai_family == AF_INET) {
-    addr = &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-    len = sizeof(in_addr);
-  } else {
-    addr = &reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr;
-    len = sizeof(in6_addr);
-  }
-  ::gethostbyaddr_r(
-      addr, len, res->ai_family, &entry, scratch, sizeof scratch, &found, &err);
-  ::freeaddrinfo(res);
-  if (found == nullptr) {
-    return name;
-  }
-  std::vector<std::string> names{found->h_name};
-  for (char** a = found->h_aliases; a && *a; ++a) {
-    names.emplace_back(*a);
-  }
-  for (const auto& n : names) {
-    if (n.find('.') != std::string::npos) {
-      return n;
-    }
-  }
-  return names.front();
-}
 
 std::string random_suffix() {
   static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
@@ -171,7 +127,7 @@ struct LocalElasticAgent::Impl {
   std::atomic<int> stop_signal{0};
   std::unique_ptr<detail::Janitor> janitor;
   std::string run_log_dir;
-  std::string host = fqdn();
+  std::string host = tide::fqdn();
   WorkerGroup group;
   rendezvous::RendezvousInfo rdzv;
   int restart_count = 0;
@@ -718,6 +674,14 @@ void LocalElasticAgent::Impl::worker_event(
   if (!events::enabled()) {
     return;
   }
+  // An ended worker's event carries the time it ended, not the time the
+  // agent got round to reporting it.
+  int64_t at = 0;
+  for (const auto& p : processes) {
+    if (p->local_rank() == w.local_rank && p->exited()) {
+      at = static_cast<int64_t>(p->exit_time() * 1000);
+    }
+  }
   const WorkerSpec& spec = self.spec_;
   nlohmann::json md = {
       {"group_world_size", group.group_world_size},
@@ -729,6 +693,7 @@ void LocalElasticAgent::Impl::worker_event(
   events::Event e{
       .name = std::string("torchelastic.worker.status.") + state,
       .source = events::EventSource::kAgent,
+      .timestamp = at,
       .metadata = {
           {"run_id", spec.rdzv_handler->get_run_id()},
           {"global_rank", int64_t{w.global_rank}},

@@ -5,6 +5,7 @@
 
 #include <charconv>
 
+#include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/events/events.h"
 #include "tide/store/prefix_store.h"
@@ -107,13 +108,11 @@ void rdzv_event(
   if (!events::enabled()) {
     return;
   }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
   events::record_rdzv_event(events::RdzvEvent{
       .name = "StaticRendezvousHandler.next_rendezvous",
       .run_id = run_id,
       .message = message,
-      .hostname = host,
+      .hostname = fqdn(),
       .node_state = state,
       .master_endpoint = endpoint,
       .rank = rank,

@@ -204,8 +204,14 @@ void FileTimerServer::parse_line(
 }
 
 FileTimerClient::FileTimerClient(
-    std::string path, int signal, std::chrono::milliseconds timeout)
-    : path_(std::move(path)), signal_(signal), timeout_(timeout) {}
+    std::string path,
+    int signal,
+    std::chrono::milliseconds timeout,
+    bool keep_open)
+    : path_(std::move(path)),
+      signal_(signal),
+      timeout_(timeout),
+      keep_open_(keep_open) {}
 
 FileTimerClient::~FileTimerClient() {
   if (fd_ >= 0) {
@@ -277,6 +283,10 @@ void FileTimerClient::send(
     }
     ssize_t n = write_without_sigpipe(fd_, line);
     if (n == static_cast<ssize_t>(line.size())) {
+      if (!keep_open_) {
+        ::close(fd_);
+        fd_ = -1;
+      }
       return;
     }
     if (n < 0 && errno == EINTR) {

@@ -176,13 +176,6 @@ void TimerServer::reap(double t) {
           "[timer] not signalling pid {}: not a worker of this server", pid);
       continue;
     }
-    if (::kill(pid, first->signal) != 0) {
-      if (errno != ESRCH) {
-        TIDE_LOG_ERROR(
-            "[timer] could not signal pid {}: {}", pid, std::strerror(errno));
-      }
-      continue;  // Gone already: nothing to reclaim.
-    }
     ExpiredTimer e{
         .worker_id = pid,
         .scope_id = first->scope_id,
@@ -190,6 +183,19 @@ void TimerServer::reap(double t) {
         .signal = first->signal,
         .overrun_seconds = t - first->expiration_time,
     };
+    // Forgotten and told before the signal goes out, so whoever sees the
+    // worker die already knows why and finds no timer of it left.
+    clear_timers({pid});
+    if (options_.on_reap) {
+      options_.on_reap(e);
+    }
+    if (::kill(pid, first->signal) != 0) {
+      if (errno != ESRCH) {
+        TIDE_LOG_ERROR(
+            "[timer] could not signal pid {}: {}", pid, std::strerror(errno));
+      }
+      continue;  // Gone already: nothing to reclaim.
+    }
     TIDE_LOG_WARN(
         "[timer] worker pid {} overran timer \"{}\" by {:.3f} s; sent signal "
         "{}",
@@ -198,9 +204,6 @@ void TimerServer::reap(double t) {
         e.overrun_seconds,
         e.signal);
     event("kill worker process", *first);
-    if (options_.on_reap) {
-      options_.on_reap(e);
-    }
   }
   clear_timers(done);
 }

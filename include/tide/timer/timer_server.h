@@ -41,7 +41,7 @@ struct TimerServerOptions {
   // "set timer", "clear timer", "timer expired", "kill worker process".
   std::function<void(const std::string& event, const TimerRequest& request)>
       log_event;
-  // Called on the watchdog thread after a worker was signalled.
+  // Called on the watchdog thread just before a worker is signalled.
   std::function<void(const ExpiredTimer&)> on_reap;
 };
 
