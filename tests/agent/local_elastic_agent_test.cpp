@@ -13,6 +13,7 @@
 #include "tide/rendezvous/registry.h"
 
 #include "support/process_checks.h"
+#include "support/temp_dir.h"
 
 namespace tide::agent {
 namespace {
@@ -22,17 +23,6 @@ namespace fs = std::filesystem;
 
 class LocalElasticAgentTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tide_agent_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
-
   WorkerSpec spec(Entrypoint e, int nproc = 2) {
     return WorkerSpec{
         .local_world_size = nproc,
@@ -52,7 +42,8 @@ class LocalElasticAgentTest : public ::testing::Test {
     return Command{{"/bin/sh", "-c", script}};
   }
 
-  fs::path dir_;
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(LocalElasticAgentTest, FunctionWorkersReturnValuesByGlobalRank) {

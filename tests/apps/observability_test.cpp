@@ -12,6 +12,7 @@
 
 #include "support/http.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace tide {
 namespace {
@@ -23,11 +24,6 @@ using test::Subprocess;
 class ObservabilityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tide_obs_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     fifo_ = dir_ / "go";
     for (int r = 0; r < 2; ++r) {
       ASSERT_EQ(
@@ -46,9 +42,6 @@ class ObservabilityTest : public ::testing::Test {
         << "echo ready\n"
         << "read line < " << fifo_.string() << ".$LOCAL_RANK\n";
     fs::permissions(script_, fs::perms::owner_all);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
   }
 
   // Reads output lines until one matches; returns its first capture.
@@ -79,7 +72,8 @@ class ObservabilityTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
   fs::path fifo_;
   fs::path script_;
 };

@@ -11,6 +11,7 @@
 
 #include "support/process_checks.h"
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace tide {
 namespace {
@@ -21,17 +22,6 @@ namespace fs = std::filesystem;
 
 class TiderunTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tiderun_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
-
   // A shell script as the entrypoint.
   std::string script(const std::string& name, const std::string& body) {
     fs::path p = dir_ / name;
@@ -61,7 +51,8 @@ class TiderunTest : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
-  fs::path dir_;
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(TiderunTest, RunsWorkersAndExitsZero) {

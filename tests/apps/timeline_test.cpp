@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace tide {
 namespace {
@@ -19,17 +20,6 @@ namespace fs = std::filesystem;
 
 class TimelineTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("timeline_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
-
   fs::path write(const std::string& name, const std::string& content) {
     fs::path p = dir_ / name;
     std::ofstream(p) << content;
@@ -80,7 +70,8 @@ class TimelineTest : public ::testing::Test {
     EXPECT_EQ(count(svg, "<g ") + count(svg, "<g>"), count(svg, "</g>"));
   }
 
-  fs::path dir_;
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 // One worker's HEALTHY or end event, in tiderun's layout.

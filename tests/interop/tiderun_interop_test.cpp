@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "interop/torch_peer.h"
+#include "support/temp_dir.h"
 
 namespace tide::launcher {
 namespace {
@@ -103,38 +104,7 @@ const std::map<std::string, std::string> kExpectedToDiffer = {
      "(workers use the agent's store, as torch 2.x's c10d does)"},
 };
 
-// A directory removed with everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "tiderun_interop_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      throw std::runtime_error(
-          "mkdtemp failed: " + std::string(std::strerror(errno)));
-    }
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const fs::path& path() const {
-    return path_;
-  }
-  // A new subdirectory.
-  fs::path make(const std::string& name) const {
-    fs::path p = path_ / name;
-    fs::create_directories(p);
-    return p;
-  }
-
- private:
-  fs::path path_;
-};
+using test::TempDir;
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -12,6 +12,7 @@
 #include "tide/timer/local_timer.h"
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 
 namespace tide::timer {
 namespace {
@@ -22,17 +23,6 @@ using test::Subprocess;
 
 class TimerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tide_timer_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-  }
-
   // A child that arms a timer; returns once it says so.
   std::unique_ptr<Subprocess> child(
       const std::string& kind,
@@ -73,7 +63,8 @@ class TimerTest : public ::testing::Test {
            "}\n";
   }
 
-  fs::path dir_;
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(TimerTest, AnExpiredWorkerIsKilledWithTheSignalItNamed) {
