@@ -3,23 +3,26 @@
 # multi-process, interop with PyTorch, a 30 s fuzz run), then the unit tests
 # again under ASan+UBSan and under TSan (TIDE_TSAN=0 skips the TSan pass).
 set -euo pipefail
+SECONDS=0
+step() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/setup.sh
 
-echo "== build (RelWithDebInfo)"
+step "build (RelWithDebInfo)"
 scripts/build.sh build
-echo "== tests"
+step "tests"
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 
-echo "== build (ASan+UBSan)"
+step "build (ASan+UBSan)"
 scripts/build.sh build-asan -DTIDE_SANITIZE=address -DTIDE_BUILD_BENCH=OFF
-echo "== tests under ASan+UBSan"
+step "tests under ASan+UBSan"
 ctest --test-dir build-asan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop'
 
 if [[ ${TIDE_TSAN:-1} == 1 ]]; then
-  echo "== build (TSan)"
+  step "build (TSan)"
   scripts/build.sh build-tsan -DTIDE_SANITIZE=thread -DTIDE_BUILD_BENCH=OFF
-  echo "== tests under TSan"
+  step "tests under TSan"
   ctest --test-dir build-tsan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop'
 fi
+step "all tests passed"
