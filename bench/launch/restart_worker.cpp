@@ -1,6 +1,5 @@
 // The worker of launch_bench's restart cases, run under both tiderun and
-// torchrun (--no_python), so that only the launcher differs. The C++ twin of
-// the peer's /work/shared/peers/restart/restart_worker.py.
+// torchrun (--no_python), so that only the launcher differs.
 //
 // It stamps CLOCK_MONOTONIC nanoseconds (one clock for all processes of the
 // machine, and the one launch_bench times the launcher with) into files in
