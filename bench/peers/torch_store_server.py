@@ -10,8 +10,8 @@ PATH may be another interpreter without torch.
 
 torch 1.13 accepts port 0 (the kernel picks a free port) and reports the real
 one in store.port, so there is no port race. The server is torch's C++
-TCPStoreMasterDaemon thread; this Python thread only waits, holding no GIL
-the daemon needs.
+TCPStoreMasterDaemon thread, which never takes the GIL; the Python threads
+only wait.
 """
 
 import argparse
@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 
 def main() -> int:
@@ -30,9 +31,12 @@ def main() -> int:
         "--timeout", type=float, default=300.0, help="store timeout, seconds")
     args = parser.parse_args()
 
-    stop = threading.Event()
+    # Exit straight from the handlers: nothing to flush, and skipping the
+    # store's teardown avoids joining torch's daemon thread. (Not
+    # threading.Event.set(): called from a signal handler while the main
+    # thread is inside Event.wait() it deadlocks on the Event's lock.)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: os._exit(0))
 
     import torch.distributed as dist  # Slow (seconds): after the handlers.
 
@@ -55,15 +59,11 @@ def main() -> int:
                 pass
         except OSError:
             pass
-        stop.set()
+        os._exit(0)
 
     threading.Thread(target=watch_stdin, daemon=True).start()
-    # A timed wait, so the signal handlers get to run on this thread.
-    while not stop.wait(0.5):
-        pass
-    # Skip interpreter and store teardown: nothing to flush, and joining
-    # torch's daemon thread only delays the exit.
-    os._exit(0)
+    while True:
+        time.sleep(3600)  # Signal handlers run on this thread.
 
 
 if __name__ == "__main__":
