@@ -36,8 +36,10 @@ struct Waiter {
 // Largest reply backlog a client may leave unread before the server stops
 // reading its requests.
 constexpr size_t kMaxPendingOutput = 64 * 1024 * 1024;
-// Bytes read from one client per wake-up before serving others.
-constexpr size_t kMaxReadPerWake = 1024 * 1024;
+// Bytes read per read: at least one chunk, more for a request known to be
+// long, at most the maximum before other clients get their turn.
+constexpr size_t kReadChunk = 4096;
+constexpr size_t kMaxReadChunk = 1024 * 1024;
 
 // Constant time in the contents: the comparison leaks only the length.
 bool token_equal(std::string_view a, std::string_view b) {
@@ -79,7 +81,6 @@ struct TcpStoreServer::Impl {
   std::once_flag shutdown_once;
 
   // Loop thread only.
-  std::vector<char> read_buffer = std::vector<char>(256 * 1024);
   uint64_t next_conn_id = 1;
   std::unordered_set<std::shared_ptr<Connection>> connections;
   detail::KvMap kv;
@@ -184,58 +185,42 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;  // Resumed by flush() once the client reads its replies.
     }
     reading_ = true;
-    socket_.async_wait(
-        tcp::socket::wait_read,
-        [self = shared_from_this()](const asio::error_code& ec) {
+    // Read straight into the tail of in_: no buffer beyond what the
+    // connection holds, and asio queues the read without a system call when
+    // nothing has arrived yet. A request known to be long is read in bigger
+    // pieces. Nothing else touches in_ while the read is pending.
+    size_t avail = in_.size() - in_pos_;
+    size_t want = std::clamp(need_ > avail ? need_ - avail : 0, kReadChunk, kMaxReadChunk);
+    size_t old = in_.size();
+    in_.resize(old + want);
+    socket_.async_read_some(
+        asio::buffer(in_.data() + old, want),
+        [self = shared_from_this(), old](const asio::error_code& ec, size_t n) {
           self->reading_ = false;
+          self->in_.resize(old + (ec ? 0 : n));
           if (ec) {
-            if (ec != asio::error::operation_aborted) {
-              self->close(spdlog::level::debug, ec.message());
-            }
+            self->on_read_error(ec);
             return;
           }
-          self->on_readable();
+          self->in_read_ = true;
+          self->process();
+          self->in_read_ = false;
+          self->flush();
+          self->arm_read();
         });
   }
 
-  void on_readable() {
-    in_read_ = true;
-    read_available();
-    in_read_ = false;
-    flush();
-    if (!closed_) {
-      arm_read();
+  void on_read_error(const asio::error_code& ec) {
+    if (ec == asio::error::operation_aborted) {
+      return;
     }
-  }
-
-  void read_available() {
-    auto& buf = server_.read_buffer;
-    size_t total = 0;
-    while (!closed_ && total < kMaxReadPerWake) {
-      asio::error_code ec;
-      size_t n = socket_.read_some(asio::buffer(buf), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        break;
-      }
-      if (ec) {
-        if (in_pos_ < in_.size()) {
-          close(
-              spdlog::level::warn,
-              "disconnected in the middle of a request (" +
-                  std::to_string(in_.size() - in_pos_) + " bytes received)");
-        } else {
-          close(
-              spdlog::level::debug,
-              ec == asio::error::eof ? "disconnected" : ec.message());
-        }
-        return;
-      }
-      in_.append(buf.data(), n);
-      total += n;
-      process();
-      if (n < buf.size()) {
-        break;
-      }
+    if (in_pos_ < in_.size()) {
+      close(
+          spdlog::level::warn,
+          "disconnected in the middle of a request (" +
+              std::to_string(in_.size() - in_pos_) + " bytes received)");
+    } else {
+      close(spdlog::level::debug, ec == asio::error::eof ? "disconnected" : ec.message());
     }
   }
 
@@ -264,6 +249,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (in_pos_ == in_.size()) {
       in_.clear();
+      if (in_.capacity() > 64 * 1024) {
+        in_.shrink_to_fit();  // A big request's buffer is not kept idle.
+      }
       in_pos_ = 0;
       request_timer_.cancel();
       timer_armed_ = false;
