@@ -111,8 +111,11 @@ std::string find_executable(
   if (file.find('/') != std::string::npos) {
     return ::access(file.c_str(), X_OK) == 0 ? file : "";
   }
-  std::string_view rest =
-      path_env.empty() ? "/usr/local/bin:/usr/bin:/bin" : path_env;
+  // A string, not a string_view of the conditional: that would view a
+  // temporary.
+  const std::string path =
+      path_env.empty() ? std::string("/usr/local/bin:/usr/bin:/bin") : path_env;
+  std::string_view rest = path;
   while (true) {
     auto colon = rest.find(':');
     std::string dir(rest.substr(0, colon));
