@@ -23,7 +23,8 @@ class LatestValues : public tide::metrics::MetricHandler {
   void print() {
     std::lock_guard lock(mutex_);
     for (const auto& [name, value] : latest_) {
-      std::printf("  metric %s = %lld\n", name.c_str(), static_cast<long long>(value));
+      std::printf(
+          "  metric %s = %lld\n", name.c_str(), static_cast<long long>(value));
     }
   }
 
@@ -64,20 +65,25 @@ int main() {
 
   std::shared_ptr<tide::rendezvous::RendezvousHandler> handler =
       tide::rendezvous::handler_registry().create(
-          {.backend = "static", .endpoint = "127.0.0.1:0", .run_id = "handlers"});
+          {.backend = "static",
+           .endpoint = "127.0.0.1:0",
+           .run_id = "handlers"});
   // Two workers; local rank 1 fails once, so the run restarts.
   tide::agent::LocalElasticAgent agent({
       .local_world_size = 2,
-      .entrypoint = tide::agent::Command{{"/bin/sh",
-                                          "-c",
-                                          "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && "
-                                          "[ $LOCAL_RANK = 1 ] && exit 1; exit 0"}},
+      .entrypoint =
+          tide::agent::Command{
+              {"/bin/sh",
+               "-c",
+               "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && "
+               "[ $LOCAL_RANK = 1 ] && exit 1; exit 0"}},
       .rdzv_handler = handler,
       .max_restarts = 1,
   });
   auto result = agent.run();
   handler->shutdown();
-  std::printf("run %s; what the handlers saw:\n", tide::agent::to_string(result.state));
+  std::printf(
+      "run %s; what the handlers saw:\n", tide::agent::to_string(result.state));
   metrics->print();
   events->print();
   return result.is_failed() ? 1 : 0;

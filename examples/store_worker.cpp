@@ -3,7 +3,8 @@
 // /worker/attempt_<restart count> as torch's workers do), counts in, waits
 // for everyone and has rank 0 report.
 //
-//   tiderun --standalone --nproc-per-node=4 --max-restarts=1 store_worker [--fail-once]
+//   tiderun --standalone --nproc-per-node=4 --max-restarts=1 store_worker
+//   [--fail-once]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +19,8 @@ namespace {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr) {
-    std::fprintf(stderr, "store_worker: %s is not set; run me under tiderun\n", name);
+    std::fprintf(
+        stderr, "store_worker: %s is not set; run me under tiderun\n", name);
     std::exit(2);
   }
   return v;
@@ -37,13 +39,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    auto agent_store = std::make_shared<tide::store::TcpStore>(tide::store::TcpStoreOptions{
-        .host = env("MASTER_ADDR"),
-        .port = static_cast<uint16_t>(std::stoi(env("MASTER_PORT"))),
-        .timeout = 60s});
+    auto agent_store =
+        std::make_shared<tide::store::TcpStore>(tide::store::TcpStoreOptions{
+            .host = env("MASTER_ADDR"),
+            .port = static_cast<uint16_t>(std::stoi(env("MASTER_PORT"))),
+            .timeout = 60s});
     tide::store::PrefixStore store("/worker/attempt_" + attempt, agent_store);
     store.add("arrived", 1);
-    store.set("hello/" + std::to_string(rank), "pid " + std::to_string(::getpid()));
+    store.set(
+        "hello/" + std::to_string(rank), "pid " + std::to_string(::getpid()));
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) {
       keys.push_back("hello/" + std::to_string(r));

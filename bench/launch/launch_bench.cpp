@@ -1,5 +1,6 @@
 // launch_bench: what a launcher costs, tiderun against torchrun (Debian's
-// python3-torch 1.13.1, through bench/peers/torchrun_py311.py), in one run on one machine:
+// python3-torch 1.13.1, through bench/peers/torchrun_py311.py), in one run on
+// one machine:
 //
 //   launch   wall time of `LAUNCHER --standalone --nproc-per-node=4 /bin/true`,
 //            spawn to the launcher's exit;

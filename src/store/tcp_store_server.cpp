@@ -190,7 +190,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // nothing has arrived yet. A request known to be long is read in bigger
     // pieces. Nothing else touches in_ while the read is pending.
     size_t avail = in_.size() - in_pos_;
-    size_t want = std::clamp(need_ > avail ? need_ - avail : 0, kReadChunk, kMaxReadChunk);
+    size_t want = std::clamp(
+        need_ > avail ? need_ - avail : 0, kReadChunk, kMaxReadChunk);
     size_t old = in_.size();
     in_.resize(old + want);
     socket_.async_read_some(
@@ -220,7 +221,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
           "disconnected in the middle of a request (" +
               std::to_string(in_.size() - in_pos_) + " bytes received)");
     } else {
-      close(spdlog::level::debug, ec == asio::error::eof ? "disconnected" : ec.message());
+      close(
+          spdlog::level::debug,
+          ec == asio::error::eof ? "disconnected" : ec.message());
     }
   }
 

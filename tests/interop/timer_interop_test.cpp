@@ -17,7 +17,8 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 TEST(TimerInteropTest, TorchsFileTimerServerReclaimsATideClient) {
-  fs::path dir = fs::temp_directory_path() / ("tide_timer_interop_" + std::to_string(::getpid()));
+  fs::path dir = fs::temp_directory_path() /
+                 ("tide_timer_interop_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::string fifo = (dir / "timer").string();
   test::Subprocess server(
@@ -27,15 +28,18 @@ TEST(TimerInteropTest, TorchsFileTimerServerReclaimsATideClient) {
   ASSERT_EQ(ready.value_or("<no output>"), "ready");
 
   // A tide client arms a 50 ms SIGKILL timer and sleeps.
-  test::Subprocess worker({TIDE_TIMER_CHILD, "file", fifo, "step", "0.05", "9"});
+  test::Subprocess worker(
+      {TIDE_TIMER_CHILD, "file", fifo, "step", "0.05", "9"});
   ASSERT_EQ(worker.read_line(10s).value_or("<none>"), "armed");
   auto status = worker.wait(10s);
-  ASSERT_TRUE(status.has_value()) << "torch's server did not reclaim the worker";
+  ASSERT_TRUE(status.has_value())
+      << "torch's server did not reclaim the worker";
   EXPECT_TRUE(WIFSIGNALED(*status));
   EXPECT_EQ(WTERMSIG(*status), SIGKILL);
 
   // And a released timer is left alone.
-  test::Subprocess released({TIDE_TIMER_CHILD, "file", fifo, "step", "0.05", "9", "release"});
+  test::Subprocess released(
+      {TIDE_TIMER_CHILD, "file", fifo, "step", "0.05", "9", "release"});
   ASSERT_EQ(released.read_line(10s).value_or("<none>"), "armed");
   EXPECT_FALSE(released.wait(500ms).has_value());
   fs::remove_all(dir);
