@@ -22,11 +22,13 @@ def main():
     parser.add_argument("--fail-once", action="store_true")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", init_method="env://")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if args.fail_once and attempt == 0 and rank == world - 1:
+        # Before joining the process group, so the others wait in
+        # init_process_group until the agent stops them.
         raise RuntimeError(f"rank {rank}: simulated failure on attempt {attempt}")
+    dist.init_process_group("gloo", init_method="env://")
 
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(8, 1))
