@@ -82,14 +82,43 @@ struct TcpStore::Connection {
     }
   }
 
+  // Replies are read through a buffer: one recv usually brings a whole
+  // reply (length and bytes), and the socket is polled only when the
+  // buffer is empty, since a reply is seldom there the moment a request
+  // has gone out.
   void recv(
       char* buf, size_t len, Clock::time_point deadline, const char* what) {
     while (len > 0) {
-      ssize_t n = ::recv(fd, buf, len, 0);
-      if (n > 0) {
+      if (rpos < rbuf.size()) {
+        size_t n = std::min(len, rbuf.size() - rpos);
+        std::memcpy(buf, rbuf.data() + rpos, n);
+        rpos += n;
         buf += n;
-        len -= static_cast<size_t>(n);
+        len -= n;
         continue;
+      }
+      await(POLLIN, deadline, what);
+      // Large values go straight to the caller's buffer.
+      char* dst = buf;
+      size_t room = len;
+      if (len < kReadChunk) {
+        rbuf.resize(kReadChunk);
+        rpos = 0;
+        dst = rbuf.data();
+        room = rbuf.size();
+      }
+      ssize_t n = ::recv(fd, dst, room, 0);
+      if (n > 0) {
+        if (dst == buf) {
+          buf += n;
+          len -= static_cast<size_t>(n);
+        } else {
+          rbuf.resize(static_cast<size_t>(n));
+        }
+        continue;
+      }
+      if (dst != buf) {
+        rbuf.clear();
       }
       if (n == 0) {
         throw NetworkError(
@@ -97,11 +126,7 @@ struct TcpStore::Connection {
             " closed the connection (server gone, or it rejected the "
             "request; its log says which)");
       }
-      if (errno == EINTR) {
-        continue;
-      }
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        await(POLLIN, deadline, what);
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
         continue;
       }
       throw NetworkError(
@@ -154,6 +179,9 @@ struct TcpStore::Connection {
   const int fd;
   const std::string where;
   const Dialect dialect;
+  static constexpr size_t kReadChunk = 64 * 1024;
+  std::string rbuf;  // read ahead of the caller
+  size_t rpos = 0;
 };
 
 namespace {
