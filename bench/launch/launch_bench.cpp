@@ -19,28 +19,15 @@
 // Every run gets a scratch directory, also the launcher's TMPDIR (both put
 // their log directories there), removed afterwards. A launcher that outlives
 // --timeout gets SIGTERM, then SIGKILL with its process group.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <sys/utsname.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -50,6 +37,8 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include "bench_util.h"
 
 extern char** environ;
 
@@ -61,166 +50,6 @@ namespace fs = std::filesystem;
 // Between SIGTERM to a launcher and SIGKILL to its process group: torchrun
 // needs about a second to stop its workers and exit.
 constexpr int64_t kStopGraceNs = 10'000'000'000;
-
-volatile sig_atomic_t g_interrupted = 0;
-
-extern "C" void on_signal(int) {
-  g_interrupted = 1;
-}
-
-class Interrupted : public std::runtime_error {
- public:
-  Interrupted() : std::runtime_error("interrupted") {}
-};
-
-// CLOCK_MONOTONIC, as restart_worker stamps: one clock for every process of
-// the machine.
-int64_t now_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-std::string errno_text(const char* what, int err) {
-  return fmt::format("{}: {}", what, std::strerror(err));
-}
-
-// A launcher process, in its own process group, watched through a pidfd.
-// Not thread-safe. The destructor stops and reaps it if it still runs.
-class Child {
- public:
-  // Throws std::runtime_error if the process cannot be started.
-  Child(
-      const std::vector<std::string>& argv,
-      const std::vector<std::string>& env,
-      const std::string& stderr_path) {
-    std::vector<char*> cargv;
-    for (const auto& a : argv) {
-      cargv.push_back(const_cast<char*>(a.c_str()));
-    }
-    cargv.push_back(nullptr);
-    std::vector<char*> cenv;
-    for (const auto& e : env) {
-      cenv.push_back(const_cast<char*>(e.c_str()));
-    }
-    cenv.push_back(nullptr);
-
-    int err_fd = ::open(
-        stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (err_fd < 0) {
-      throw std::runtime_error(errno_text(stderr_path.c_str(), errno));
-    }
-    posix_spawn_file_actions_t actions;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
-    // Its own process group, so a stuck launcher and what it left behind in
-    // its group can be killed together.
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, 0);
-    start_ns_ = now_ns();
-    int rc = ::posix_spawn(
-        &pid_, cargv[0], &actions, &attr, cargv.data(), cenv.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    ::close(err_fd);
-    if (rc != 0) {
-      pid_ = -1;
-      throw std::runtime_error(errno_text(argv[0].c_str(), rc));
-    }
-    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-    if (pidfd_ < 0) {
-      int err = errno;
-      stop_and_reap();
-      throw std::runtime_error(errno_text("pidfd_open", err));
-    }
-  }
-
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  ~Child() {
-    stop_and_reap();
-  }
-
-  int64_t start_ns() const {
-    return start_ns_;
-  }
-
-  // Waits until the process exits or `deadline_ns` (now_ns() clock) passes.
-  // Returns the exit time; the wait status is then in status(). Returns
-  // nullopt on the deadline. Throws Interrupted on SIGINT/SIGTERM.
-  std::optional<int64_t> wait_until(int64_t deadline_ns) {
-    for (;;) {
-      if (g_interrupted != 0) {
-        throw Interrupted();
-      }
-      int64_t left_ms = (deadline_ns - now_ns() + 999'999) / 1'000'000;
-      if (left_ms <= 0) {
-        return std::nullopt;
-      }
-      pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
-      int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1000)));
-      if (n > 0) {
-        int64_t exit_ns = now_ns();
-        reap();
-        return exit_ns;
-      }
-      if (n < 0 && errno != EINTR) {
-        throw std::runtime_error(errno_text("poll(pidfd)", errno));
-      }
-    }
-  }
-
-  int status() const {
-    return status_;
-  }
-
- private:
-  // Sweeps the process group (the launcher, a zombie at worst, keeps its
-  // pid and so the group id from being reused), then reaps.
-  void reap() {
-    ::kill(-pid_, SIGKILL);
-    while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
-    if (pidfd_ >= 0) {
-      ::close(pidfd_);
-      pidfd_ = -1;
-    }
-  }
-
-  // SIGTERM first, so that the launcher stops its workers (some may sit in
-  // process groups of their own), then SIGKILL after kStopGraceNs.
-  void stop_and_reap() {
-    if (pid_ <= 0) {
-      return;
-    }
-    ::kill(pid_, SIGTERM);
-    if (pidfd_ >= 0) {
-      int64_t deadline = now_ns() + kStopGraceNs;
-      for (;;) {
-        int64_t left_ms = (deadline - now_ns()) / 1'000'000;
-        if (left_ms <= 0) {
-          break;
-        }
-        pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
-        if (::poll(&p, 1, static_cast<int>(left_ms)) > 0) {
-          break;
-        }
-      }
-    }
-    reap();
-  }
-
-  pid_t pid_ = -1;
-  int pidfd_ = -1;
-  int status_ = 0;
-  int64_t start_ns_ = 0;
-};
 
 struct Options {
   std::string tiderun = TIDE_BENCH_TIDERUN;
@@ -281,14 +110,6 @@ std::vector<std::string> command(
   return argv;
 }
 
-std::string shell_join(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const auto& a : argv) {
-    out += (out.empty() ? "" : " ") + a;
-  }
-  return out;
-}
-
 // The bench's environment with `overrides` (NAME=VALUE) replacing or adding.
 std::vector<std::string> child_env(
     const std::map<std::string, std::string>& overrides) {
@@ -306,50 +127,12 @@ std::vector<std::string> child_env(
   return env;
 }
 
-// A directory removed, with its contents, when this goes out of scope.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-        "/launch_bench_XXXXXX";
-    if (::mkdtemp(templ.data()) == nullptr) {
-      throw std::runtime_error(errno_text("mkdtemp", errno));
-    }
-    path_ = templ;
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const {
-    return path_;
-  }
-
- private:
-  fs::path path_;
-};
-
 std::string tail_of(const fs::path& file, size_t max_chars) {
   std::ifstream in(file);
   std::stringstream ss;
   ss << in.rdbuf();
   std::string s = ss.str();
   return s.size() > max_chars ? "..." + s.substr(s.size() - max_chars) : s;
-}
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) {
-    return fmt::format("exit code {}", WEXITSTATUS(status));
-  }
-  if (WIFSIGNALED(status)) {
-    const char* abbrev = sigabbrev_np(WTERMSIG(status));
-    return fmt::format("killed by SIG{}", abbrev ? abbrev : "?");
-  }
-  return fmt::format("wait status {}", status);
 }
 
 // One run's figures, in seconds; empty `error` if it counts.
@@ -374,7 +157,7 @@ int64_t read_stamp(const fs::path& file) {
 }
 
 Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
-  ScratchDir scratch;
+  ScratchDir scratch("launch_bench");
   fs::path out = scratch.path() / "out";
   fs::path tmp = scratch.path() / "tmp";
   fs::create_directory(out);
@@ -385,11 +168,21 @@ Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
       {"TMPDIR", tmp.string()},
   });
   Run run;
-  Child child(command(o, l, i, k), env, err_file.string());
+  Child child(
+      command(o, l, i, k),
+      ChildOptions{
+          .env = std::move(env),
+          .stderr_path = err_file.string(),
+          // So that a stuck launcher and what it left behind in its group
+          // can be killed together.
+          .own_group = true,
+          .die_with_parent = false,
+          // SIGTERM first, so that the launcher stops its workers (some may
+          // sit in process groups of their own).
+          .stop_grace_ns = kStopGraceNs,
+      });
   int64_t start = child.start_ns();
-  auto exit_ns =
-      child.wait_until(start + static_cast<int64_t>(o.timeout_s * 1e9));
-  if (!exit_ns) {
+  if (!child.wait_until(start + static_cast<int64_t>(o.timeout_s * 1e9))) {
     run.error = fmt::format("timed out after {} s", o.timeout_s);
   } else if (child.status() != 0) {
     run.error = describe_status(child.status());
@@ -399,7 +192,7 @@ Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
     return run;
   }
   double s = 1e-9;
-  run.metrics["wall_s"] = static_cast<double>(*exit_ns - start) * s;
+  run.metrics["wall_s"] = static_cast<double>(child.exit_ns() - start) * s;
   if (k == Kind::kLaunch) {
     return run;
   }
@@ -424,7 +217,7 @@ Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
     run.metrics["first_start_s"] = static_cast<double>(first0 - start) * s;
     run.metrics["restart_s"] = static_cast<double>(first1 - fail) * s;
     run.metrics["restart_all_s"] = static_cast<double>(last1 - fail) * s;
-    run.metrics["tail_s"] = static_cast<double>(*exit_ns - last1) * s;
+    run.metrics["tail_s"] = static_cast<double>(child.exit_ns() - last1) * s;
   } catch (const std::runtime_error& e) {
     run.error = e.what();
     run.metrics.clear();
@@ -432,20 +225,8 @@ Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
   return run;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) {
-    return std::nan("");
-  }
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 std::string fmt_dur(double s) {
-  if (std::isnan(s)) {
-    return "-";
-  }
-  return s < 1 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.2f} s", s);
+  return format_duration(s, 1);
 }
 
 // The reps of one (kind, interval, launcher).
@@ -476,23 +257,6 @@ std::string fmt_ratio(double torch, double tide) {
   }
   double r = torch / tide;
   return r >= 10 ? fmt::format("{:.0f}x", r) : fmt::format("{:.1f}x", r);
-}
-
-std::string today() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::localtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M %Z", &tm);
-  return buf;
-}
-
-std::string load_average() {
-  double l[3] = {};
-  if (::getloadavg(l, 3) != 3) {
-    return "?";
-  }
-  return fmt::format("{:.2f} {:.2f} {:.2f}", l[0], l[1], l[2]);
 }
 
 using SeriesKey = std::tuple<Kind, Interval, Launcher>;
@@ -571,24 +335,16 @@ int bench_main(int argc, char** argv) {
     }
   }
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  install_interrupt_handlers();
 
-  std::string command_line;
-  for (int a = 0; a < argc; ++a) {
-    command_line += (a == 0 ? "" : " ") + std::string(argv[a]);
-  }
+  std::string command_line =
+      join(std::vector<std::string>(argv, argv + argc), " ");
   std::string sanitizer = TIDE_BENCH_SANITIZE;
   if (sanitizer == "OFF" || sanitizer == "0") {
     sanitizer.clear();
   }
-  utsname uts{};
-  ::uname(&uts);
   std::string load_before = load_average();
-  std::string date = today();
+  std::string date = now_local();
   std::fprintf(stderr, "launch_bench: %s\n", command_line.c_str());
 
   const Launcher launchers[] = {Launcher::kTide, Launcher::kTorch};
@@ -661,10 +417,9 @@ int bench_main(int argc, char** argv) {
   std::printf("Date: %s\n\n", date.c_str());
   std::printf("Command: `%s`\n\n", command_line.c_str());
   std::printf(
-      "Machine: %s %s, %u cores; load average %s before, %s after. "
+      "Machine: %s, %u cores; load average %s before, %s after. "
       "launch_bench built %s%s.\n\n",
-      uts.sysname,
-      uts.release,
+      kernel().c_str(),
       std::max(1u, std::thread::hardware_concurrency()),
       load_before.c_str(),
       load_average().c_str(),
@@ -674,7 +429,7 @@ int bench_main(int argc, char** argv) {
     std::printf(
         "- %s: `%s`\n",
         name(l),
-        shell_join(command(o, l, Interval::kSmallest, Kind::kRestart)).c_str());
+        join(command(o, l, Interval::kSmallest, Kind::kRestart), " ").c_str());
   }
   std::printf(
       "\n| case | monitor interval tide / torch | tide median | torch median "

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -20,6 +19,7 @@
 
 #include "tide/common/error.h"
 
+#include "bench_util.h"
 #include "store/wire.h"
 #include "worker.h"
 
@@ -35,10 +35,6 @@ using store::wire::Writer;
 // Ops one connection may run in a row without a reply (sets) before it lets
 // the others go.
 constexpr int kMaxUnansweredInARow = 16;
-
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
 
 // A request's first byte in the legacy (torch 1.13) dialect.
 std::string begin(Op op) {
@@ -112,7 +108,7 @@ class EpollWorker {
   void connect_all() {
     ep_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
     if (ep_.get() < 0) {
-      throw NetworkError("epoll_create1: " + errno_text(errno));
+      throw NetworkError(errno_text("epoll_create1", errno));
     }
     const std::string value(kValueBytes, 'v');
     const std::string counter = std::string("/") + kCounterKey;
@@ -132,7 +128,7 @@ class EpollWorker {
       Writer(c.check_req).u64(1).str(key);
       epoll_event ev{.events = EPOLLIN, .data = {.u64 = i}};
       if (::epoll_ctl(ep_.get(), EPOLL_CTL_ADD, c.fd.get(), &ev) != 0) {
-        throw NetworkError("epoll_ctl: " + errno_text(errno));
+        throw NetworkError(errno_text("epoll_ctl", errno));
       }
       send(i, c.set_req);
     }
@@ -177,7 +173,7 @@ class EpollWorker {
           static_cast<int>(events.size()),
           ready_.empty() ? 20 : 0);
       if (n < 0 && errno != EINTR) {
-        throw NetworkError("epoll_wait: " + errno_text(errno));
+        throw NetworkError(errno_text("epoll_wait", errno));
       }
       for (int k = 0; k < n; ++k) {
         size_t i = events[static_cast<size_t>(k)].data.u64;
@@ -201,7 +197,7 @@ class EpollWorker {
   Fd connect_one() {
     Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) {
-      throw NetworkError("socket: " + errno_text(errno));
+      throw NetworkError(errno_text("socket", errno));
     }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -220,9 +216,8 @@ class EpollWorker {
       errno = err;
     }
     if (r != 0) {
-      throw NetworkError(
-          "cannot connect to 127.0.0.1:" + std::to_string(port_) + ": " +
-          errno_text(errno));
+      throw NetworkError(errno_text(
+          "cannot connect to 127.0.0.1:" + std::to_string(port_), errno));
     }
     int one = 1;
     ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -281,7 +276,7 @@ class EpollWorker {
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         break;
       } else {
-        throw NetworkError("send: " + errno_text(errno));
+        throw NetworkError(errno_text("send", errno));
       }
     }
     if (sent < req.size()) {
@@ -299,7 +294,7 @@ class EpollWorker {
     epoll_event ev{
         .events = EPOLLIN | (on ? EPOLLOUT : 0u), .data = {.u64 = i}};
     if (::epoll_ctl(ep_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) {
-      throw NetworkError("epoll_ctl: " + errno_text(errno));
+      throw NetworkError(errno_text("epoll_ctl", errno));
     }
   }
 
@@ -339,7 +334,7 @@ class EpollWorker {
       }
       throw NetworkError(
           n == 0 ? std::string("the server closed the connection")
-                 : "recv: " + errno_text(errno));
+                 : errno_text("recv", errno));
     }
     while (take_reply(i)) {
     }

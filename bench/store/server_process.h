@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
+
 // A store server under test, run as a child process of store_bench.
 namespace tide::bench {
 
@@ -21,7 +23,8 @@ class ServerProcess {
  public:
   // Starts argv (argv[0] is a path) and waits up to start_timeout for its
   // port. Throws std::runtime_error, naming `name`, when it cannot be started
-  // or exits or stays silent; the child is then stopped and reaped.
+  // or exits or stays silent, Interrupted; the child is then stopped and
+  // reaped.
   ServerProcess(
       std::string name,
       const std::vector<std::string>& argv,
@@ -55,10 +58,7 @@ class ServerProcess {
   uint16_t read_port(std::chrono::milliseconds timeout);
 
   std::string name_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int stdin_ = -1;
-  int stdout_ = -1;
+  Child child_;
   uint16_t port_ = 0;
 };
 

@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -31,6 +30,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "bench_util.h"
 #include "cell.h"
 #include "server_process.h"
 
@@ -41,23 +41,6 @@ using std::chrono::milliseconds;
 
 // How long a server may take to print its port (torch's import is slow).
 constexpr milliseconds kServerStartTimeout{120'000};
-
-// Set by the signal thread on SIGINT/SIGTERM.
-std::atomic<bool> g_interrupted{false};
-
-class Interrupted : public std::runtime_error {
- public:
-  Interrupted() : std::runtime_error("interrupted") {}
-};
-
-double median(std::vector<double> v) {
-  if (v.empty()) {
-    return std::nan("");
-  }
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 // The reps of one (driver, workload, clients, server).
 struct Series {
@@ -73,14 +56,6 @@ struct Series {
 
 std::string fmt_rate(double v) {
   return std::isnan(v) ? std::string("-") : fmt::format("{:.0f}", v);
-}
-
-std::string join(const std::vector<std::string>& parts, const char* sep) {
-  std::string out;
-  for (const auto& p : parts) {
-    out += (out.empty() ? "" : sep) + p;
-  }
-  return out;
 }
 
 // This executable's directory, for defaults relative to it.
@@ -119,24 +94,6 @@ void raise_fd_limit(int clients) {
         clients,
         static_cast<unsigned long long>(rl.rlim_cur)));
   }
-}
-
-// The 1, 5 and 15 minute load averages: how busy the machine was.
-std::string load_average() {
-  double l[3] = {0, 0, 0};
-  if (::getloadavg(l, 3) != 3) {
-    return "?";
-  }
-  return fmt::format("{:.2f} {:.2f} {:.2f}", l[0], l[1], l[2]);
-}
-
-std::string now_utc() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
 }
 
 struct Options {
@@ -456,10 +413,8 @@ int run(int argc, char** argv) {
                 .measure = Seconds(o.seconds),
                 .op_timeout =
                     milliseconds(static_cast<int64_t>(o.op_timeout_s * 1000))};
-            CellResult r = run_cell(cfg, *servers[server], g_interrupted);
-            if (g_interrupted.load()) {
-              throw Interrupted();
-            }
+            CellResult r = run_cell(cfg, *servers[server], interrupt_flag());
+            throw_if_interrupted();
             Series& s = results[dname][wname][n][server];
             if (r.failed_clients > 0) {
               ++s.failed_reps;
@@ -530,7 +485,7 @@ int main(int argc, char** argv) {
     timespec tick{.tv_sec = 0, .tv_nsec = 200'000'000};
     while (!done.load()) {
       if (::sigtimedwait(&stop, nullptr, &tick) > 0) {
-        tide::bench::g_interrupted = true;
+        tide::bench::interrupt_flag() = true;
       }
     }
   });
@@ -541,7 +496,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "store_bench: interrupted; servers stopped\n");
     rc = 130;
   } catch (const std::exception& e) {
-    if (tide::bench::g_interrupted.load()) {
+    if (tide::bench::interrupted()) {
       // A terminal's ^C reaches the servers too: their exit is no error.
       std::fprintf(stderr, "store_bench: interrupted; servers stopped\n");
       rc = 130;

@@ -26,15 +26,9 @@
 //
 // Every child gets PR_SET_PDEATHSIG(SIGKILL), every wait a deadline, and a
 // child still running when its case ends (or fails) is killed and reaped.
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,8 +40,6 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -70,6 +62,8 @@
 #include "tide/timer/timer.h"
 #include "tide/timer/timer_server.h"
 
+#include "bench_util.h"
+
 namespace tide::bench {
 namespace {
 
@@ -77,274 +71,9 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kClientMode = "--timer-bench-client";
 constexpr std::string_view kExpireMode = "--timer-bench-expire";
-// Longest the bench waits on a poll before looking at g_interrupted.
+// Longest the bench waits on its condition variable before looking at the
+// interrupt flag.
 constexpr int kPollSliceMs = 100;
-
-volatile sig_atomic_t g_interrupted = 0;
-
-extern "C" void on_signal(int) {
-  g_interrupted = 1;
-}
-
-class Interrupted : public std::runtime_error {
- public:
-  Interrupted() : std::runtime_error("interrupted") {}
-};
-
-int64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-int64_t deadline_after(double seconds) {
-  return mono_ns() + static_cast<int64_t>(seconds * 1e9);
-}
-
-std::string errno_text(std::string_view what, int err) {
-  return fmt::format("{}: {}", what, std::strerror(err));
-}
-
-// Polls one descriptor for `events` until `deadline_ns` (mono_ns clock).
-// Returns false on the deadline; throws Interrupted on SIGINT/SIGTERM.
-bool poll_until(int fd, short events, int64_t deadline_ns) {
-  for (;;) {
-    if (g_interrupted != 0) {
-      throw Interrupted();
-    }
-    int64_t left_ms = (deadline_ns - mono_ns() + 999'999) / 1'000'000;
-    if (left_ms <= 0) {
-      return false;
-    }
-    pollfd p{.fd = fd, .events = events, .revents = 0};
-    int n = ::poll(
-        &p, 1, static_cast<int>(std::min<int64_t>(left_ms, kPollSliceMs)));
-    if (n > 0) {
-      return true;
-    }
-    if (n < 0 && errno != EINTR) {
-      throw std::runtime_error(errno_text("poll", errno));
-    }
-  }
-}
-
-// Lines from a pipe.
-class LineReader {
- public:
-  explicit LineReader(int fd) : fd_(fd) {}
-
-  // The next line without its newline; nullopt at end of file. Throws
-  // std::runtime_error when `deadline_ns` passes first.
-  std::optional<std::string> next(int64_t deadline_ns, std::string_view what) {
-    for (;;) {
-      if (auto nl = buf_.find('\n'); nl != std::string::npos) {
-        std::string line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return line;
-      }
-      if (!poll_until(fd_, POLLIN, deadline_ns)) {
-        throw std::runtime_error(fmt::format("timed out waiting for {}", what));
-      }
-      char chunk[4096];
-      ssize_t n = ::read(fd_, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) {
-        continue;
-      }
-      if (n < 0) {
-        throw std::runtime_error(errno_text("read", errno));
-      }
-      if (n == 0) {
-        return std::nullopt;
-      }
-      buf_.append(chunk, static_cast<size_t>(n));
-    }
-  }
-
- private:
-  int fd_;
-  std::string buf_;
-};
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) {
-    return fmt::format("exit code {}", WEXITSTATUS(status));
-  }
-  if (WIFSIGNALED(status)) {
-    const char* abbrev = sigabbrev_np(WTERMSIG(status));
-    return fmt::format("killed by SIG{}", abbrev ? abbrev : "?");
-  }
-  return fmt::format("wait status {}", status);
-}
-
-// A child process (fork+exec) with its stdin and stdout on pipes and its
-// stderr shared with the bench, watched through a pidfd. Not thread-safe.
-// The destructor SIGKILLs it (its process group when it has its own) and
-// reaps it, unless it was reaped already.
-class Process {
- public:
-  // Throws std::runtime_error when the process cannot be started.
-  Process(const std::vector<std::string>& argv, bool own_group)
-      : own_group_(own_group) {
-    std::vector<char*> cargv;
-    for (const auto& a : argv) {
-      cargv.push_back(const_cast<char*>(a.c_str()));
-    }
-    cargv.push_back(nullptr);
-    int in[2];
-    int out[2];
-    if (::pipe2(in, O_CLOEXEC) != 0) {
-      throw std::runtime_error(errno_text("pipe2", errno));
-    }
-    if (::pipe2(out, O_CLOEXEC) != 0) {
-      int err = errno;
-      ::close(in[0]);
-      ::close(in[1]);
-      throw std::runtime_error(errno_text("pipe2", err));
-    }
-    pid_t parent = ::getpid();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      // Async-signal-safe calls only: the parent has threads.
-      if (own_group) {
-        ::setpgid(0, 0);
-      }
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) {
-        ::_exit(126);
-      }
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      ::execv(cargv[0], cargv.data());
-      ::_exit(127);
-    }
-    int err = errno;
-    ::close(in[0]);
-    ::close(out[1]);
-    in_ = in[1];
-    out_ = out[0];
-    if (pid_ < 0) {
-      close_in();
-      ::close(out_);
-      throw std::runtime_error(errno_text("fork", err));
-    }
-    if (own_group) {
-      ::setpgid(pid_, pid_);  // Also here: no window where it has none.
-    }
-    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-    if (pidfd_ < 0) {
-      err = errno;
-      kill_and_reap();
-      throw std::runtime_error(errno_text("pidfd_open", err));
-    }
-  }
-
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-
-  ~Process() {
-    kill_and_reap();
-  }
-
-  pid_t pid() const {
-    return pid_;
-  }
-  // The read end of its stdout.
-  int out() const {
-    return out_;
-  }
-  // Closing its stdin is the start signal of the client modes.
-  void close_in() {
-    if (in_ >= 0) {
-      ::close(in_);
-      in_ = -1;
-    }
-  }
-
-  // Waits for it to exit until `deadline_ns`. Returns when it did (system
-  // clock, seconds since the epoch), then reaped; status() has the wait
-  // status. nullopt on the deadline. Throws Interrupted.
-  std::optional<double> wait_exit(int64_t deadline_ns) {
-    if (!poll_until(pidfd_, POLLIN, deadline_ns)) {
-      return std::nullopt;
-    }
-    double t = timer::now();
-    reap();
-    return t;
-  }
-
-  int status() const {
-    return status_;
-  }
-
-  void kill_and_reap() {
-    if (reaped_ || pid_ <= 0) {
-      cleanup_fds();
-      return;
-    }
-    ::kill(own_group_ ? -pid_ : pid_, SIGKILL);
-    reap();
-  }
-
- private:
-  void reap() {
-    // A process group outlives its leader's exit until the leader is reaped:
-    // sweep it first, so that nothing the child left behind survives.
-    if (own_group_) {
-      ::kill(-pid_, SIGKILL);
-    }
-    while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
-    }
-    reaped_ = true;
-    cleanup_fds();
-  }
-
-  void cleanup_fds() {
-    close_in();
-    if (out_ >= 0) {
-      ::close(out_);
-      out_ = -1;
-    }
-    if (pidfd_ >= 0) {
-      ::close(pidfd_);
-      pidfd_ = -1;
-    }
-  }
-
-  bool own_group_;
-  pid_t pid_ = -1;
-  int pidfd_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  int status_ = 0;
-  bool reaped_ = false;
-};
-
-// A directory removed, with its contents, when this goes out of scope.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-        "/timer_bench_XXXXXX";
-    if (::mkdtemp(templ.data()) == nullptr) {
-      throw std::runtime_error(errno_text("mkdtemp", errno));
-    }
-    path_ = templ;
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const {
-    return path_;
-  }
-
- private:
-  fs::path path_;
-};
 
 double parse_double(std::string_view text, std::string_view what) {
   double v = 0;
@@ -548,7 +277,7 @@ std::chrono::milliseconds to_ms(double seconds) {
 // client processes doing `pairs` pairs each. Returns RESULT fields.
 std::map<std::string, double> tide_throughput_run(
     const Options& o, std::string_view kind, int clients, long pairs) {
-  ScratchDir scratch;
+  ScratchDir scratch("timer_bench");
   std::string path = (scratch.path() / "timer").string();
   long per_client = pairs;
   uint64_t target = 2 * static_cast<uint64_t>(per_client) * clients;
@@ -586,11 +315,11 @@ std::map<std::string, double> tide_throughput_run(
   server->start();
 
   std::string exe = self_exe();
-  std::vector<std::unique_ptr<Process>> procs;
+  std::vector<std::unique_ptr<Child>> procs;
   std::vector<LineReader> readers;
   int64_t deadline = deadline_after(o.timeout_s);
   for (int i = 0; i < clients; ++i) {
-    procs.push_back(std::make_unique<Process>(
+    procs.push_back(std::make_unique<Child>(
         std::vector<std::string>{
             exe,
             std::string(kClientMode),
@@ -598,7 +327,7 @@ std::map<std::string, double> tide_throughput_run(
             path,
             std::to_string(per_client),
             fmt::format("{}", o.timeout_s)},
-        /*own_group=*/false));
+        ChildOptions{.pipes = true}));
     pids.add(procs.back()->pid());
     readers.emplace_back(procs.back()->out());
   }
@@ -616,9 +345,7 @@ std::map<std::string, double> tide_throughput_run(
   {
     std::unique_lock lock(progress.mutex);
     while (progress.done_ns == 0) {
-      if (g_interrupted != 0) {
-        throw Interrupted();
-      }
+      throw_if_interrupted();
       if (mono_ns() > deadline) {
         throw std::runtime_error(fmt::format(
             "the server applied {} of {} requests in {} s",
@@ -637,7 +364,7 @@ std::map<std::string, double> tide_throughput_run(
       throw std::runtime_error("a client did not report");
     }
     client_s = std::max(client_s, parse_double(line->substr(5), "seconds"));
-    if (!procs[i]->wait_exit(deadline)) {
+    if (!procs[i]->wait_until(deadline)) {
       throw std::runtime_error("a client did not exit");
     }
     if (procs[i]->status() != 0) {
@@ -659,7 +386,7 @@ std::map<std::string, double> tide_throughput_run(
 // tide's expiry-to-kill latencies (seconds), one per rep.
 std::vector<double> tide_expiry(
     const Options& o, std::string_view kind, double max_interval) {
-  ScratchDir scratch;
+  ScratchDir scratch("timer_bench");
   std::string path = (scratch.path() / "timer").string();
   PidSet pids;
   auto server = make_server(
@@ -675,19 +402,17 @@ std::vector<double> tide_expiry(
   std::uniform_real_distribution<double> pause(0, max_interval);
   std::vector<double> lats;
   for (int rep = 0; rep < o.expiry_reps; ++rep) {
-    Process child(
+    Child child(
         {exe,
          std::string(kExpireMode),
          std::string(kind),
          path,
          fmt::format("{}", o.after_s),
          fmt::format("{}", o.timeout_s)},
-        /*own_group=*/false);
+        ChildOptions{.pipes = true});
     pids.add(child.pid());
     std::this_thread::sleep_for(std::chrono::duration<double>(pause(rng)));
-    if (g_interrupted != 0) {
-      throw Interrupted();
-    }
+    throw_if_interrupted();
     child.close_in();
     LineReader reader(child.out());
     auto line = reader.next(deadline_after(o.timeout_s), "the expiration");
@@ -696,7 +421,7 @@ std::vector<double> tide_expiry(
           "the expiring child failed before arming its timer");
     }
     double expiration = parse_double(*line, "expiration");
-    auto died = child.wait_exit(
+    bool died = child.wait_until(
         deadline_after(o.after_s + max_interval + std::min(o.timeout_s, 30.0)));
     if (!died) {
       throw std::runtime_error("the expiring child outlived its timer");
@@ -706,7 +431,7 @@ std::vector<double> tide_expiry(
           "the expiring child was not killed by its timer: " +
           describe_status(child.status()));
     }
-    double lat = *died - expiration;
+    double lat = child.exit_wall_s() - expiration;
     lats.push_back(lat);
     fmt::print(
         "RESULT tide expiry kind={} max_interval={} rep={} latency_s={:.6f}\n",
@@ -724,12 +449,12 @@ std::vector<double> tide_expiry(
 std::vector<std::map<std::string, std::string>> run_peer(
     const Options& o, const std::vector<std::string>& args) {
   // Its FIFOs go here, so that nothing is left behind if it is killed.
-  ScratchDir scratch;
+  ScratchDir scratch("timer_bench");
   std::vector<std::string> argv{o.python, o.peer};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back(fmt::format("--timeout={}", o.timeout_s));
   argv.push_back("--workdir=" + scratch.path().string());
-  Process peer(argv, /*own_group=*/true);
+  Child peer(argv, ChildOptions{.pipes = true, .own_group = true});
   peer.close_in();
   LineReader reader(peer.out());
   // Room for torch's import and the runs, each bounded by --timeout.
@@ -742,7 +467,7 @@ std::vector<std::map<std::string, std::string>> run_peer(
       out.push_back(fields(*line));
     }
   }
-  if (!peer.wait_exit(deadline)) {
+  if (!peer.wait_until(deadline)) {
     throw std::runtime_error("the torch peer did not exit");
   }
   if (peer.status() != 0) {
@@ -750,27 +475,6 @@ std::vector<std::map<std::string, std::string>> run_peer(
         "the torch peer failed: " + describe_status(peer.status()));
   }
   return out;
-}
-
-struct Stats {
-  double median = NAN;
-  double min = NAN;
-  double max = NAN;
-  size_t n = 0;
-};
-
-Stats stats(std::vector<double> xs) {
-  Stats s;
-  s.n = xs.size();
-  if (xs.empty()) {
-    return s;
-  }
-  std::sort(xs.begin(), xs.end());
-  size_t m = xs.size() / 2;
-  s.median = xs.size() % 2 != 0 ? xs[m] : (xs[m - 1] + xs[m]) / 2;
-  s.min = xs.front();
-  s.max = xs.back();
-  return s;
 }
 
 // A row of the report: medians of tide's and torch's runs.
@@ -790,7 +494,7 @@ std::string format_value(bool is_rate, double v) {
     return v >= 1e5 ? fmt::format("{:.0f}k", v / 1e3)
                     : fmt::format("{:.1f}k", v / 1e3);
   }
-  return v < 1 ? fmt::format("{:.2f} ms", v * 1e3) : fmt::format("{:.2f} s", v);
+  return format_duration(v, 2);
 }
 
 std::string format_range(bool is_rate, const Stats& s) {
@@ -845,23 +549,12 @@ std::string summary_key(const std::string& label) {
 }
 
 void print_machine() {
-  utsname u{};
-  ::uname(&u);
-  double load[3] = {0, 0, 0};
-  ::getloadavg(load, 3);
-  std::time_t t = std::time(nullptr);
-  char when[64];
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
   fmt::print(
-      "timer_bench {} on {} {} ({} cores), load average {:.2f} {:.2f} "
-      "{:.2f}\n",
-      when,
-      u.sysname,
-      u.release,
+      "timer_bench {} on {} ({} cores), load average {}\n",
+      now_utc(),
+      kernel(),
       std::thread::hardware_concurrency(),
-      load[0],
-      load[1],
-      load[2]);
+      load_average());
 }
 
 int run(const Options& o) {
@@ -1064,10 +757,7 @@ int bench_main(int argc, char** argv) {
     fmt::print(stderr, "--reps, --expiry-reps and --*-pairs must be >= 1\n");
     return 2;
   }
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  install_interrupt_handlers();
   try {
     return run(o);
   } catch (const Interrupted&) {
