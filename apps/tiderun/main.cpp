@@ -21,6 +21,7 @@
 
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+#include "tide/common/strings.h"
 #include "tide/events/events.h"
 #include "tide/launcher/health_server.h"
 #include "tide/launcher/launcher.h"
@@ -140,11 +141,7 @@ int parse_nproc(const std::string& text) {
 
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
   std::map<std::string, std::string> out;
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+  for (std::string_view item : tide::split(text, ',')) {
     auto eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
       throw InvalidArgument(
@@ -158,12 +155,8 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
 
 std::set<int> parse_ranks(const std::string& text) {
   std::set<int> out;
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    out.insert(
-        parse_int(std::string(rest.substr(0, comma)), "--local-ranks-filter"));
-    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+  for (std::string_view item : tide::split(text, ',')) {
+    out.insert(parse_int(std::string(item), "--local-ranks-filter"));
   }
   return out;
 }
@@ -511,11 +504,8 @@ int main(int argc, char** argv) {
   try {
     entrypoint = make_entrypoint(flags, app.remaining());
     config = make_config(flags);
-    std::string_view rest = flags.signals_to_handle;
-    while (!rest.empty()) {
-      auto comma = rest.find(',');
-      signals.push_back(signal_number(std::string(rest.substr(0, comma))));
-      rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+    for (std::string_view name : tide::split(flags.signals_to_handle, ',')) {
+      signals.push_back(signal_number(std::string(name)));
     }
   } catch (const tide::Error& e) {
     std::fprintf(

@@ -7,6 +7,7 @@
 #include "tide/agent/entrypoint.h"
 #include "tide/agent/worker.h"
 #include "tide/common/error.h"
+#include "tide/common/strings.h"
 
 namespace tide::agent {
 
@@ -43,11 +44,7 @@ StdSpec parse_std_spec(const std::string& text, const char* flag) {
     spec.all = parse_std(text, flag, text);
     return spec;
   }
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+  for (std::string_view item : split(text, ',')) {
     auto colon = item.find(':');
     int rank = -1;
     auto [ptr, ec] = std::from_chars(item.data(), item.data() + colon, rank);

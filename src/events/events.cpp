@@ -225,6 +225,15 @@ void LogEventHandler::handle(const RdzvEvent& e) {
   TIDE_LOG_INFO("[rdzv event] {}", e.serialize());
 }
 
+namespace {
+
+std::shared_ptr<EventHandler> current_handler() {
+  std::lock_guard lock(g_mutex);
+  return g_handler;
+}
+
+}  // namespace
+
 void configure(std::shared_ptr<EventHandler> handler) {
   std::lock_guard lock(g_mutex);
   g_handler =
@@ -237,11 +246,7 @@ bool enabled() {
 }
 
 void record(Event e) {
-  std::shared_ptr<EventHandler> h;
-  {
-    std::lock_guard lock(g_mutex);
-    h = g_handler;
-  }
+  auto h = current_handler();
   if (e.timestamp == 0) {
     e.timestamp = now_ms();
   }
@@ -249,11 +254,7 @@ void record(Event e) {
 }
 
 void record_rdzv_event(RdzvEvent e) {
-  std::shared_ptr<EventHandler> h;
-  {
-    std::lock_guard lock(g_mutex);
-    h = g_handler;
-  }
+  auto h = current_handler();
   if (e.timestamp == 0) {
     e.timestamp = now_ms();
   }
