@@ -132,7 +132,6 @@ struct LocalElasticAgent::Impl {
   rendezvous::RendezvousInfo rdzv;
   int restart_count = 0;
   int incarnation = 0;  // groups started, restarts and membership changes
-  std::vector<std::string> attempt_dirs;
   std::vector<std::unique_ptr<detail::WorkerProcess>> processes;
   std::vector<std::string> result_files;
   std::vector<std::string> error_files;
@@ -330,7 +329,6 @@ void LocalElasticAgent::Impl::start_workers() {
   auto prof = metrics::profile("LocalElasticAgent._start_workers");
   ++incarnation;
   std::string dir = attempt_dir();
-  attempt_dirs.push_back(dir);
   result_files.assign(static_cast<size_t>(spec.local_world_size), "");
   error_files.assign(static_cast<size_t>(spec.local_world_size), "");
   for (int i = 0; i < spec.local_world_size; ++i) {
