@@ -856,8 +856,7 @@ RunResult LocalElasticAgent::Impl::run() {
       }
       record_run_metrics(true);
       TIDE_LOG_INFO("[{}] all workers succeeded", spec.role);
-      stop_workers(
-          SIGTERM, spec.shutdown_grace);  // their process groups' leftovers
+      stop_workers(SIGTERM, spec.shutdown_grace);  // drains the tee pipes
       exit_barrier();
       return RunResult{.state = state, .return_values = return_values()};
     }
