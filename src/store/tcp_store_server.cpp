@@ -193,12 +193,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     size_t want = std::clamp(
         need_ > avail ? need_ - avail : 0, kReadChunk, kMaxReadChunk);
     size_t old = in_.size();
+    filled_ = old;
     in_.resize(old + want);
     socket_.async_read_some(
         asio::buffer(in_.data() + old, want),
         [self = shared_from_this(), old](const asio::error_code& ec, size_t n) {
           self->reading_ = false;
           self->in_.resize(old + (ec ? 0 : n));
+          self->filled_ = self->in_.size();
           if (ec) {
             self->on_read_error(ec);
             return;
@@ -341,7 +343,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
           spdlog::level::warn,
           "request incomplete after " +
               std::to_string(self->server_.options.request_timeout.count()) +
-              " ms (" + std::to_string(self->in_.size() - self->in_pos_) +
+              " ms (" + std::to_string(self->filled_ - self->in_pos_) +
               " bytes received)");
     });
   }
@@ -394,6 +396,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<Dialect> dialect_;
   std::string in_;
   size_t in_pos_ = 0;
+  // Bytes of in_ that hold data (the rest is room for a pending read).
+  size_t filled_ = 0;
   size_t need_ = 1;
   std::string out_;
   std::string writing_;
