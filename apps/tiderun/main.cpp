@@ -41,12 +41,20 @@ std::atomic<int> g_pending_signal{0};
 std::mutex g_health_mutex;
 tide::agent::LocalElasticAgent* g_health_agent = nullptr;
 
+// Async-signal-safe. The first signal asks the agent to stop its workers
+// (recorded first, so an agent announced at the same moment still sees it);
+// a second one, for an agent busy elsewhere (a long rendezvous), ends tiderun
+// with the signal's default action: its workers die with it (parent-death
+// signal, janitor).
 extern "C" void on_signal(int sig) {
+  int expected = 0;
+  if (!g_pending_signal.compare_exchange_strong(expected, sig)) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
   if (auto* agent = g_agent.load()) {
     agent->request_stop(sig);
-  } else {
-    int expected = 0;
-    g_pending_signal.compare_exchange_strong(expected, sig);
   }
 }
 
@@ -557,8 +565,7 @@ int main(int argc, char** argv) {
             g_health_agent = agent;
           }
           g_agent.store(agent);
-          if (int sig = g_pending_signal.exchange(0);
-              agent != nullptr && sig != 0) {
+          if (int sig = g_pending_signal.load(); agent != nullptr && sig != 0) {
             agent->request_stop(sig);
           }
         });

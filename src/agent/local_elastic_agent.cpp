@@ -97,7 +97,10 @@ struct LocalElasticAgent::Impl {
     }
   }
   ~Impl() {
-    timer_server.reset();
+    {
+      std::lock_guard lock(status_mutex);  // status() reads it
+      timer_server.reset();
+    }
     processes.clear();
     ::close(wake_fd);
   }
@@ -448,16 +451,35 @@ void LocalElasticAgent::Impl::reap() {
     int st = 0;
     pid_t pid;
     while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
+      bool ours = false;
       for (auto& p : processes) {
         if (p->pid() == pid) {
           ::kill(-pid, SIGKILL);
           p->set_status(st);
+          ours = true;
         }
+      }
+      if (!ours && janitor) {
+        janitor->forget(pid);  // An earlier group's worker, left behind once.
       }
     }
   }
+  std::set<pid_t> ended;
   for (auto& p : processes) {
-    p->poll_exit();
+    if (p->poll_exit()) {
+      ended.insert(p->pid());
+    }
+  }
+  // A reaped worker's pid may be reused: the timer server must not signal
+  // it any more.
+  if (!ended.empty() && timer_server) {
+    {
+      std::lock_guard lock(timer_mutex);
+      for (pid_t pid : ended) {
+        worker_pids.erase(pid);
+      }
+    }
+    timer_server->clear_timers(ended);
   }
 }
 
@@ -778,14 +800,18 @@ void LocalElasticAgent::Impl::start_timer_server() {
     if (path.empty()) {
       path = run_log_dir + "/watchdog_timer";
     }
-    timer_server =
+    auto server =
         std::make_unique<timer::FileTimerServer>(path, std::move(opts));
+    std::lock_guard lock(status_mutex);
+    timer_server = std::move(server);
   } else {
     if (path.empty()) {
       path = run_log_dir + "/timer.sock";
     }
-    timer_server =
+    auto server =
         std::make_unique<timer::LocalTimerServer>(path, std::move(opts));
+    std::lock_guard lock(status_mutex);
+    timer_server = std::move(server);
   }
   timer_server->start();
   TIDE_LOG_INFO("[{}] expiration timer server on {}", spec.role, path);

@@ -45,6 +45,16 @@ LaunchResult launch(
       .timer_file = config.timer_file,
   };
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});
+  // Whoever was shown the agent is told it is gone before it is destroyed,
+  // on every path out of here (exceptions included).
+  struct Unannounce {
+    const std::function<void(agent::LocalElasticAgent*)>& on_agent;
+    ~Unannounce() {
+      if (on_agent) {
+        on_agent(nullptr);
+      }
+    }
+  } unannounce{on_agent};
   if (on_agent) {
     on_agent(&agent);
   }
@@ -53,9 +63,6 @@ LaunchResult launch(
     out.result = agent.run();
   } catch (const agent::SignalException& e) {
     out.stopped_by_signal = e.signal();
-  }
-  if (on_agent) {
-    on_agent(nullptr);
   }
   if (out.stopped_by_signal == 0) {
     handler->shutdown();

@@ -477,7 +477,9 @@ void TcpStore::append(std::string_view key, std::string_view value) {
       if (now == desired) {
         return;
       }
-      current = std::move(now);
+      // Our expected value back means the key was deleted meanwhile (torch's
+      // rule for an absent key): start from empty, or this would loop.
+      current = now == current ? std::string() : std::move(now);
     }
   }
   std::lock_guard lock(mutex_);

@@ -258,12 +258,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
         in_.shrink_to_fit();  // A big request's buffer is not kept idle.
       }
       in_pos_ = 0;
-      request_timer_.cancel();
-      timer_armed_ = false;
+      disarm_request_timer();
     } else {
-      if (in_pos_ > 0) {
+      // The clock runs from the start of the request now at the front: a
+      // client that completes requests is making progress.
+      bool progressed = in_pos_ > 0;
+      if (progressed) {
         in_.erase(0, in_pos_);
         in_pos_ = 0;
+        disarm_request_timer();
       }
       arm_request_timer();
     }
@@ -327,16 +330,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     send_byte(wire::kAuthOk);
   }
 
+  void disarm_request_timer() {
+    if (timer_armed_) {
+      request_timer_.cancel();
+      timer_armed_ = false;
+      ++timer_generation_;  // A handler already queued must not fire.
+    }
+  }
+
   void arm_request_timer() {
     if (timer_armed_) {
       return;
     }
     timer_armed_ = true;
     request_timer_.expires_after(server_.options.request_timeout);
-    request_timer_.async_wait([weak = weak_from_this()](
+    request_timer_.async_wait([weak = weak_from_this(),
+                               generation = timer_generation_](
                                   const asio::error_code& ec) {
       auto self = weak.lock();
-      if (ec || !self || !self->timer_armed_) {
+      if (ec || !self || generation != self->timer_generation_) {
         return;
       }
       self->close(
@@ -392,6 +404,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool reading_ = false;
   bool authed_ = false;
   bool timer_armed_ = false;
+  uint64_t timer_generation_ = 0;
   bool in_read_ = false;
   std::optional<Dialect> dialect_;
   std::string in_;
