@@ -16,7 +16,7 @@ case "$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK" in
   1.2)
     sleep 0.6
     printf '{"version": 1, "pid": %d, "scope_id": "train_step", "expiration_time": %s, "signal": 9}\n' \
-      $$ "$(echo "$(now) + 0.5" | bc)" > "$TORCHELASTIC_TIMER_FILE"
+      $$ "$(awk -v t="$(now)" 'BEGIN { printf "%.6f", t + 0.5 }')" > "$TORCHELASTIC_TIMER_FILE"
     sleep 60 ;;
 esac
 sleep 2
