@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/line_reader.h"
+
 extern char** environ;
 
 // A Python process running tests/interop/torch_store_peer.py with Debian's
@@ -109,7 +111,7 @@ class TorchPeer {
 
   // Everything the peer printed so far.
   const std::string& transcript() const {
-    return transcript_;
+    return out_.transcript();
   }
 
   // Reads lines until one starts with prefix and returns the rest of it.
@@ -176,8 +178,8 @@ class TorchPeer {
   // timeout.
   int wait_exit(milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!eof_) {
-      if (!read_line(deadline) && !eof_) {
+    while (!out_.eof()) {
+      if (!read_line(deadline) && !out_.eof()) {
         fail("did not exit within " + std::to_string(timeout.count()) + " ms");
       }
     }
@@ -186,8 +188,7 @@ class TorchPeer {
     if (pidfd.get() < 0) {
       fail("pidfd_open failed: " + std::string(std::strerror(errno)));
     }
-    pollfd p{.fd = pidfd.get(), .events = POLLIN, .revents = 0};
-    if (poll_until(p, deadline) <= 0) {
+    if (!poll_readable(pidfd.get(), deadline)) {
       fail("closed its output but did not exit in time");
     }
     int st = 0;
@@ -214,6 +215,7 @@ class TorchPeer {
     stdin_ = Fd(in[1]);
     Fd out_write(out[1]);
     stdout_ = Fd(out[0]);
+    out_.reset(stdout_.get());
     // A test that dies between writes must not be killed by SIGPIPE.
     ::signal(SIGPIPE, SIG_IGN);
 
@@ -238,67 +240,24 @@ class TorchPeer {
     }
   }
 
-  static int poll_until(
-      pollfd& p, std::chrono::steady_clock::time_point deadline) {
-    for (;;) {
-      auto left = std::chrono::duration_cast<milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      int r =
-          ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-      if (r < 0 && errno == EINTR) {
-        continue;
-      }
-      return r;
-    }
-  }
-
-  // The next whole line, or nullopt at EOF (eof_ set) or the deadline.
+  // The next whole line, or nullopt at EOF (eof() set) or the deadline.
   std::optional<std::string> read_line(
       std::chrono::steady_clock::time_point deadline) {
-    for (;;) {
-      auto nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      if (eof_) {
-        return std::nullopt;
-      }
-      pollfd p{.fd = stdout_.get(), .events = POLLIN, .revents = 0};
-      if (poll_until(p, deadline) <= 0) {
-        return std::nullopt;
-      }
-      char buf[65536];
-      ssize_t n = ::read(stdout_.get(), buf, sizeof buf);
-      if (n < 0 && errno == EINTR) {
-        continue;
-      }
-      if (n <= 0) {
-        eof_ = true;
-        if (!buffer_.empty()) {
-          std::string line = std::exchange(buffer_, "");
-          return line;
-        }
-        return std::nullopt;
-      }
-      buffer_.append(buf, static_cast<size_t>(n));
-      transcript_.append(buf, static_cast<size_t>(n));
-    }
+    return out_.read_line(deadline);
   }
 
   [[noreturn]] void fail(const std::string& what) const {
     std::string msg = "torch peer `" + name_ + "` (pid " +
                       std::to_string(pid_) + "): " + what;
-    if (transcript_.find("NOTORCH") != std::string::npos) {
+    if (out_.transcript().find("NOTORCH") != std::string::npos) {
       msg +=
           "\n" + std::string(kSystemPython) +
           " cannot import torch: install python3-torch (scripts/setup.sh does)";
     }
     std::string shown =
-        transcript_.size() > 16384
-            ? "..." + transcript_.substr(transcript_.size() - 16384)
-            : transcript_;
+        out_.transcript().size() > 16384
+            ? "..." + out_.transcript().substr(out_.transcript().size() - 16384)
+            : out_.transcript();
     throw std::runtime_error(
         msg + "\n--- it printed ---\n" + shown + "--- end ---");
   }
@@ -307,10 +266,8 @@ class TorchPeer {
   pid_t pid_ = -1;
   Fd stdin_;
   Fd stdout_;
-  std::string buffer_;
-  std::string transcript_;
+  LineReader out_;
   std::string torch_version_;
-  bool eof_ = false;
   std::optional<int> status_;
 };
 

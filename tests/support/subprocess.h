@@ -16,6 +16,8 @@
 
 // A child process for tests: argv exec'd with its stdout on a pipe, read line
 // by line with a deadline; killed and reaped when the object goes away.
+#include "support/line_reader.h"
+
 extern char** environ;
 
 namespace tide::test {
@@ -77,6 +79,7 @@ class Subprocess {
     }
     ::close(out[1]);
     out_ = out[0];
+    out_reader_.reset(out_);
   }
   ~Subprocess() {
     if (pid_ > 0 && !status_) {
@@ -97,38 +100,15 @@ class Subprocess {
 
   // The next line of the child's stdout, or nullopt on EOF or timeout.
   std::optional<std::string> read_line(std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      auto nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      pollfd p{.fd = out_, .events = POLLIN, .revents = 0};
-      if (left.count() <= 0 ||
-          ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
-        return std::nullopt;
-      }
-      char buf[4096];
-      ssize_t n = ::read(out_, buf, sizeof buf);
-      if (n <= 0) {
-        return std::nullopt;
-      }
-      buffer_.append(buf, static_cast<size_t>(n));
-    }
+    return out_reader_.read_line(timeout);
   }
 
   // Everything the child writes until it closes its output (or timeout).
   std::string read_all(std::chrono::milliseconds timeout) {
     std::string all;
-    while (auto line = read_line(timeout)) {
+    while (auto line = out_reader_.read_line(timeout)) {
       all += *line + "\n";
     }
-    all += buffer_;
-    buffer_.clear();
     return all;
   }
 
@@ -161,7 +141,7 @@ class Subprocess {
  private:
   pid_t pid_ = -1;
   int out_ = -1;
-  std::string buffer_;
+  LineReader out_reader_;
   std::optional<int> status_;
 };
 
