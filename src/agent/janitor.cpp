@@ -119,8 +119,12 @@ void Janitor::tell(int value) {
   } while (n < 0 && errno == EINTR);
 }
 
-void Janitor::watch(pid_t pgid) {
-  tell(pgid);
+void Janitor::watch_self_from_child() const {
+  int value = ::getpid();
+  ssize_t n = 0;
+  do {
+    n = ::send(fd_, &value, sizeof value, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
 }
 
 void Janitor::forget(pid_t pgid) {

@@ -3,10 +3,10 @@
 #include <sys/types.h>
 
 // The janitor: a small process forked when an agent starts, which outlives
-// it. The agent tells it each worker's process group as it starts and ends;
-// when the agent dies, however it dies (SIGKILL included), its end of a pipe
-// closes and the janitor kills the process groups still listed, so neither
-// workers nor their children survive the agent. A worker's own
+// it. Each worker registers its process group as it starts, the agent forgets
+// it as it ends; when the agent dies, however it dies (SIGKILL included), its
+// end of a pipe closes and the janitor kills the process groups still listed,
+// so neither workers nor their children survive the agent. A worker's own
 // PR_SET_PDEATHSIG covers the worker; the janitor covers what it started.
 namespace tide::agent::detail {
 
@@ -21,8 +21,12 @@ class Janitor {
   Janitor& operator=(const Janitor&) = delete;
 
   // Best effort: a janitor that is gone cannot be told.
-  void watch(pid_t pgid);
   void forget(pid_t pgid);
+
+  // Called in a freshly forked worker, before it runs anything: registers
+  // the worker's own process group, so no child of the worker can exist
+  // before the janitor knows the group. Async-signal-safe.
+  void watch_self_from_child() const;
 
  private:
   void tell(int value);

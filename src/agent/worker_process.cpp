@@ -52,6 +52,7 @@ int open_log(const std::string& path) {
 
 // Child side of fork(): async-signal-safe calls only until exec.
 [[noreturn]] void child_exec_or_run(
+    const Janitor& janitor,
     pid_t parent,
     int out_fd,
     int err_fd,
@@ -59,6 +60,9 @@ int open_log(const std::string& path) {
     char* const* argv,
     char* const* envp) {
   ::setsid();
+  // Registered here rather than by the parent after fork(): the parent may
+  // not run again before this worker has started children of its own.
+  janitor.watch_self_from_child();
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) {
     ::_exit(1);  // The agent died before we could arm the death signal.
@@ -282,10 +286,15 @@ WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
   }
   if (pid_ == 0) {
     child_exec_or_run(
-        parent, child_fds[0], child_fds[1], spec, argv.data(), envp.data());
+        *janitor_,
+        parent,
+        child_fds[0],
+        child_fds[1],
+        spec,
+        argv.data(),
+        envp.data());
   }
   close_child_fds();
-  janitor_->watch(pid_);
   pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   if (pidfd_ < 0) {
     int err = errno;
