@@ -354,6 +354,11 @@ void LocalElasticAgent::Impl::start_workers() {
   }
 
   processes.clear();
+  // Recorded before the first worker runs: anything a worker makes visible
+  // (a line of output, a store key) happens after the agent's state says
+  // this group is running.
+  metrics::put_metric(metric("remaining_restarts"), self.remaining_restarts_);
+  set_state(WorkerState::kHealthy);
   for (const Worker& w : group.workers) {
     detail::LaunchSpec ls;
     ls.local_rank = w.local_rank;
@@ -414,8 +419,10 @@ void LocalElasticAgent::Impl::start_workers() {
   if (timer_server) {
     timer_server->clear_timers(old_pids);
   }
-  set_state(WorkerState::kHealthy);
-  metrics::put_metric(metric("remaining_restarts"), self.remaining_restarts_);
+  {
+    std::lock_guard lock(status_mutex);
+    status.workers = group.workers;  // now with their pids
+  }
   for (const Worker& w : group.workers) {
     worker_event(w, "HEALTHY");
   }
