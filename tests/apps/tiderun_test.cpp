@@ -1,6 +1,7 @@
 // tiderun as a user runs it: flags, exit codes, the failure summary, signals
 // and what is left in the process table afterwards.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <filesystem>
@@ -139,24 +140,47 @@ TEST_F(TiderunTest, TeePrefixesConsoleLinesAndTheFilterHidesOtherRanks) {
 }
 
 TEST_F(TiderunTest, TwentyStandaloneJobsAtOnceNeverCollide) {
-  auto s = script("w.sh", "echo port=$MASTER_PORT");
+  // All twenty run at the same time: each worker reports its port, then
+  // waits on its own FIFO until every job has reported (a finished job's
+  // port could otherwise be handed to a later one).
+  constexpr int kJobs = 20;
+  auto s =
+      script("w.sh", "echo port=$MASTER_PORT\nread line < \"$GO.$LOCAL_RANK\"");
   std::vector<std::unique_ptr<Subprocess>> jobs;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < kJobs; ++i) {
+    std::string go = (dir_ / ("go" + std::to_string(i))).string();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(::mkfifo((go + "." + std::to_string(r)).c_str(), 0600), 0);
+    }
     jobs.push_back(std::make_unique<Subprocess>(
         tiderun({"--standalone", "--nproc-per-node=2", s}),
-        test::SubprocessOptions{.merge_stderr = true}));
+        test::SubprocessOptions{.env = {{"GO", go}}, .merge_stderr = true}));
   }
   std::set<std::string> ports;
+  for (auto& job : jobs) {
+    std::string seen;
+    while (auto line = job->read_line(60s)) {
+      seen += *line + "\n";
+      if (line->rfind("port=", 0) == 0) {
+        ports.insert(*line);
+        break;
+      }
+    }
+    ASSERT_NE(seen.find("port="), std::string::npos) << seen;
+  }
+  EXPECT_EQ(ports.size(), static_cast<size_t>(kJobs));
+  for (int i = 0; i < kJobs; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      std::ofstream(dir_ / ("go" + std::to_string(i) + "." + std::to_string(r)))
+          << "go\n";
+    }
+  }
   for (auto& job : jobs) {
     std::string out = job->read_all(60s);
     auto status = job->wait(30s);
     ASSERT_TRUE(status.has_value());
     EXPECT_EQ(exit_code(*status), 0) << out;
-    auto at = out.find("port=");
-    ASSERT_NE(at, std::string::npos) << out;
-    ports.insert(out.substr(at, out.find('\n', at) - at));
   }
-  EXPECT_EQ(ports.size(), 20u);
 }
 
 // A worker that reports the signal it gets and leaves a grandchild behind.
