@@ -11,7 +11,9 @@ packages=(
   # libraries
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus-cpp-dev libcivetweb-dev
+  prometheus-cpp-dev libcivetweb-dev libcurl4-openssl-dev
+  # the etcd rendezvous backend's tests and benchmark start their own etcd
+  etcd-server etcd-client
   # the peer: PyTorch 1.13.1 for interop tests and benchmarks
   python3 python3-torch
   # tools the tests use

@@ -235,8 +235,7 @@ void LocalElasticAgent::Impl::assign_ranks() {
   // per attempt so a restart never reads the last attempt's answer.
   const WorkerSpec& spec = self.spec_;
   store::Store& st = *rdzv.store;
-  std::string base = "torchelastic/" + std::to_string(restart_count) + "." +
-                     std::to_string(incarnation) + "/";
+  std::string base = "torchelastic/round" + std::to_string(rdzv.round) + "/";
   int n = rdzv.world_size;
   int first_rank = 0;
   int world = spec.local_world_size;

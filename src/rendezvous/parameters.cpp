@@ -3,7 +3,10 @@
 #include <charconv>
 #include <cmath>
 
+#include "tide/common/logging.h"
 #include "tide/rendezvous/rendezvous_handler.h"
+
+#include "rendezvous/conf_keys.h"
 
 namespace tide::rendezvous {
 
@@ -67,6 +70,32 @@ std::chrono::milliseconds RendezvousParameters::get_as_seconds(
   }
   return std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(s * 1000)));
+}
+
+}  // namespace tide::rendezvous
+
+namespace tide::rendezvous {
+
+void warn_unknown_conf_keys(
+    const RendezvousParameters& params,
+    std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : params.config) {
+    bool found = false;
+    std::string list;
+    for (const char* k : known) {
+      found = found || key == k;
+      list += (list.empty() ? "" : ", ") + std::string(k);
+    }
+    if (!found) {
+      TIDE_LOG_WARN(
+          "--rdzv-conf {}={} is not a setting of the {} rendezvous and is "
+          "ignored (known: {})",
+          key,
+          value,
+          params.backend,
+          list);
+    }
+  }
 }
 
 }  // namespace tide::rendezvous

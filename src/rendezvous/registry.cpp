@@ -1,5 +1,6 @@
 #include "tide/rendezvous/registry.h"
 
+#include "tide/rendezvous/dynamic_rendezvous.h"
 #include "tide/rendezvous/static_rendezvous.h"
 
 namespace tide::rendezvous {
@@ -53,6 +54,7 @@ void register_builtins(HandlerRegistry& registry) {
   registry.add("static", [](const RendezvousParameters& p) {
     return std::make_unique<StaticRendezvousHandler>(p);
   });
+  registry.add("c10d", make_c10d_handler);
 }
 
 }  // namespace

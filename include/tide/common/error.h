@@ -48,6 +48,25 @@ class RendezvousClosedError : public RendezvousError {
   using RendezvousError::RendezvousError;
 };
 
+// A round did not complete in time (join_timeout).
+class RendezvousTimeoutError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
+// The rendezvous' store or server cannot be reached.
+class RendezvousConnectionError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
+// The shared rendezvous state is malformed (another program, another
+// version) and cannot be used.
+class RendezvousStateError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 // Thrown on a remote peer; the message carries its type and text.
 class RemoteError : public Error {
  public:

@@ -30,8 +30,12 @@ struct RendezvousInfo {
   // This agent's rank among the round's agents, and their number.
   int rank = 0;
   int world_size = 0;
-  // Workers attach to this store (TORCHELASTIC_USE_AGENT_STORE=True).
+  // Where workers find their store: the agent's own when
+  // use_agent_store(), else the address rank 0's agent picked.
   BootstrapStoreInfo bootstrap;
+  // Names the round; the same on every agent of it, so the agents' keys in
+  // `store` (rank assignment) never mix with another round's.
+  int64_t round = 0;
 };
 
 // The configuration a backend is made from (torch's RendezvousParameters):

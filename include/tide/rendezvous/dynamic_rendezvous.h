@@ -1,0 +1,204 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tide/rendezvous/rendezvous_handler.h"
+#include "tide/store/store.h"
+
+// The dynamic rendezvous (torch's DynamicRendezvousHandler): nodes join and
+// leave between rounds, a round completes once enough nodes are in, and
+// survivors notice a dead node by its missing heartbeats. The state machine
+// is here; where the shared state lives is a RendezvousBackend (tide's
+// store for "c10d", etcd for "etcd", or a user's own).
+//
+// How a round forms (docs/rendezvous.md has the details):
+//  - a node reads the job's state record (round number, closed flag) and
+//    joins that round: it gets the next arrival index, 1, 2, 3 ...
+//  - the arrival that brings the count to min_nodes opens the last call;
+//    every waiting node then closes the round after last_call_timeout, or
+//    the arrival that reaches max_nodes closes it at once. The first close
+//    fixes the round's size K (first writer wins); arrivals 1..K are in,
+//    with rank = arrival - 1.
+//  - an arrival past K joins the next round, which makes every running
+//    node's num_nodes_waiting() > 0, so their agents restart and join it
+//    too. When the round was full (K == max_nodes) the node instead waits
+//    as a hot spare until the next round opens, and triggers nothing.
+//  - every participant heartbeats and watches the next participant in
+//    arrival order; one silent for keep_alive_interval x
+//    keep_alive_max_attempt counts as lost, and num_nodes_waiting() > 0
+//    makes the agent restart into a round without it.
+namespace tide::rendezvous {
+
+using std::chrono::milliseconds;
+
+// Who a node is (torch's _NodeDesc): address, process and a per-process
+// counter, so one process may hold several handlers. Printed addr_pid_id.
+struct NodeDesc {
+  std::string addr;
+  int64_t pid = 0;
+  int64_t local_id = 0;
+
+  std::string to_string() const;
+  // This process's next descriptor (local_id counts up).
+  static NodeDesc make(const std::string& addr);
+};
+
+// --rdzv-conf keys of the dynamic rendezvous, with torch's defaults.
+struct DynamicRendezvousSettings {
+  std::string run_id;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  milliseconds join_timeout{600'000};
+  milliseconds last_call_timeout{30'000};
+  milliseconds close_timeout{30'000};
+  milliseconds keep_alive_interval{5'000};
+  int keep_alive_max_attempt = 3;
+
+  // join_timeout, last_call_timeout, close_timeout, keep_alive_interval,
+  // keep_alive_max_attempt; InvalidArgument names a bad value.
+  static DynamicRendezvousSettings from(const RendezvousParameters& params);
+  // How long a silent node is given before it counts as lost.
+  milliseconds lost_after() const {
+    return keep_alive_interval * keep_alive_max_attempt;
+  }
+};
+
+// One participant's background view of a round: its own heartbeat, its
+// neighbour's, the job's state record and the next round's arrivals. Runs
+// on its own connection, on the keep-alive thread only.
+class RoundMonitor {
+ public:
+  virtual ~RoundMonitor() = default;
+  // Shows this node alive. Throws (NetworkError, TimeoutError) when the
+  // backend cannot be reached.
+  virtual void beat() = 0;
+  // Whether the participant with this arrival index shows signs of life
+  // (a store heartbeat seen to move within lost_after, an etcd lease that
+  // has not expired). Called once per keep_alive_interval per neighbour.
+  virtual bool alive(int64_t index) = 0;
+  // Whether that participant left for good (it finished).
+  virtual bool has_left(int64_t index) = 0;
+  // The job's state record, or nullopt when absent.
+  virtual std::optional<std::string> state() = 0;
+  // Waits up to timeout for the next round's first arrival; returns the
+  // number of arrivals then (0 at timeout).
+  virtual int64_t wait_next_round(milliseconds timeout) = 0;
+};
+
+// Where the shared state lives. The handler calls it from the agent's
+// thread; monitor() connections are used from the keep-alive thread.
+//
+// Every value the handler writes is JSON with a schema field; the backend
+// only stores and compares strings.
+class RendezvousBackend {
+ public:
+  virtual ~RendezvousBackend() = default;
+  virtual std::string name() const = 0;
+
+  // The job's state record, nullopt when absent.
+  virtual std::optional<std::string> get_state() = 0;
+  // Sets the record to desired when it holds expected (nullopt: absent).
+  // Returns the record after the call (desired when it won).
+  virtual std::string compare_set_state(
+      const std::optional<std::string>& expected,
+      const std::string& desired) = 0;
+
+  // Adds node (its JSON) to round's arrivals; returns its arrival index,
+  // from 1, unique and without gaps, in the order of arrival.
+  virtual int64_t join(int64_t round, const std::string& node) = 0;
+  // The number of arrivals in round so far.
+  virtual int64_t arrivals(int64_t round) = 0;
+  // Waits up to timeout for round's first arrival; returns the number of
+  // arrivals then (0 at timeout).
+  virtual int64_t wait_arrivals(int64_t round, milliseconds timeout) = 0;
+  // A round's write-once values ("last_call", "size", "master"): sets name
+  // unless it is set; returns the value it holds after the call.
+  virtual std::string set_once(
+      int64_t round, const std::string& name, const std::string& value) = 0;
+  // A write-once value, or nullopt when it is not set.
+  virtual std::optional<std::string> get_value(
+      int64_t round, const std::string& name) = 0;
+  // Waits up to timeout for a write-once value; nullopt at timeout.
+  virtual std::optional<std::string> wait_value(
+      int64_t round, const std::string& name, milliseconds timeout) = 0;
+  // Marks arrival index of round as gone for good (it finished).
+  virtual void leave(int64_t round, int64_t index) = 0;
+
+  // A new connection watching round as participant index.
+  virtual std::unique_ptr<RoundMonitor> monitor(
+      int64_t round, int64_t index, const DynamicRendezvousSettings& s) = 0;
+  // The store the round's agents share (rank assignment, exit barrier).
+  virtual std::shared_ptr<store::Store> round_store(int64_t round) = 0;
+};
+
+// The dynamic handler over any backend. Thread safe: num_nodes_waiting()
+// and is_closed() may be called while another thread is in
+// next_rendezvous().
+class DynamicRendezvousHandler final : public RendezvousHandler {
+ public:
+  DynamicRendezvousHandler(
+      std::string backend_name,
+      std::unique_ptr<RendezvousBackend> backend,
+      DynamicRendezvousSettings settings,
+      NodeDesc self);
+  ~DynamicRendezvousHandler() override;
+
+  std::string get_backend() const override {
+    return backend_name_;
+  }
+  // Throws RendezvousClosedError (job closed), RendezvousTimeoutError (no
+  // round within join_timeout), RendezvousConnectionError (backend gone),
+  // RendezvousStateError (a malformed record).
+  RendezvousInfo next_rendezvous() override;
+  bool is_closed() override;
+  void set_closed() override;
+  // Nodes waiting in the next round plus neighbours lost from this one
+  // (0 or 1). Never blocks on the network: the keep-alive thread keeps
+  // both current. Throws RendezvousConnectionError when that thread lost
+  // the backend, RendezvousClosedError when another node closed the job.
+  int num_nodes_waiting() override;
+  std::string get_run_id() const override {
+    return settings_.run_id;
+  }
+  // Leaves the round for good and closes the job (torch's rule: an agent
+  // that finishes, or fails for good, ends the rendezvous for everyone).
+  bool shutdown() override;
+  // Workers host their own store at the address rank 0's agent published
+  // (torch 1.13's rule for c10d and etcd).
+  bool use_agent_store() const override {
+    return false;
+  }
+
+  const NodeDesc& node() const {
+    return self_;
+  }
+
+ private:
+  struct Impl;
+  std::string backend_name_;
+  DynamicRendezvousSettings settings_;
+  NodeDesc self_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The c10d backend over any tide Store (HashStore in one process, a
+// TcpStore across hosts). connect() opens one more connection to the same
+// store, for a keep-alive thread. Keys live under "tide.rdzv/<run_id>/".
+std::unique_ptr<RendezvousBackend> make_store_backend(
+    std::shared_ptr<store::Store> store,
+    std::function<std::shared_ptr<store::Store>()> connect,
+    const std::string& run_id);
+
+// The backends the registry knows as "c10d" and "etcd" (made from tiderun's
+// flags: --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf).
+std::unique_ptr<RendezvousHandler> make_c10d_handler(
+    const RendezvousParameters& params);
+std::unique_ptr<RendezvousHandler> make_etcd_handler(
+    const RendezvousParameters& params);
+
+}  // namespace tide::rendezvous

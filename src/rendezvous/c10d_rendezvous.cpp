@@ -1,0 +1,353 @@
+// The "c10d" backend: the dynamic rendezvous over a tide Store. One agent
+// hosts a TcpStore at --rdzv-endpoint; every agent is a client of it.
+
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <unistd.h>
+
+#include <map>
+
+#include "tide/common/host.h"
+#include "tide/common/logging.h"
+#include "tide/rendezvous/dynamic_rendezvous.h"
+#include "tide/rendezvous/static_rendezvous.h"
+#include "tide/store/prefix_store.h"
+#include "tide/store/tcp_store.h"
+
+#include "rendezvous/conf_keys.h"
+
+namespace tide::rendezvous {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Keys, all under "tide.rdzv/<run_id>/":
+//   state                the job record (JSON, compare-and-set)
+//   r<R>/count           arrivals of round R (add)
+//   r<R>/node/<i>        arrival i's descriptor (JSON)
+//   r<R>/v/<name>        write-once values: last_call, size, master
+//   r<R>/hb/<i>          arrival i's heartbeat counter
+//   r<R>/left/<i>        arrival i finished
+//   r<R>/agents/...      the round's store for the agents
+class StoreKeys {
+ public:
+  explicit StoreKeys(const std::string& run_id)
+      : base_("tide.rdzv/" + run_id + "/") {}
+  std::string state() const {
+    return base_ + "state";
+  }
+  std::string round(int64_t r, const std::string& rest) const {
+    return base_ + "r" + std::to_string(r) + "/" + rest;
+  }
+  std::string count(int64_t r) const {
+    return round(r, "count");
+  }
+  std::string node(int64_t r, int64_t i) const {
+    return round(r, "node/" + std::to_string(i));
+  }
+  std::string value(int64_t r, const std::string& name) const {
+    return round(r, "v/" + name);
+  }
+  std::string heartbeat(int64_t r, int64_t i) const {
+    return round(r, "hb/" + std::to_string(i));
+  }
+  std::string left(int64_t r, int64_t i) const {
+    return round(r, "left/" + std::to_string(i));
+  }
+
+ private:
+  std::string base_;
+};
+
+// store.wait with a timeout, as a bool.
+bool wait_for(store::Store& s, const std::string& key, milliseconds timeout) {
+  try {
+    s.wait({key}, timeout);
+    return true;
+  } catch (const TimeoutError&) {
+    return false;
+  }
+}
+
+class StoreRoundMonitor final : public RoundMonitor {
+ public:
+  StoreRoundMonitor(
+      std::shared_ptr<store::Store> store,
+      StoreKeys keys,
+      int64_t round,
+      int64_t index,
+      milliseconds lost_after)
+      : store_(std::move(store)),
+        keys_(std::move(keys)),
+        round_(round),
+        index_(index),
+        lost_after_(lost_after) {}
+
+  void beat() override {
+    store_->add(keys_.heartbeat(round_, index_), 1);
+  }
+
+  bool alive(int64_t index) override {
+    // Clock-free: a heartbeat counter seen to move is alive; one standing
+    // still for lost_after (on this node's clock) is not.
+    int64_t beats = store_->add(keys_.heartbeat(round_, index), 0);
+    auto now = Clock::now();
+    auto [it, fresh] = seen_.try_emplace(index, Seen{beats, now});
+    if (fresh || it->second.beats != beats) {
+      it->second = Seen{beats, now};
+      return true;
+    }
+    return now - it->second.at < lost_after_;
+  }
+
+  bool has_left(int64_t index) override {
+    return store_->check({keys_.left(round_, index)});
+  }
+
+  std::optional<std::string> state() override {
+    if (!store_->check({keys_.state()})) {
+      return std::nullopt;
+    }
+    return store_->get(keys_.state());
+  }
+
+  int64_t wait_next_round(milliseconds timeout) override {
+    if (!wait_for(*store_, keys_.node(round_ + 1, 1), timeout)) {
+      return 0;
+    }
+    return store_->add(keys_.count(round_ + 1), 0);
+  }
+
+ private:
+  struct Seen {
+    int64_t beats;
+    Clock::time_point at;
+  };
+  std::shared_ptr<store::Store> store_;
+  StoreKeys keys_;
+  int64_t round_;
+  int64_t index_;
+  milliseconds lost_after_;
+  std::map<int64_t, Seen> seen_;
+};
+
+class StoreBackend final : public RendezvousBackend {
+ public:
+  StoreBackend(
+      std::shared_ptr<store::Store> store,
+      std::function<std::shared_ptr<store::Store>()> connect,
+      const std::string& run_id)
+      : store_(std::move(store)),
+        connect_(std::move(connect)),
+        keys_(run_id),
+        run_id_(run_id) {}
+
+  std::string name() const override {
+    return "c10d";
+  }
+
+  std::optional<std::string> get_state() override {
+    if (!store_->check({keys_.state()})) {
+      return std::nullopt;
+    }
+    return store_->get(keys_.state());
+  }
+
+  std::string compare_set_state(
+      const std::optional<std::string>& expected,
+      const std::string& desired) override {
+    // Store::compare_set: an empty expected value means "absent"; a record
+    // is never empty.
+    return store_->compare_set(
+        keys_.state(), expected.value_or(std::string()), desired);
+  }
+
+  int64_t join(int64_t round, const std::string& node) override {
+    int64_t i = store_->add(keys_.count(round), 1);
+    store_->set(keys_.node(round, i), node);
+    return i;
+  }
+
+  int64_t arrivals(int64_t round) override {
+    return store_->add(keys_.count(round), 0);
+  }
+
+  int64_t wait_arrivals(int64_t round, milliseconds timeout) override {
+    if (!wait_for(*store_, keys_.node(round, 1), timeout)) {
+      return 0;
+    }
+    return arrivals(round);
+  }
+
+  std::string set_once(
+      int64_t round,
+      const std::string& name,
+      const std::string& value) override {
+    return store_->compare_set(keys_.value(round, name), "", value);
+  }
+
+  std::optional<std::string> get_value(
+      int64_t round, const std::string& name) override {
+    std::string key = keys_.value(round, name);
+    if (!store_->check({key})) {
+      return std::nullopt;
+    }
+    return store_->get(key);
+  }
+
+  std::optional<std::string> wait_value(
+      int64_t round, const std::string& name, milliseconds timeout) override {
+    std::string key = keys_.value(round, name);
+    if (!wait_for(*store_, key, timeout)) {
+      return std::nullopt;
+    }
+    return store_->get(key);
+  }
+
+  void leave(int64_t round, int64_t index) override {
+    store_->set(keys_.left(round, index), "1");
+  }
+
+  std::unique_ptr<RoundMonitor> monitor(
+      int64_t round,
+      int64_t index,
+      const DynamicRendezvousSettings& s) override {
+    return std::make_unique<StoreRoundMonitor>(
+        connect_(), keys_, round, index, s.lost_after());
+  }
+
+  std::shared_ptr<store::Store> round_store(int64_t round) override {
+    return std::make_shared<store::PrefixStore>(
+        keys_.round(round, "agents"), store_);
+  }
+
+ private:
+  std::shared_ptr<store::Store> store_;
+  std::function<std::shared_ptr<store::Store>()> connect_;
+  StoreKeys keys_;
+  std::string run_id_;
+};
+
+// Whether host names this machine (torch's _matches_machine_hostname):
+// loopback, the host name, its FQDN, or an address of a local interface.
+bool is_this_machine(const std::string& host) {
+  if (host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1") {
+    return true;
+  }
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0 && host == name) {
+    return true;
+  }
+  if (host == fqdn()) {
+    return true;
+  }
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) {
+    return false;
+  }
+  bool found = false;
+  for (ifaddrs* i = ifs; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_addr->sa_family != AF_INET &&
+                                   i->ifa_addr->sa_family != AF_INET6)) {
+      continue;
+    }
+    char text[NI_MAXHOST] = {};
+    socklen_t len = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in)
+                                                      : sizeof(sockaddr_in6);
+    if (::getnameinfo(
+            i->ifa_addr, len, text, sizeof text, nullptr, 0, NI_NUMERICHOST) ==
+        0) {
+      found = host == text;
+    }
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+}  // namespace
+
+std::unique_ptr<RendezvousBackend> make_store_backend(
+    std::shared_ptr<store::Store> store,
+    std::function<std::shared_ptr<store::Store>()> connect,
+    const std::string& run_id) {
+  return std::make_unique<StoreBackend>(
+      std::move(store), std::move(connect), run_id);
+}
+
+std::unique_ptr<RendezvousHandler> make_c10d_handler(
+    const RendezvousParameters& params) {
+  warn_unknown_conf_keys(
+      params,
+      {"join_timeout",
+       "last_call_timeout",
+       "close_timeout",
+       "keep_alive_interval",
+       "keep_alive_max_attempt",
+       "read_timeout",
+       "is_host"});
+  DynamicRendezvousSettings settings = DynamicRendezvousSettings::from(params);
+  if (params.endpoint.empty()) {
+    throw InvalidArgument(
+        "the c10d rendezvous needs --rdzv-endpoint=HOST[:PORT] (the agent on "
+        "HOST hosts the store)");
+  }
+  auto [host, port] = parse_endpoint(params.endpoint, 29400);
+  auto read_timeout =
+      params.get_as_seconds("read_timeout", std::chrono::seconds(60));
+  bool inferred = params.config.find("is_host") == params.config.end();
+  bool is_host =
+      inferred ? is_this_machine(host) : params.get_as_bool("is_host", false);
+
+  std::shared_ptr<store::TcpStore> main;
+  if (is_host) {
+    store::TcpStoreOptions opts{
+        .host = host, .port = port, .is_server = true, .timeout = read_timeout};
+    if (host.rfind("127.", 0) != 0 && host != "localhost" && host != "::1") {
+      opts.listen_host = "0.0.0.0";  // reachable from the other hosts
+    }
+    try {
+      main = std::make_shared<store::TcpStore>(opts);
+      TIDE_LOG_INFO(
+          "[rendezvous {}] this agent hosts the c10d store on port {}",
+          params.run_id,
+          main->port());
+      port = main->port();
+    } catch (const NetworkError& e) {
+      if (!inferred) {
+        throw RendezvousConnectionError(
+            "is_host=true but the c10d store cannot listen on " +
+            params.endpoint + ": " + e.what());
+      }
+      // Another agent on this machine hosts it already.
+      TIDE_LOG_INFO(
+          "[rendezvous {}] {} is taken; using the store there as a client",
+          params.run_id,
+          params.endpoint);
+    }
+  }
+  if (!main) {
+    try {
+      main = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+          .host = host, .port = port, .timeout = read_timeout});
+    } catch (const Error& e) {
+      throw RendezvousConnectionError(
+          "cannot reach the c10d rendezvous store at " + params.endpoint +
+          ": " + e.what());
+    }
+  }
+  // The keep-alive thread's connection: its calls fail within one interval
+  // once the host is gone, so its loss is seen within lost_after.
+  auto connect = [host = host, port, timeout = settings.keep_alive_interval] {
+    return std::make_shared<store::TcpStore>(
+        store::TcpStoreOptions{.host = host, .port = port, .timeout = timeout});
+  };
+  std::string addr = params.local_addr.empty() ? fqdn() : params.local_addr;
+  return std::make_unique<DynamicRendezvousHandler>(
+      "c10d",
+      make_store_backend(main, connect, params.run_id),
+      settings,
+      NodeDesc::make(addr));
+}
+
+}  // namespace tide::rendezvous

@@ -1,0 +1,717 @@
+#include "tide/rendezvous/dynamic_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tide/common/host.h"
+#include "tide/common/logging.h"
+#include "tide/events/events.h"
+
+namespace tide::rendezvous {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr const char* kStateSchema = "tide.rendezvous/1";
+
+int64_t ms(milliseconds d) {
+  return d.count();
+}
+
+// The job's record: which round forms now and whether the job is over.
+struct JobState {
+  int64_t round = 0;
+  bool closed = false;
+};
+
+std::string encode_state(const std::string& run_id, const JobState& s) {
+  return json{
+      {"schema", kStateSchema},
+      {"run_id", run_id},
+      {"round", s.round},
+      {"closed", s.closed}}
+      .dump();
+}
+
+JobState decode_state(const std::string& run_id, const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return RendezvousStateError(
+        "the rendezvous record of run \"" + run_id +
+        "\" is not usable: " + why + " (record: " + text.substr(0, 200) +
+        "); another program or tide version may use this run id; pick "
+        "another --rdzv-id");
+  };
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    throw bad("not a JSON object");
+  }
+  if (j.value("schema", "") != kStateSchema) {
+    throw bad(std::string("schema is not \"") + kStateSchema + "\"");
+  }
+  if (j.value("run_id", "") != run_id) {
+    throw bad("it belongs to another run");
+  }
+  auto round = j.find("round");
+  auto closed = j.find("closed");
+  if (round == j.end() || !round->is_number_integer() ||
+      round->get<int64_t>() < 0) {
+    throw bad("\"round\" is not a non-negative integer");
+  }
+  if (closed == j.end() || !closed->is_boolean()) {
+    throw bad("\"closed\" is not a boolean");
+  }
+  return JobState{
+      .round = round->get<int64_t>(), .closed = closed->get<bool>()};
+}
+
+// A round's size, written once by whoever closes the round.
+std::string encode_size(int64_t size, const NodeDesc& by) {
+  return json{{"size", size}, {"closed_by", by.to_string()}}.dump();
+}
+
+int64_t decode_size(int64_t round, const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("size") || !j["size"].is_number_integer() ||
+      j["size"].get<int64_t>() < 1) {
+    throw RendezvousStateError(
+        "round " + std::to_string(round) +
+        " has a malformed size record: " + text.substr(0, 200));
+  }
+  return j["size"].get<int64_t>();
+}
+
+BootstrapStoreInfo decode_master(int64_t round, const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() ||
+      !j.contains("port") || !j["port"].is_number_unsigned() ||
+      j["port"].get<uint64_t>() == 0 || j["port"].get<uint64_t>() > 65535) {
+    throw RendezvousStateError(
+        "round " + std::to_string(round) +
+        " has a malformed master record: " + text.substr(0, 200));
+  }
+  return BootstrapStoreInfo{
+      .master_addr = j["addr"].get<std::string>(),
+      .master_port = static_cast<uint16_t>(j["port"].get<uint64_t>())};
+}
+
+// A port nobody listens on now, for rank 0's worker to host its store (the
+// same choice torch's agent makes for MASTER_PORT).
+uint16_t pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    throw NetworkError("socket(): cannot pick a free port");
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw NetworkError("bind(): cannot pick a free port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+std::string NodeDesc::to_string() const {
+  return addr + "_" + std::to_string(pid) + "_" + std::to_string(local_id);
+}
+
+NodeDesc NodeDesc::make(const std::string& addr) {
+  static std::atomic<int64_t> next{0};
+  return NodeDesc{.addr = addr, .pid = ::getpid(), .local_id = next++};
+}
+
+DynamicRendezvousSettings DynamicRendezvousSettings::from(
+    const RendezvousParameters& p) {
+  DynamicRendezvousSettings s;
+  s.run_id = p.run_id;
+  s.min_nodes = p.min_nodes;
+  s.max_nodes = p.max_nodes;
+  s.join_timeout = p.get_as_seconds("join_timeout", s.join_timeout);
+  s.last_call_timeout =
+      p.get_as_seconds("last_call_timeout", s.last_call_timeout);
+  s.close_timeout = p.get_as_seconds("close_timeout", s.close_timeout);
+  s.keep_alive_interval =
+      p.get_as_seconds("keep_alive_interval", s.keep_alive_interval);
+  s.keep_alive_max_attempt = static_cast<int>(
+      p.get_as_int("keep_alive_max_attempt", s.keep_alive_max_attempt));
+  if (s.min_nodes < 1 || s.max_nodes < s.min_nodes) {
+    throw InvalidArgument(
+        "--nnodes " + std::to_string(s.min_nodes) + ":" +
+        std::to_string(s.max_nodes) + ": need 1 <= min_nodes <= max_nodes");
+  }
+  if (s.run_id.empty()) {
+    throw InvalidArgument("the dynamic rendezvous needs a run id (--rdzv-id)");
+  }
+  if (s.keep_alive_interval.count() <= 0 || s.keep_alive_max_attempt < 1) {
+    throw InvalidArgument(
+        "keep_alive_interval must be > 0 and keep_alive_max_attempt >= 1");
+  }
+  if (s.join_timeout.count() <= 0) {
+    throw InvalidArgument("join_timeout must be > 0");
+  }
+  return s;
+}
+
+// The keep-alive thread's state. Shared with the thread, so the thread may
+// outlive the handler (it is detached at shutdown and ends by itself within
+// one keep-alive interval).
+struct Watch {
+  DynamicRendezvousSettings settings;
+  std::string node;
+  int64_t round = 0;
+  int64_t index = 0;
+  int64_t size = 0;
+  std::unique_ptr<RoundMonitor> monitor;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+
+  std::atomic<int64_t> waiting{0};
+  std::atomic<int64_t> lost{0};  // arrival index of a lost neighbour
+  std::atomic<bool> closed{false};
+  std::mutex error_mutex;
+  std::string unreachable;  // set once the backend is gone
+
+  void run();
+  void check_neighbour(int64_t& peer);
+  int64_t next_peer(int64_t after) const {
+    return after % size + 1;
+  }
+};
+
+void Watch::check_neighbour(int64_t& peer) {
+  // Walks the ring past neighbours that finished; a silent one that did not
+  // finish is lost.
+  for (int64_t seen = 0; peer != index && seen < size; ++seen) {
+    if (monitor->alive(peer)) {
+      return;
+    }
+    if (!monitor->has_left(peer)) {
+      if (lost.exchange(peer) == 0) {
+        TIDE_LOG_WARN(
+            "[rendezvous] round {}: node at arrival {} sent no heartbeat for "
+            "{} ms; it is lost, restarting into a round without it",
+            round,
+            peer,
+            ms(settings.lost_after()));
+        if (events::enabled()) {
+          events::record_rdzv_event(events::RdzvEvent{
+              .name = "DynamicRendezvousHandler.node_evicted",
+              .run_id = settings.run_id,
+              .message = "arrival " + std::to_string(peer) + " of round " +
+                         std::to_string(round) + " lost (no heartbeat for " +
+                         std::to_string(ms(settings.lost_after())) + " ms)",
+              .hostname = fqdn(),
+              .pid = ::getpid(),
+              .node_state = events::NodeState::kRunning,
+              .rank = static_cast<int>(index - 1),
+              .local_id = node,
+          });
+        }
+      }
+      return;
+    }
+    peer = next_peer(peer);
+  }
+}
+
+void Watch::run() {
+  int failures = 0;
+  int64_t peer = size > 1 ? next_peer(index) : index;
+  auto next_beat = Clock::now();
+  auto next_check = Clock::now() + settings.lost_after();
+  for (;;) {
+    {
+      std::lock_guard lock(mutex);
+      if (stop) {
+        return;
+      }
+    }
+    bool ok = true;
+    try {
+      if (Clock::now() >= next_beat) {
+        next_beat = Clock::now() + settings.keep_alive_interval;
+        monitor->beat();
+        if (auto text = monitor->state()) {
+          if (decode_state(settings.run_id, *text).closed) {
+            closed = true;
+          }
+        }
+        // A neighbour gets lost_after from the start of the round before
+        // its silence counts.
+        if (Clock::now() >= next_check && lost == 0 && waiting == 0) {
+          check_neighbour(peer);
+        }
+        failures = 0;
+      }
+      if (waiting == 0) {
+        auto wait =
+            std::chrono::duration_cast<milliseconds>(next_beat - Clock::now());
+        if (int64_t n =
+                monitor->wait_next_round(std::max(wait, milliseconds(1)));
+            n > 0) {
+          waiting = n;
+          TIDE_LOG_INFO(
+              "[rendezvous] {} node(s) wait in round {}; this round ({}) "
+              "ends",
+              n,
+              round + 1,
+              round);
+        }
+        continue;
+      }
+    } catch (const Error& e) {
+      ok = false;
+      if (++failures >= settings.keep_alive_max_attempt) {
+        std::lock_guard lock(error_mutex);
+        if (unreachable.empty()) {
+          unreachable = e.what();
+          TIDE_LOG_ERROR(
+              "[rendezvous] the rendezvous backend is unreachable ({} "
+              "keep-alive attempts failed): {}",
+              failures,
+              e.what());
+        }
+      }
+    }
+    std::unique_lock lock(mutex);
+    cv.wait_until(lock, next_beat, [&] { return stop; });
+    (void)ok;
+  }
+}
+
+struct DynamicRendezvousHandler::Impl {
+  DynamicRendezvousHandler& self;
+  std::unique_ptr<RendezvousBackend> backend;
+  // One next_rendezvous at a time. The backend itself is thread safe, so
+  // set_closed() and shutdown() never wait for a round to form.
+  std::mutex mutex;
+  std::atomic<int64_t> round{-1};
+  std::atomic<int64_t> index{0};
+  // The running round's watch and its thread; other threads read it
+  // through current().
+  std::mutex watch_mutex;
+  std::shared_ptr<Watch> watch;
+  std::thread watch_thread;
+
+  std::shared_ptr<Watch> current() {
+    std::lock_guard lock(watch_mutex);
+    return watch;
+  }
+  std::atomic<bool> closed{false};
+
+  JobState read_or_create_state();
+  void bump_round(int64_t completed);
+  int64_t await_size(int64_t r, int64_t arrival, Clock::time_point deadline);
+  int64_t close_round(int64_t r, int64_t size);
+  void wait_as_spare(int64_t full_round);
+  void start_watch(int64_t r, int64_t arrival, int64_t size);
+  void stop_watch(bool wait);
+  void event(
+      const std::string& message,
+      events::NodeState state,
+      std::optional<int> rank = std::nullopt);
+};
+
+void DynamicRendezvousHandler::Impl::event(
+    const std::string& message,
+    events::NodeState state,
+    std::optional<int> rank) {
+  TIDE_LOG_INFO("[rendezvous {}] {}", self.settings_.run_id, message);
+  if (!events::enabled()) {
+    return;
+  }
+  events::record_rdzv_event(events::RdzvEvent{
+      .name = "DynamicRendezvousHandler.next_rendezvous",
+      .run_id = self.settings_.run_id,
+      .message = message,
+      .hostname = fqdn(),
+      .pid = ::getpid(),
+      .node_state = state,
+      .rank = rank,
+      .local_id = self.self_.to_string(),
+  });
+}
+
+JobState DynamicRendezvousHandler::Impl::read_or_create_state() {
+  const std::string& run_id = self.settings_.run_id;
+  std::optional<std::string> text = backend->get_state();
+  if (!text) {
+    text = backend->compare_set_state(
+        std::nullopt, encode_state(run_id, JobState{}));
+  }
+  return decode_state(run_id, *text);
+}
+
+void DynamicRendezvousHandler::Impl::bump_round(int64_t completed) {
+  // Best effort: later joiners start at the next round. One who reads a
+  // stale record arrives late and moves on by itself.
+  const std::string& run_id = self.settings_.run_id;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::optional<std::string> text = backend->get_state();
+    if (!text) {
+      return;
+    }
+    JobState s = decode_state(run_id, *text);
+    if (s.closed || s.round > completed) {
+      return;
+    }
+    s.round = completed + 1;
+    std::string want = encode_state(run_id, s);
+    if (backend->compare_set_state(text, want) == want) {
+      return;
+    }
+  }
+}
+
+int64_t DynamicRendezvousHandler::Impl::close_round(int64_t r, int64_t size) {
+  std::string mine = encode_size(size, self.self_);
+  std::string held = backend->set_once(r, "size", mine);
+  if (held == mine) {
+    event(
+        "round " + std::to_string(r) + " closed with " + std::to_string(size) +
+            " node(s)",
+        events::NodeState::kRunning);
+  }
+  return decode_size(r, held);
+}
+
+int64_t DynamicRendezvousHandler::Impl::await_size(
+    int64_t r, int64_t arrival, Clock::time_point deadline) {
+  const DynamicRendezvousSettings& s = self.settings_;
+  std::optional<Clock::time_point> close_at;
+  // The slice bounds how long a wait goes without looking at the job.
+  const milliseconds slice = std::max(s.keep_alive_interval, milliseconds(100));
+  auto left = [](Clock::time_point t) {
+    return std::max(
+        std::chrono::duration_cast<milliseconds>(t - Clock::now()),
+        milliseconds(0));
+  };
+  for (;;) {
+    if (Clock::now() >= deadline) {
+      int64_t n = backend->arrivals(r);
+      throw RendezvousTimeoutError(
+          "round " + std::to_string(r) + " of run \"" + s.run_id +
+          "\" did not complete within join_timeout (" +
+          std::to_string(ms(s.join_timeout)) + " ms): " + std::to_string(n) +
+          " of at least " + std::to_string(s.min_nodes) + " node(s) arrived");
+    }
+    if (!close_at) {
+      if (backend->wait_value(
+              r, "last_call", std::min(slice, left(deadline)))) {
+        close_at = Clock::now() + s.last_call_timeout;
+        continue;
+      }
+      // Arrivals reached min_nodes but the one who did it died before
+      // opening the last call: open it ourselves.
+      if (backend->arrivals(r) >= s.min_nodes) {
+        backend->set_once(r, "last_call", json{{"opened_by", arrival}}.dump());
+      } else if (read_or_create_state().closed) {
+        throw RendezvousClosedError(
+            "the rendezvous of run \"" + s.run_id + "\" was closed");
+      }
+      continue;
+    }
+    auto until = std::min(*close_at, deadline);
+    if (auto size = backend->wait_value(r, "size", left(until))) {
+      return decode_size(r, *size);
+    }
+    if (Clock::now() >= *close_at) {
+      int64_t n = std::min<int64_t>(backend->arrivals(r), s.max_nodes);
+      return close_round(r, n);
+    }
+  }
+}
+
+void DynamicRendezvousHandler::Impl::wait_as_spare(int64_t full_round) {
+  // A hot spare (torch's redundancy list): it must not disturb the full
+  // round, so it waits until the next round opens (someone restarts) or
+  // the full round's first node is lost (then everyone will restart).
+  const DynamicRendezvousSettings& s = self.settings_;
+  event(
+      "round " + std::to_string(full_round) + " is full (" +
+          std::to_string(s.max_nodes) +
+          " nodes); waiting as a spare until the next round opens",
+      events::NodeState::kInit);
+  auto watch_first = backend->monitor(full_round, 0, s);
+  auto lost_check = Clock::now() + s.lost_after();
+  for (;;) {
+    if (watch_first->wait_next_round(s.keep_alive_interval) > 0) {
+      return;
+    }
+    if (Clock::now() >= lost_check && !watch_first->alive(1) &&
+        !watch_first->has_left(1)) {
+      return;
+    }
+    if (read_or_create_state().closed) {
+      throw RendezvousClosedError(
+          "the rendezvous of run \"" + s.run_id + "\" was closed");
+    }
+  }
+}
+
+void DynamicRendezvousHandler::Impl::start_watch(
+    int64_t r, int64_t arrival, int64_t size) {
+  auto w = std::make_shared<Watch>();
+  w->settings = self.settings_;
+  w->node = self.self_.to_string();
+  w->round = r;
+  w->index = arrival;
+  w->size = size;
+  w->monitor = backend->monitor(r, arrival, self.settings_);
+  std::lock_guard lock(watch_mutex);
+  watch = w;
+  watch_thread = std::thread([w] { w->run(); });
+}
+
+void DynamicRendezvousHandler::Impl::stop_watch(bool wait) {
+  std::shared_ptr<Watch> w;
+  std::thread t;
+  {
+    std::lock_guard lock(watch_mutex);
+    w = std::move(watch);
+    t = std::move(watch_thread);
+  }
+  if (!w) {
+    return;
+  }
+  {
+    std::lock_guard lock(w->mutex);
+    w->stop = true;
+  }
+  w->cv.notify_all();
+  if (wait) {
+    t.join();
+  } else {
+    // A wait on the backend may take up to one keep-alive interval to
+    // return; the thread owns what it uses and ends by itself.
+    t.detach();
+  }
+}
+
+DynamicRendezvousHandler::DynamicRendezvousHandler(
+    std::string backend_name,
+    std::unique_ptr<RendezvousBackend> backend,
+    DynamicRendezvousSettings settings,
+    NodeDesc self)
+    : backend_name_(std::move(backend_name)),
+      settings_(std::move(settings)),
+      self_(std::move(self)),
+      impl_(new Impl{.self = *this, .backend = std::move(backend)}) {}
+
+DynamicRendezvousHandler::~DynamicRendezvousHandler() {
+  impl_->stop_watch(false);
+}
+
+RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
+  std::lock_guard lock(impl_->mutex);
+  Impl& m = *impl_;
+  const DynamicRendezvousSettings& s = settings_;
+  auto start = Clock::now();
+  auto deadline = start + s.join_timeout;
+  int64_t r = m.round + 1;
+  try {
+    JobState state = m.read_or_create_state();
+    if (state.closed) {
+      m.stop_watch(false);
+      throw RendezvousClosedError(
+          "the rendezvous of run \"" + s.run_id +
+          "\" is closed (the job finished, or an agent failed for good)");
+    }
+    r = std::max(state.round, m.round + 1);
+    if (r > m.round + 1) {
+      // A newcomer. When the round before is full and running, it waits as a
+      // spare rather than opening a round that would restart everyone.
+      auto prev = m.backend->get_value(r - 1, "size");
+      if (prev && decode_size(r - 1, *prev) >= s.max_nodes &&
+          m.backend->arrivals(r) == 0) {
+        m.wait_as_spare(r - 1);
+      }
+    }
+    std::string node = json{
+        {"addr", self_.addr},
+        {"pid", self_.pid},
+        {"local_id",
+         self_.local_id}}.dump();
+    int64_t arrival = 0;
+    int64_t size = 0;
+    for (;;) {
+      arrival = m.backend->join(r, node);
+      // Our arrival wakes the old round's keep-alive thread if it was
+      // waiting for this round to open.
+      m.stop_watch(true);
+      m.event(
+          "joined round " + std::to_string(r) + " as arrival " +
+              std::to_string(arrival) + " (nodes " +
+              std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) +
+              ")",
+          events::NodeState::kInit);
+      if (arrival == s.min_nodes) {
+        m.backend->set_once(
+            r, "last_call", json{{"opened_by", arrival}}.dump());
+        if (s.max_nodes > s.min_nodes) {
+          m.event(
+              "round " + std::to_string(r) + ": " +
+                  std::to_string(s.min_nodes) + " node(s) in, last call for " +
+                  std::to_string(ms(s.last_call_timeout)) + " ms",
+              events::NodeState::kInit);
+        }
+      }
+      if (arrival == s.max_nodes) {
+        size = m.close_round(r, s.max_nodes);
+      } else {
+        size = m.await_size(r, arrival, deadline);
+      }
+      if (arrival <= size) {
+        break;
+      }
+      if (size >= s.max_nodes) {
+        m.wait_as_spare(r);
+        deadline = Clock::now() + s.join_timeout;
+      } else {
+        m.event(
+            "arrived after round " + std::to_string(r) + " closed at " +
+                std::to_string(size) +
+                " node(s); joining the next round (the running nodes will "
+                "restart to admit this one)",
+            events::NodeState::kInit);
+      }
+      ++r;
+    }
+    m.round = r;
+    m.index = arrival;
+    int rank = static_cast<int>(arrival - 1);
+    BootstrapStoreInfo master;
+    if (rank == 0) {
+      std::string mine =
+          json{{"addr", self_.addr}, {"port", pick_free_port()}}.dump();
+      master = decode_master(r, m.backend->set_once(r, "master", mine));
+      m.bump_round(r);
+    } else {
+      auto text = m.backend->wait_value(
+          r,
+          "master",
+          std::max(
+              std::chrono::duration_cast<milliseconds>(deadline - Clock::now()),
+              milliseconds(1)));
+      if (!text) {
+        throw RendezvousTimeoutError(
+            "round " + std::to_string(r) +
+            ": rank 0 did not publish the workers' master address within "
+            "join_timeout");
+      }
+      master = decode_master(r, *text);
+    }
+    m.start_watch(r, arrival, size);
+    m.event(
+        "round " + std::to_string(r) + " complete: rank " +
+            std::to_string(rank) + " of " + std::to_string(size) + " in " +
+            std::to_string(ms(std::chrono::duration_cast<milliseconds>(
+                Clock::now() - start))) +
+            " ms",
+        events::NodeState::kRunning,
+        rank);
+    return RendezvousInfo{
+        .store = m.backend->round_store(r),
+        .rank = rank,
+        .world_size = static_cast<int>(size),
+        .bootstrap = master,
+        .round = r,
+    };
+  } catch (const NetworkError& e) {
+    throw RendezvousConnectionError(
+        "lost the rendezvous backend in round " + std::to_string(r) + ": " +
+        e.what());
+  } catch (const RendezvousError&) {
+    throw;
+  } catch (const TimeoutError& e) {
+    throw RendezvousConnectionError(
+        "the rendezvous backend did not answer in round " + std::to_string(r) +
+        ": " + e.what());
+  }
+}
+
+bool DynamicRendezvousHandler::is_closed() {
+  if (impl_->closed) {
+    return true;
+  }
+  if (auto w = impl_->current(); w && w->closed) {
+    return true;
+  }
+  return impl_->read_or_create_state().closed;
+}
+
+void DynamicRendezvousHandler::set_closed() {
+  Impl& m = *impl_;
+  auto deadline = Clock::now() + settings_.close_timeout;
+  while (Clock::now() < deadline) {
+    std::optional<std::string> text = m.backend->get_state();
+    JobState s = text ? decode_state(settings_.run_id, *text) : JobState{};
+    if (s.closed) {
+      break;
+    }
+    s.closed = true;
+    std::string want = encode_state(settings_.run_id, s);
+    if (m.backend->compare_set_state(text, want) == want) {
+      m.event("closed the rendezvous", events::NodeState::kSucceeded);
+      break;
+    }
+  }
+  m.closed = true;
+}
+
+int DynamicRendezvousHandler::num_nodes_waiting() {
+  std::shared_ptr<Watch> w = impl_->current();
+  if (!w) {
+    return 0;
+  }
+  {
+    std::lock_guard lock(w->error_mutex);
+    if (!w->unreachable.empty()) {
+      throw RendezvousConnectionError(
+          "lost the rendezvous backend of run \"" + settings_.run_id +
+          "\": " + w->unreachable);
+    }
+  }
+  if (w->closed) {
+    throw RendezvousClosedError(
+        "another node closed the rendezvous of run \"" + settings_.run_id +
+        "\" (it finished, or failed for good)");
+  }
+  return static_cast<int>(w->waiting + (w->lost != 0 ? 1 : 0));
+}
+
+bool DynamicRendezvousHandler::shutdown() {
+  try {
+    if (impl_->round >= 0) {
+      impl_->backend->leave(impl_->round, impl_->index);
+    }
+    impl_->stop_watch(false);
+    set_closed();
+    return true;
+  } catch (const Error& e) {
+    TIDE_LOG_WARN(
+        "[rendezvous {}] shutdown failed: {}", settings_.run_id, e.what());
+    return false;
+  }
+}
+
+}  // namespace tide::rendezvous
