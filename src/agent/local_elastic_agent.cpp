@@ -944,10 +944,25 @@ RunResult LocalElasticAgent::Impl::run() {
     }
     if (Clock::now() >= next_membership_check) {
       next_membership_check = Clock::now() + spec.monitor_interval;
-      if (int waiting = spec.rdzv_handler->num_nodes_waiting(); waiting > 0) {
+      int waiting = 0;
+      try {
+        waiting = spec.rdzv_handler->num_nodes_waiting();
+      } catch (const RendezvousError& e) {
+        // The backend is gone or another node ended the job: this node's
+        // workers cannot go on.
+        TIDE_LOG_ERROR(
+            "[{}] rendezvous: {}; stopping workers", spec.role, e.what());
+        stop_workers(SIGTERM, spec.shutdown_grace);
+        for (const Worker& w : group.workers) {
+          worker_event(w, "TERMINATED");
+        }
+        set_state(WorkerState::kFailed);
+        throw;
+      }
+      if (waiting > 0) {
         TIDE_LOG_INFO(
-            "[{}] {} nodes wait to join; restarting the group to admit them "
-            "(not counted as a restart)",
+            "[{}] membership changed ({} node(s) waiting or lost); restarting "
+            "the group (not counted as a restart)",
             spec.role,
             waiting);
         stop_workers(SIGTERM, spec.shutdown_grace);
@@ -956,7 +971,7 @@ RunResult LocalElasticAgent::Impl::run() {
         }
         agent_event(
             "restart",
-            {{"reason", std::string("nodes waiting to join")},
+            {{"reason", std::string("membership changed")},
              {"nodes_waiting", int64_t{waiting}}});
         check_stop();
         initialize_workers();

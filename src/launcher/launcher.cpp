@@ -63,6 +63,11 @@ LaunchResult launch(
     out.result = agent.run();
   } catch (const agent::SignalException& e) {
     out.stopped_by_signal = e.signal();
+  } catch (const RendezvousError&) {
+    // The job ended elsewhere or the backend is gone: leave (bounded), so
+    // an agent hosting the store is not kept waiting for this one.
+    handler->shutdown();
+    throw;
   }
   if (out.stopped_by_signal == 0) {
     handler->shutdown();

@@ -137,11 +137,13 @@ class StoreBackend final : public RendezvousBackend {
   StoreBackend(
       std::shared_ptr<store::Store> store,
       std::function<std::shared_ptr<store::Store>()> connect,
-      const std::string& run_id)
+      const std::string& run_id,
+      bool hosting)
       : store_(std::move(store)),
         connect_(std::move(connect)),
         keys_(run_id),
-        run_id_(run_id) {}
+        run_id_(run_id),
+        hosting_(hosting) {}
 
   std::string name() const override {
     return "c10d";
@@ -205,8 +207,25 @@ class StoreBackend final : public RendezvousBackend {
     return store_->get(key);
   }
 
-  void leave(int64_t round, int64_t index) override {
+  void leave(
+      int64_t round,
+      int64_t index,
+      int64_t size,
+      const DynamicRendezvousSettings& s) override {
+    store_->set_timeout(std::min(store_->timeout(), s.lost_after()));
     store_->set(keys_.left(round, index), "1");
+    if (store_->add(keys_.round(round, "left_count"), 1) >= size) {
+      store_->set(keys_.round(round, "all_left"), "1");
+    }
+    if (hosting_ &&
+        !wait_for(*store_, keys_.round(round, "all_left"), s.close_timeout)) {
+      TIDE_LOG_WARN(
+          "[rendezvous {}] not every node left round {} within "
+          "close_timeout ({} ms); stopping the c10d store anyway",
+          run_id_,
+          round,
+          s.close_timeout.count());
+    }
   }
 
   std::unique_ptr<RoundMonitor> monitor(
@@ -227,6 +246,7 @@ class StoreBackend final : public RendezvousBackend {
   std::function<std::shared_ptr<store::Store>()> connect_;
   StoreKeys keys_;
   std::string run_id_;
+  bool hosting_;
 };
 
 // Whether host names this machine (torch's _matches_machine_hostname):
@@ -270,9 +290,10 @@ bool is_this_machine(const std::string& host) {
 std::unique_ptr<RendezvousBackend> make_store_backend(
     std::shared_ptr<store::Store> store,
     std::function<std::shared_ptr<store::Store>()> connect,
-    const std::string& run_id) {
+    const std::string& run_id,
+    bool hosting) {
   return std::make_unique<StoreBackend>(
-      std::move(store), std::move(connect), run_id);
+      std::move(store), std::move(connect), run_id, hosting);
 }
 
 std::unique_ptr<RendezvousHandler> make_c10d_handler(
@@ -300,6 +321,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
       inferred ? is_this_machine(host) : params.get_as_bool("is_host", false);
 
   std::shared_ptr<store::TcpStore> main;
+  bool hosting = false;
   if (is_host) {
     store::TcpStoreOptions opts{
         .host = host, .port = port, .is_server = true, .timeout = read_timeout};
@@ -313,6 +335,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
           params.run_id,
           main->port());
       port = main->port();
+      hosting = true;
     } catch (const NetworkError& e) {
       if (!inferred) {
         throw RendezvousConnectionError(
@@ -345,7 +368,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
   std::string addr = params.local_addr.empty() ? fqdn() : params.local_addr;
   return std::make_unique<DynamicRendezvousHandler>(
       "c10d",
-      make_store_backend(main, connect, params.run_id),
+      make_store_backend(main, connect, params.run_id, hosting),
       settings,
       NodeDesc::make(addr));
 }

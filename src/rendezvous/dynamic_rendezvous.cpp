@@ -306,6 +306,7 @@ struct DynamicRendezvousHandler::Impl {
   std::mutex mutex;
   std::atomic<int64_t> round{-1};
   std::atomic<int64_t> index{0};
+  std::atomic<int64_t> size{0};
   // The running round's watch and its thread; other threads read it
   // through current().
   std::mutex watch_mutex;
@@ -598,6 +599,7 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
     }
     m.round = r;
     m.index = arrival;
+    m.size = size;
     int rank = static_cast<int>(arrival - 1);
     BootstrapStoreInfo master;
     if (rank == 0) {
@@ -701,11 +703,21 @@ int DynamicRendezvousHandler::num_nodes_waiting() {
 
 bool DynamicRendezvousHandler::shutdown() {
   try {
-    if (impl_->round >= 0) {
-      impl_->backend->leave(impl_->round, impl_->index);
+    bool gone = false;
+    if (auto w = impl_->current()) {
+      std::lock_guard lock(w->error_mutex);
+      gone = !w->unreachable.empty();
     }
     impl_->stop_watch(false);
+    if (gone) {
+      return false;  // nothing to tell a backend that is gone
+    }
+    // Closing first tells the others to stop, so they leave too and an
+    // agent hosting the store does not wait for them in vain.
     set_closed();
+    if (impl_->round >= 0) {
+      impl_->backend->leave(impl_->round, impl_->index, impl_->size, settings_);
+    }
     return true;
   } catch (const Error& e) {
     TIDE_LOG_WARN(

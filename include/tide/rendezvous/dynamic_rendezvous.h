@@ -126,8 +126,16 @@ class RendezvousBackend {
   // Waits up to timeout for a write-once value; nullopt at timeout.
   virtual std::optional<std::string> wait_value(
       int64_t round, const std::string& name, milliseconds timeout) = 0;
-  // Marks arrival index of round as gone for good (it finished).
-  virtual void leave(int64_t round, int64_t index) = 0;
+  // Marks arrival index of round (of size participants) as gone for good,
+  // at the end of the job; calls from here on fail within lost_after once
+  // the backend is gone. A backend whose server lives in this process keeps
+  // it up until every participant left, for at most close_timeout, so the
+  // others can finish their exit barrier.
+  virtual void leave(
+      int64_t round,
+      int64_t index,
+      int64_t size,
+      const DynamicRendezvousSettings& s) = 0;
 
   // A new connection watching round as participant index.
   virtual std::unique_ptr<RoundMonitor> monitor(
@@ -189,10 +197,12 @@ class DynamicRendezvousHandler final : public RendezvousHandler {
 // The c10d backend over any tide Store (HashStore in one process, a
 // TcpStore across hosts). connect() opens one more connection to the same
 // store, for a keep-alive thread. Keys live under "tide.rdzv/<run_id>/".
+// hosting: the store's server lives in this process (see leave()).
 std::unique_ptr<RendezvousBackend> make_store_backend(
     std::shared_ptr<store::Store> store,
     std::function<std::shared_ptr<store::Store>()> connect,
-    const std::string& run_id);
+    const std::string& run_id,
+    bool hosting = false);
 
 // The backends the registry knows as "c10d" and "etcd" (made from tiderun's
 // flags: --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf).

@@ -1,0 +1,300 @@
+// Several tiderun agents on this machine forming one job through a dynamic
+// rendezvous: fault tolerance, elastic shrink and growth, the store host's
+// death. Each agent is a real tiderun process; the workers are shell
+// scripts that print their environment and run until told to stop.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "support/process_checks.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+namespace tide {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using test::Subprocess;
+namespace fs = std::filesystem;
+
+uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// What every worker start printed: "start RANK=r WORLD_SIZE=w".
+struct Start {
+  std::string agent;
+  int rank;
+  int world_size;
+};
+
+// The output of every agent, collected by one reader thread per agent.
+class Cluster {
+ public:
+  explicit Cluster(fs::path dir) : dir_(std::move(dir)) {}
+  ~Cluster() {
+    agents_.clear();  // kills what is left; the readers then see EOF
+    for (auto& t : readers_) {
+      t.join();
+    }
+  }
+
+  void start(const std::string& name, std::vector<std::string> args) {
+    args.insert(
+        args.begin(),
+        {TIDERUN_BIN, "--log-dir", (dir_ / ("logs-" + name)).string()});
+    auto p = std::make_unique<Subprocess>(
+        args, test::SubprocessOptions{.merge_stderr = true});
+    Subprocess* raw = p.get();
+    agents_[name] = std::move(p);
+    readers_.emplace_back([this, raw, name] {
+      while (auto line = raw->read_line(120s)) {
+        std::lock_guard lock(mutex_);
+        log_ += name + "| " + *line + "\n";
+        static const std::regex start(R"(start RANK=(\d+) WORLD_SIZE=(\d+))");
+        std::smatch m;
+        if (std::regex_search(*line, m, start)) {
+          starts_.push_back(
+              Start{name, std::stoi(m[1].str()), std::stoi(m[2].str())});
+        }
+        lines_.push_back(name + "| " + *line);
+        cv_.notify_all();
+      }
+    });
+  }
+
+  Subprocess& agent(const std::string& name) {
+    return *agents_.at(name);
+  }
+
+  // Waits until `count` worker starts after the first `from` have world size
+  // `world`; returns them.
+  std::vector<Start> wait_starts(
+      size_t from, int world, size_t count, std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    std::vector<Start> found;
+    cv_.wait_for(lock, limit, [&] {
+      found.clear();
+      for (size_t i = from; i < starts_.size(); ++i) {
+        if (starts_[i].world_size == world) {
+          found.push_back(starts_[i]);
+        }
+      }
+      return found.size() >= count;
+    });
+    return found;
+  }
+
+  bool wait_line(const std::string& needle, std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, limit, [&] {
+      for (const auto& l : lines_) {
+        if (l.find(needle) != std::string::npos) {
+          return true;
+        }
+      }
+      return false;
+    });
+  }
+
+  size_t starts() {
+    std::lock_guard lock(mutex_);
+    return starts_.size();
+  }
+
+  std::string log() {
+    std::lock_guard lock(mutex_);
+    return log_;
+  }
+
+ private:
+  fs::path dir_;
+  std::map<std::string, std::unique_ptr<Subprocess>> agents_;
+  std::vector<std::thread> readers_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Start> starts_;
+  std::vector<std::string> lines_;
+  std::string log_;
+};
+
+void expect_ranks(const std::vector<Start>& starts, int world) {
+  std::set<int> ranks;
+  for (const auto& s : starts) {
+    ranks.insert(s.rank);
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(world));
+  if (!ranks.empty()) {
+    EXPECT_EQ(*ranks.begin(), 0);
+    EXPECT_EQ(*ranks.rbegin(), world - 1);
+  }
+}
+
+int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class MultiNodeTest : public ::testing::Test {
+ protected:
+  // A worker printing its place, then running until the stop file exists
+  // (or failing once when fail_rank is its rank).
+  std::string worker(int fail_rank = -1) {
+    fs::path p = dir_ / "worker.sh";
+    std::ofstream(p)
+        << "#!/bin/sh\n"
+        << "echo \"start RANK=$RANK WORLD_SIZE=$WORLD_SIZE pid=$$\"\n"
+        << "if [ \"$RANK\" = \"" << fail_rank << "\" ] && [ ! -e "
+        << (dir_ / "failed") << " ]; then touch " << (dir_ / "failed")
+        << "; exit 3; fi\n"
+        << "while [ ! -e " << stop_file() << " ]; do sleep 0.05; done\n";
+    fs::permissions(p, fs::perms::owner_all);
+    return p.string();
+  }
+
+  std::string stop_file() const {
+    return (dir_ / "stop").string();
+  }
+
+  std::vector<std::string> agent_args(
+      const std::string& nnodes,
+      const std::string& script,
+      std::vector<std::string> extra = {}) {
+    std::vector<std::string> a{
+        "--nnodes=" + nnodes,
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:" + std::to_string(port_),
+        "--rdzv-id=job",
+        "--rdzv-conf=last_call_timeout=1,keep_alive_interval=0.2,"
+        "keep_alive_max_attempt=3,join_timeout=60",
+        "--monitor-interval=0.05",
+        "--local-addr=127.0.0.1",
+    };
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back(script);
+    return a;
+  }
+
+  void stop_all(Cluster& c, const std::vector<std::string>& names) {
+    std::ofstream(stop_file()) << "";
+    for (const auto& n : names) {
+      auto status = c.agent(n).wait(30s);
+      ASSERT_TRUE(status.has_value()) << n << "\n" << c.log();
+      EXPECT_EQ(exit_code(*status), 0) << n << "\n" << c.log();
+    }
+  }
+
+  test::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
+  const uint16_t port_ = free_port();
+};
+
+TEST_F(MultiNodeTest, AFailedWorkerRestartsEveryNodeAndTheJobSucceeds) {
+  Cluster c(dir_);
+  auto w = worker(/*fail_rank=*/1);
+  c.start("a", agent_args("2", w, {"--max-restarts=1"}));
+  c.start("b", agent_args("2", w, {"--max-restarts=1"}));
+  // The first round, then rank 1 fails once and both nodes start again.
+  auto first = c.wait_starts(0, 2, 2, 60s);
+  ASSERT_EQ(first.size(), 2u) << c.log();
+  auto again = c.wait_starts(2, 2, 2, 60s);
+  ASSERT_EQ(again.size(), 2u) << c.log();
+  expect_ranks(again, 2);
+  stop_all(c, {"a", "b"});
+}
+
+TEST_F(MultiNodeTest, ElasticJobShrinksWhenANodeIsKilledAndGrowsBack) {
+  Cluster c(dir_);
+  auto w = worker();
+  // Membership changes cost no restarts: --max-restarts=0 throughout.
+  c.start("a", agent_args("2:4", w, {"--max-restarts=0"}));
+  ASSERT_TRUE(c.wait_line("hosts the c10d store", 30s)) << c.log();
+  c.start("b", agent_args("2:4", w, {"--max-restarts=0"}));
+  c.start("c", agent_args("2:4", w, {"--max-restarts=0"}));
+  auto three = c.wait_starts(0, 3, 3, 60s);
+  ASSERT_EQ(three.size(), 3u) << c.log();
+  expect_ranks(three, 3);
+
+  // SIGKILL node c's agent: its worker dies with it, no goodbye.
+  size_t before = c.starts();
+  auto killed = Clock::now();
+  c.agent("c").signal(SIGKILL);
+  auto two = c.wait_starts(before, 2, 2, 60s);
+  auto running_again = Clock::now() - killed;
+  ASSERT_EQ(two.size(), 2u) << c.log();
+  expect_ranks(two, 2);
+  for (const auto& s : two) {
+    EXPECT_NE(s.agent, "c");
+  }
+  // Detection (keep_alive_interval 0.2 s x 3 attempts) plus the new
+  // round's last call (1 s), with room for a loaded machine.
+  EXPECT_LT(running_again, 0.6s + 1s + 3s) << c.log();
+  std::printf(
+      "survivors running at world size 2 %.0f ms after the SIGKILL\n",
+      std::chrono::duration<double, std::milli>(running_again).count());
+
+  // A new node joins: everyone restarts into a round of three.
+  before = c.starts();
+  c.start("d", agent_args("2:4", w, {"--max-restarts=0"}));
+  auto back = c.wait_starts(before, 3, 3, 60s);
+  ASSERT_EQ(back.size(), 3u) << c.log();
+  expect_ranks(back, 3);
+  stop_all(c, {"a", "b", "d"});
+}
+
+TEST_F(MultiNodeTest, TheStoreHostsDeathIsAFastReportedFailureElsewhere) {
+  Cluster c(dir_);
+  auto w = worker();
+  c.start("host", agent_args("2", w));
+  ASSERT_TRUE(c.wait_line("hosts the c10d store", 30s)) << c.log();
+  c.start("b", agent_args("2", w));
+  ASSERT_EQ(c.wait_starts(0, 2, 2, 60s).size(), 2u) << c.log();
+  auto killed = Clock::now();
+  c.agent("host").signal(SIGKILL);
+  auto status = c.agent("b").wait(30s);
+  auto took = Clock::now() - killed;
+  ASSERT_TRUE(status.has_value()) << c.log();
+  EXPECT_EQ(exit_code(*status), 1) << c.log();
+  EXPECT_LT(took, 0.6s + 5s) << c.log();
+  EXPECT_TRUE(c.wait_line("b| tiderun: lost the rendezvous backend", 5s))
+      << c.log();
+}
+
+TEST_F(MultiNodeTest, ANodeFailingForGoodEndsTheJobOnEveryNode) {
+  Cluster c(dir_);
+  auto w = worker(/*fail_rank=*/0);
+  c.start("a", agent_args("2", w, {"--max-restarts=0"}));
+  c.start("b", agent_args("2", w, {"--max-restarts=0"}));
+  for (const char* n : {"a", "b"}) {
+    auto status = c.agent(n).wait(30s);
+    ASSERT_TRUE(status.has_value()) << n << "\n" << c.log();
+    EXPECT_EQ(exit_code(*status), 1) << n << "\n" << c.log();
+  }
+  EXPECT_TRUE(c.wait_line("closed the rendezvous", 1s)) << c.log();
+}
+
+}  // namespace
+}  // namespace tide
