@@ -26,6 +26,7 @@
 #include "tide/launcher/health_server.h"
 #include "tide/launcher/launcher.h"
 #include "tide/metrics/metrics.h"
+#include "tide/rendezvous/registry.h"
 #include "tide/store/tcp_store.h"
 
 namespace {
@@ -219,6 +220,7 @@ struct Flags {
   std::string metrics;
   std::string events;
   std::string health_port;
+  std::string rdzv_plugins;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -317,6 +319,11 @@ void add_flags(CLI::App& app, Flags& f) {
       f.rdzv_conf,
       "PET_RDZV_CONF",
       "rendezvous settings, KEY=VALUE,...");
+  opt("--rdzv-plugin,--rdzv_plugin",
+      f.rdzv_plugins,
+      "TIDE_RDZV_PLUGINS",
+      "shared libraries adding rendezvous backends, PATH[:PATH...] (each "
+      "defines tide_register_rendezvous)");
   opt("--local-addr,--local_addr",
       f.local_addr,
       "PET_LOCAL_ADDR",
@@ -512,6 +519,9 @@ int main(int argc, char** argv) {
   try {
     entrypoint = make_entrypoint(flags, app.remaining());
     config = make_config(flags);
+    for (std::string_view plugin : tide::split(flags.rdzv_plugins, ':')) {
+      tide::rendezvous::load_handler_plugin(std::string(plugin));
+    }
     for (std::string_view name : tide::split(flags.signals_to_handle, ',')) {
       signals.push_back(signal_number(std::string(name)));
     }

@@ -1,5 +1,7 @@
 #include "tide/rendezvous/registry.h"
 
+#include <dlfcn.h>
+
 #include "tide/rendezvous/dynamic_rendezvous.h"
 #include "tide/rendezvous/static_rendezvous.h"
 
@@ -66,6 +68,23 @@ HandlerRegistry& handler_registry() {
     return r;
   }();
   return *registry;
+}
+
+void load_handler_plugin(const std::string& path) {
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    throw InvalidArgument(
+        "cannot load rendezvous plugin " + path + ": " + ::dlerror());
+  }
+  auto* fn = reinterpret_cast<RegisterHandlersFn>(
+      ::dlsym(lib, "tide_register_rendezvous"));
+  if (fn == nullptr) {
+    throw InvalidArgument(
+        "rendezvous plugin " + path +
+        " does not define extern \"C\" tide_register_rendezvous");
+  }
+  // The library stays loaded: the handlers it registered live in it.
+  fn(handler_registry());
 }
 
 }  // namespace tide::rendezvous

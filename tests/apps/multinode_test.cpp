@@ -296,5 +296,52 @@ TEST_F(MultiNodeTest, ANodeFailingForGoodEndsTheJobOnEveryNode) {
   EXPECT_TRUE(c.wait_line("closed the rendezvous", 1s)) << c.log();
 }
 
+TEST_F(MultiNodeTest, AUserPluginBackendIsSelectedByName) {
+  // examples/hostlist_rendezvous.cpp, loaded through TIDE_RDZV_PLUGINS on
+  // one node and --rdzv-plugin on the other.
+  Cluster c(dir_);
+  auto w = worker();
+  std::ofstream(stop_file()) << "";
+  for (const char* addr : {"127.0.0.1", "127.0.0.2"}) {
+    std::vector<std::string> args{
+        "--rdzv-backend=hostlist",
+        "--rdzv-endpoint=127.0.0.1,127.0.0.2",
+        "--rdzv-conf=port=" + std::to_string(port_),
+        "--nnodes=2",
+        std::string("--local-addr=") + addr,
+        w};
+    if (addr == std::string("127.0.0.1")) {
+      args.insert(args.begin(), "--rdzv-plugin=" HOSTLIST_PLUGIN);
+      c.start(addr, args);
+    } else {
+      ::setenv("TIDE_RDZV_PLUGINS", HOSTLIST_PLUGIN, 1);
+      c.start(addr, args);
+      ::unsetenv("TIDE_RDZV_PLUGINS");
+    }
+  }
+  auto starts = c.wait_starts(0, 2, 2, 60s);
+  ASSERT_EQ(starts.size(), 2u) << c.log();
+  expect_ranks(starts, 2);
+  for (const char* addr : {"127.0.0.1", "127.0.0.2"}) {
+    auto status = c.agent(addr).wait(30s);
+    ASSERT_TRUE(status.has_value()) << c.log();
+    EXPECT_EQ(exit_code(*status), 0) << c.log();
+  }
+}
+
+TEST_F(MultiNodeTest, AnUnknownBackendNamesTheKnownOnesAndABadPluginIsClear) {
+  Cluster c(dir_);
+  c.start("x", {"--rdzv-backend=nope", "--rdzv-endpoint=127.0.0.1", "w"});
+  c.start("y", {"--rdzv-plugin=/nonexistent/lib.so", "w"});
+  for (const char* n : {"x", "y"}) {
+    auto status = c.agent(n).wait(30s);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(exit_code(*status), 2) << c.log();
+  }
+  EXPECT_TRUE(c.wait_line("known: static, c10d", 5s)) << c.log();
+  EXPECT_TRUE(c.wait_line("cannot load rendezvous plugin /nonexistent", 5s))
+      << c.log();
+}
+
 }  // namespace
 }  // namespace tide

@@ -33,7 +33,22 @@ class HandlerRegistry {
   std::vector<std::pair<std::string, HandlerFactory>> factories_;
 };
 
-// The process-wide registry, with the built-in backends ("static") added.
+// The process-wide registry, with the built-in backends ("static", "c10d",
+// "etcd") added.
 HandlerRegistry& handler_registry();
+
+// Loads a shared library that adds backends: it defines
+//
+//   extern "C" void tide_register_rendezvous(
+//       tide::rendezvous::HandlerRegistry& registry);
+//
+// which is called once with handler_registry(). The library resolves tide's
+// symbols from the program loading it (tiderun exports them), so it is
+// built against tide's headers without linking tide. Throws InvalidArgument
+// naming the library when it cannot be loaded or lacks the function.
+void load_handler_plugin(const std::string& path);
+
+// The C signature of tide_register_rendezvous.
+using RegisterHandlersFn = void (*)(HandlerRegistry&);
 
 }  // namespace tide::rendezvous
