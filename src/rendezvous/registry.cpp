@@ -57,6 +57,7 @@ void register_builtins(HandlerRegistry& registry) {
     return std::make_unique<StaticRendezvousHandler>(p);
   });
   registry.add("c10d", make_c10d_handler);
+  registry.add("etcd", make_etcd_handler);
 }
 
 }  // namespace

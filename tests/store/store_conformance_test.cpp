@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
+#include "tide/store/etcd_store.h"
 #include "tide/store/hash_store.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
+
+#include "support/etcd.h"
 
 namespace tide::store {
 namespace {
@@ -44,6 +47,24 @@ Backend tcp_backend(Dialect d) {
   return {host, [port, d] { return tcp_client(port, d); }};
 }
 
+// One etcd for every EtcdStore test (starting one takes about a second);
+// each test gets keys under a prefix of its own. Started by the first test
+// that needs it, on the main thread, and killed at exit.
+const test::EtcdCluster& shared_etcd() {
+  static const test::EtcdCluster cluster = test::EtcdCluster::start(1);
+  return cluster;
+}
+
+Backend etcd_backend() {
+  static std::atomic<int> next_prefix{0};
+  std::string endpoints = shared_etcd().endpoints();
+  std::string prefix = "/conformance/" + std::to_string(next_prefix++);
+  auto make = [endpoints, prefix] {
+    return std::make_shared<EtcdStore>(endpoints, prefix, 10s);
+  };
+  return {make(), make};
+}
+
 std::vector<BackendKind> backends() {
   return {
       {"HashStore",
@@ -71,6 +92,7 @@ std::vector<BackendKind> backends() {
                return std::make_shared<PrefixStore>("job", make());
              }};
        }},
+      {"EtcdStore", etcd_backend},
   };
 }
 
