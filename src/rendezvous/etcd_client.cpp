@@ -901,6 +901,22 @@ int64_t EtcdClient::put(
   return header_revision(reply, context);
 }
 
+int64_t EtcdClient::increment(std::string_view key) {
+  // A put always succeeds and bumps the key's version by one; the previous
+  // version comes back with prev_kv. No compare-and-swap, so no retries
+  // under contention.
+  std::string context;
+  json request = put_request(key, "", 0);
+  request["prev_kv"] = true;
+  json reply =
+      impl_->call(describe("increment", key), "/v3/kv/put", request, context);
+  auto prev = reply.find("prev_kv");
+  if (prev == reply.end()) {
+    return 1;
+  }
+  return parse_kv(*prev, context).version + 1;
+}
+
 int64_t EtcdClient::put_many(
     const std::vector<std::string>& keys,
     const std::vector<std::string>& values) {

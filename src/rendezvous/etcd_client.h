@@ -122,6 +122,10 @@ class EtcdClient {
   // of the write.
   int64_t put(std::string_view key, std::string_view value, int64_t lease = 0);
 
+  // Writes key and returns its version after the write: 1, 2, 3 ... for
+  // successive calls, an atomic counter without contention. A call retried
+  // on another endpoint after a timeout may have counted once already.
+  int64_t increment(std::string_view key);
   // Sets keys[i] to values[i] in transactions of up to kMaxTxnOps puts;
   // returns the revision of the last one. The sizes must match
   // (InvalidArgument).

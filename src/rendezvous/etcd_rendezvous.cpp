@@ -22,7 +22,8 @@ using etcd::RangeOptions;
 
 // Keys, all under "<etcd_prefix>/<run_id>/":
 //   state            the job record (JSON, compare-and-set)
-//   r<R>/join/<node> one per arrival; arrival index = order of creation
+//   r<R>/count       arrival counter: its version is the last index given
+//   r<R>/join/<i>    arrival i's descriptor (JSON)
 //   r<R>/v/<name>    write-once values: last_call, size, master
 //   r<R>/alive/<i>   arrival i's liveness, attached to its lease
 //   r<R>/left/<i>    arrival i finished
@@ -45,12 +46,11 @@ class EtcdKeys {
   std::string base_;
 };
 
-// Arrivals of round r so far (count only), and the revision read at.
+// Arrivals of round r so far, and the revision read at.
 std::pair<int64_t, int64_t> count_joins(
     EtcdClient& c, const EtcdKeys& keys, int64_t r) {
-  auto res =
-      c.range(keys.joins(r), RangeOptions{.prefix = true, .count_only = true});
-  return {res.count, res.revision};
+  auto res = c.range(keys.round(r, "count"));
+  return {res.kvs.empty() ? 0 : res.kvs.front().version, res.revision};
 }
 
 int64_t wait_joins(
@@ -59,7 +59,7 @@ int64_t wait_joins(
   if (n > 0) {
     return n;
   }
-  if (!c.watch(keys.joins(r), revision + 1, timeout, /*prefix=*/true)) {
+  if (!c.watch(keys.round(r, "count"), revision + 1, timeout)) {
     return 0;
   }
   return count_joins(c, keys, r).first;
@@ -183,21 +183,12 @@ class EtcdBackend final : public RendezvousBackend {
   }
 
   int64_t join(int64_t round, const std::string& node) override {
-    // The index is the number of joins created at or before ours: etcd
-    // assigns revisions in commit order, so it is unique and gap-free.
+    // The arrival index is the version of the round's counter key after
+    // our write; the node's key is for the arrivals count and for people.
     std::lock_guard lock(mutex_);
-    std::string key = keys_.joins(round) + node;
-    auto created = client_.put_if_mod_revision(key, 0, node);
-    int64_t revision =
-        created.succeeded ? created.revision : created.current->create_revision;
-    return client_
-        .range(
-            keys_.joins(round),
-            RangeOptions{
-                .prefix = true,
-                .count_only = true,
-                .max_create_revision = revision})
-        .count;
+    int64_t index = client_.increment(keys_.round(round, "count"));
+    client_.put(keys_.joins(round) + std::to_string(index), node);
+    return index;
   }
 
   int64_t arrivals(int64_t round) override {
