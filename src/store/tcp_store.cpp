@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -89,9 +90,9 @@ struct TcpStore::Connection {
   void recv(
       char* buf, size_t len, Clock::time_point deadline, const char* what) {
     while (len > 0) {
-      if (rpos < rbuf.size()) {
-        size_t n = std::min(len, rbuf.size() - rpos);
-        std::memcpy(buf, rbuf.data() + rpos, n);
+      if (rpos < rlen) {
+        size_t n = std::min(len, rlen - rpos);
+        std::memcpy(buf, rbuf.get() + rpos, n);
         rpos += n;
         buf += n;
         len -= n;
@@ -102,10 +103,12 @@ struct TcpStore::Connection {
       char* dst = buf;
       size_t room = len;
       if (len < kReadChunk) {
-        rbuf.resize(kReadChunk);
-        rpos = 0;
-        dst = rbuf.data();
-        room = rbuf.size();
+        if (!rbuf) {
+          rbuf = std::make_unique<char[]>(kReadChunk);
+        }
+        rpos = rlen = 0;
+        dst = rbuf.get();
+        room = kReadChunk;
       }
       ssize_t n = ::recv(fd, dst, room, 0);
       if (n > 0) {
@@ -113,12 +116,9 @@ struct TcpStore::Connection {
           buf += n;
           len -= static_cast<size_t>(n);
         } else {
-          rbuf.resize(static_cast<size_t>(n));
+          rlen = static_cast<size_t>(n);
         }
         continue;
-      }
-      if (dst != buf) {
-        rbuf.clear();
       }
       if (n == 0) {
         throw NetworkError(
@@ -179,9 +179,10 @@ struct TcpStore::Connection {
   const int fd;
   const std::string where;
   const Dialect dialect;
-  static constexpr size_t kReadChunk = 64 * 1024;
-  std::string rbuf;  // read ahead of the caller
+  static constexpr size_t kReadChunk = 16 * 1024;
+  std::unique_ptr<char[]> rbuf;  // read ahead of the caller: [rpos, rlen)
   size_t rpos = 0;
+  size_t rlen = 0;
 };
 
 namespace {
