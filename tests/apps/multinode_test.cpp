@@ -2,26 +2,18 @@
 // rendezvous: fault tolerance, elastic shrink and growth, the store host's
 // death. Each agent is a real tiderun process; the workers are shell
 // scripts that print their environment and run until told to stop.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <map>
-#include <mutex>
-#include <regex>
-#include <set>
-#include <thread>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "support/cluster.h"
 #include "support/process_checks.h"
-#include "support/subprocess.h"
 #include "support/temp_dir.h"
 
 namespace tide {
@@ -29,133 +21,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using test::Subprocess;
+using test::Cluster;
+using test::exit_code;
+using test::expect_ranks;
+using test::free_port;
 namespace fs = std::filesystem;
-
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// What every worker start printed: "start RANK=r WORLD_SIZE=w".
-struct Start {
-  std::string agent;
-  int rank;
-  int world_size;
-};
-
-// The output of every agent, collected by one reader thread per agent.
-class Cluster {
- public:
-  explicit Cluster(fs::path dir) : dir_(std::move(dir)) {}
-  ~Cluster() {
-    agents_.clear();  // kills what is left; the readers then see EOF
-    for (auto& t : readers_) {
-      t.join();
-    }
-  }
-
-  void start(const std::string& name, std::vector<std::string> args) {
-    args.insert(
-        args.begin(),
-        {TIDERUN_BIN, "--log-dir", (dir_ / ("logs-" + name)).string()});
-    auto p = std::make_unique<Subprocess>(
-        args, test::SubprocessOptions{.merge_stderr = true});
-    Subprocess* raw = p.get();
-    agents_[name] = std::move(p);
-    readers_.emplace_back([this, raw, name] {
-      while (auto line = raw->read_line(120s)) {
-        std::lock_guard lock(mutex_);
-        log_ += name + "| " + *line + "\n";
-        static const std::regex start(R"(start RANK=(\d+) WORLD_SIZE=(\d+))");
-        std::smatch m;
-        if (std::regex_search(*line, m, start)) {
-          starts_.push_back(
-              Start{name, std::stoi(m[1].str()), std::stoi(m[2].str())});
-        }
-        lines_.push_back(name + "| " + *line);
-        cv_.notify_all();
-      }
-    });
-  }
-
-  Subprocess& agent(const std::string& name) {
-    return *agents_.at(name);
-  }
-
-  // Waits until `count` worker starts after the first `from` have world size
-  // `world`; returns them.
-  std::vector<Start> wait_starts(
-      size_t from, int world, size_t count, std::chrono::seconds limit) {
-    std::unique_lock lock(mutex_);
-    std::vector<Start> found;
-    cv_.wait_for(lock, limit, [&] {
-      found.clear();
-      for (size_t i = from; i < starts_.size(); ++i) {
-        if (starts_[i].world_size == world) {
-          found.push_back(starts_[i]);
-        }
-      }
-      return found.size() >= count;
-    });
-    return found;
-  }
-
-  bool wait_line(const std::string& needle, std::chrono::seconds limit) {
-    std::unique_lock lock(mutex_);
-    return cv_.wait_for(lock, limit, [&] {
-      for (const auto& l : lines_) {
-        if (l.find(needle) != std::string::npos) {
-          return true;
-        }
-      }
-      return false;
-    });
-  }
-
-  size_t starts() {
-    std::lock_guard lock(mutex_);
-    return starts_.size();
-  }
-
-  std::string log() {
-    std::lock_guard lock(mutex_);
-    return log_;
-  }
-
- private:
-  fs::path dir_;
-  std::map<std::string, std::unique_ptr<Subprocess>> agents_;
-  std::vector<std::thread> readers_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<Start> starts_;
-  std::vector<std::string> lines_;
-  std::string log_;
-};
-
-void expect_ranks(const std::vector<Start>& starts, int world) {
-  std::set<int> ranks;
-  for (const auto& s : starts) {
-    ranks.insert(s.rank);
-  }
-  EXPECT_EQ(ranks.size(), static_cast<size_t>(world));
-  if (!ranks.empty()) {
-    EXPECT_EQ(*ranks.begin(), 0);
-    EXPECT_EQ(*ranks.rbegin(), world - 1);
-  }
-}
-
-int exit_code(int status) {
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 class MultiNodeTest : public ::testing::Test {
  protected:

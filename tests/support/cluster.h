@@ -1,0 +1,177 @@
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+// Several tiderun agents forming one job, for the multi-node tests (on
+// loopback in apps/multinode_test.cpp, across network namespaces in
+// apps/netns_test.cpp). Workers print "start RANK=r WORLD_SIZE=w" (and
+// optionally " MASTER_ADDR=a"); every agent's output is read line by line.
+#include "support/subprocess.h"
+
+#ifndef TIDERUN_BIN
+#error "support/cluster.h needs TIDERUN_BIN, the tiderun binary's path"
+#endif
+
+namespace tide::test {
+
+// A TCP port free on 127.0.0.1 right now (it may be taken again later).
+inline uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// What one worker start printed.
+struct Start {
+  std::string agent;
+  int rank;
+  int world_size;
+  std::string master_addr;  // empty when the worker did not print it
+};
+
+// The output of every agent, collected by one reader thread per agent.
+// Not thread safe except for the wait_*, starts() and log() calls.
+class Cluster {
+ public:
+  explicit Cluster(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  ~Cluster() {
+    agents_.clear();  // kills what is left; the readers then see EOF
+    for (auto& t : readers_) {
+      t.join();
+    }
+  }
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  // Starts `prefix... tiderun --log-dir DIR args...` as agent `name` (a
+  // name not used before: its output lines are tagged "name| "). The
+  // prefix runs tiderun elsewhere, e.g. `ip netns exec NS`; it must exec
+  // tiderun so that agent(name) signals tiderun itself.
+  void start(
+      const std::string& name,
+      std::vector<std::string> args,
+      const std::vector<std::string>& prefix = {}) {
+    args.insert(
+        args.begin(),
+        {TIDERUN_BIN, "--log-dir", (dir_ / ("logs-" + name)).string()});
+    args.insert(args.begin(), prefix.begin(), prefix.end());
+    auto p = std::make_unique<Subprocess>(
+        args, SubprocessOptions{.merge_stderr = true});
+    Subprocess* raw = p.get();
+    agents_[name] = std::move(p);
+    readers_.emplace_back([this, raw, name] {
+      using namespace std::chrono_literals;
+      while (auto line = raw->read_line(120s)) {
+        std::lock_guard lock(mutex_);
+        log_ += name + "| " + *line + "\n";
+        static const std::regex start(
+            R"(start RANK=(\d+) WORLD_SIZE=(\d+)(?: MASTER_ADDR=(\S*))?)");
+        std::smatch m;
+        if (std::regex_search(*line, m, start)) {
+          starts_.push_back(Start{
+              name, std::stoi(m[1].str()), std::stoi(m[2].str()), m[3].str()});
+        }
+        lines_.push_back(name + "| " + *line);
+        cv_.notify_all();
+      }
+    });
+  }
+
+  Subprocess& agent(const std::string& name) {
+    return *agents_.at(name);
+  }
+
+  // Waits until `count` worker starts after the first `from` have world size
+  // `world`; returns them.
+  std::vector<Start> wait_starts(
+      size_t from, int world, size_t count, std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    std::vector<Start> found;
+    cv_.wait_for(lock, limit, [&] {
+      found.clear();
+      for (size_t i = from; i < starts_.size(); ++i) {
+        if (starts_[i].world_size == world) {
+          found.push_back(starts_[i]);
+        }
+      }
+      return found.size() >= count;
+    });
+    return found;
+  }
+
+  bool wait_line(const std::string& needle, std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, limit, [&] {
+      for (const auto& l : lines_) {
+        if (l.find(needle) != std::string::npos) {
+          return true;
+        }
+      }
+      return false;
+    });
+  }
+
+  size_t starts() {
+    std::lock_guard lock(mutex_);
+    return starts_.size();
+  }
+
+  std::string log() {
+    std::lock_guard lock(mutex_);
+    return log_;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::map<std::string, std::unique_ptr<Subprocess>> agents_;
+  std::vector<std::thread> readers_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Start> starts_;
+  std::vector<std::string> lines_;
+  std::string log_;
+};
+
+// The starts' ranks are exactly 0..world-1.
+inline void expect_ranks(const std::vector<Start>& starts, int world) {
+  std::set<int> ranks;
+  for (const auto& s : starts) {
+    ranks.insert(s.rank);
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(world));
+  if (!ranks.empty()) {
+    EXPECT_EQ(*ranks.begin(), 0);
+    EXPECT_EQ(*ranks.rbegin(), world - 1);
+  }
+}
+
+// The exit code of a wait status, or -1 when the process was signalled.
+inline int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace tide::test
