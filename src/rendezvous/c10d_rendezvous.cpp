@@ -306,6 +306,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
        "keep_alive_interval",
        "keep_alive_max_attempt",
        "read_timeout",
+       "timeout",
        "is_host"});
   DynamicRendezvousSettings settings = DynamicRendezvousSettings::from(params);
   if (params.endpoint.empty()) {

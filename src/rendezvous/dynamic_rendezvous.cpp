@@ -143,7 +143,9 @@ DynamicRendezvousSettings DynamicRendezvousSettings::from(
   s.run_id = p.run_id;
   s.min_nodes = p.min_nodes;
   s.max_nodes = p.max_nodes;
-  s.join_timeout = p.get_as_seconds("join_timeout", s.join_timeout);
+  // torch's etcd backend calls the join deadline "timeout".
+  s.join_timeout = p.get_as_seconds(
+      "join_timeout", p.get_as_seconds("timeout", s.join_timeout));
   s.last_call_timeout =
       p.get_as_seconds("last_call_timeout", s.last_call_timeout);
   s.close_timeout = p.get_as_seconds("close_timeout", s.close_timeout);
@@ -237,7 +239,9 @@ void Watch::run() {
   int failures = 0;
   int64_t peer = size > 1 ? next_peer(index) : index;
   auto next_beat = Clock::now();
-  auto next_check = Clock::now() + settings.lost_after();
+  // The first check only notes the neighbour's heartbeat; from then on it
+  // has lost_after to show it moves.
+  auto next_check = Clock::now();
   for (;;) {
     {
       std::lock_guard lock(mutex);
@@ -255,8 +259,6 @@ void Watch::run() {
             closed = true;
           }
         }
-        // A neighbour gets lost_after from the start of the round before
-        // its silence counts.
         if (Clock::now() >= next_check && lost == 0 && waiting == 0) {
           check_neighbour(peer);
         }

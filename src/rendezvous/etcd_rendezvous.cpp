@@ -270,8 +270,20 @@ std::unique_ptr<RendezvousHandler> make_etcd_handler(
        "keep_alive_interval",
        "keep_alive_max_attempt",
        "read_timeout",
-       "etcd_prefix"});
+       "timeout",
+       "etcd_prefix",
+       "protocol",
+       "cacert",
+       "cert",
+       "key"});
   DynamicRendezvousSettings settings = DynamicRendezvousSettings::from(params);
+  if (params.get("protocol", "http") != "http" ||
+      !params.get("cacert").empty() || !params.get("cert").empty() ||
+      !params.get("key").empty()) {
+    throw InvalidArgument(
+        "the etcd rendezvous speaks plain http to etcd's gateway; TLS "
+        "(protocol=https, cacert, cert, key) is not supported yet");
+  }
   if (params.endpoint.empty()) {
     throw InvalidArgument(
         "the etcd rendezvous needs --rdzv-endpoint=HOST:PORT[,HOST:PORT...] "

@@ -276,6 +276,10 @@ TEST(DynamicRendezvous, SettingsReadTorchConfKeys) {
   EXPECT_EQ(s.last_call_timeout, 500ms);
   EXPECT_EQ(s.close_timeout, 7s);
   EXPECT_EQ(s.lost_after(), 8s);
+  // torch's etcd name for the join deadline.
+  p.config.erase("join_timeout");
+  p.config["timeout"] = "45";
+  EXPECT_EQ(DynamicRendezvousSettings::from(p).join_timeout, 45s);
   p.config["keep_alive_max_attempt"] = "zero";
   EXPECT_THROW(DynamicRendezvousSettings::from(p), InvalidArgument);
   p.config.erase("keep_alive_max_attempt");
