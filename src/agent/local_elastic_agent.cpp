@@ -106,6 +106,9 @@ struct LocalElasticAgent::Impl {
   }
 
   RunResult run();
+  // Throws SignalException (after stopping the workers) once a stop was
+  // requested.
+  void check_stop();
   void initialize_workers();
   void rendezvous();
   void assign_ranks();
@@ -134,7 +137,6 @@ struct LocalElasticAgent::Impl {
   WorkerGroup group;
   rendezvous::RendezvousInfo rdzv;
   int restart_count = 0;
-  int incarnation = 0;  // groups started, restarts and membership changes
   std::vector<std::unique_ptr<detail::WorkerProcess>> processes;
   std::vector<std::string> result_files;
   std::vector<std::string> error_files;
@@ -182,6 +184,7 @@ const std::string& LocalElasticAgent::run_log_dir() const {
 void LocalElasticAgent::request_stop(int sig) noexcept {
   int expected = 0;
   impl_->stop_signal.compare_exchange_strong(expected, sig);
+  spec_.rdzv_handler->interrupt();
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(impl_->wake_fd, &one, sizeof one);
 }
@@ -205,7 +208,12 @@ void LocalElasticAgent::Impl::rendezvous() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("SimpleElasticAgent._rendezvous");
   auto start = Clock::now();
-  rdzv = spec.rdzv_handler->next_rendezvous();
+  try {
+    rdzv = spec.rdzv_handler->next_rendezvous();
+  } catch (const RendezvousError&) {
+    check_stop();  // interrupted by a stop request: report the signal
+    throw;
+  }
   agent_event(
       "rendezvous",
       {{"group_rank", int64_t{rdzv.rank}},
@@ -232,7 +240,8 @@ void LocalElasticAgent::Impl::rendezvous() {
 void LocalElasticAgent::Impl::assign_ranks() {
   // torch's scheme: each node publishes (role, local_world_size); node 0
   // computes every node's first global rank and publishes them. Keys are
-  // per attempt so a restart never reads the last attempt's answer.
+  // per round: a new membership never reads an old round's answer, and a
+  // backend whose membership never changes (static) may keep round 0.
   const WorkerSpec& spec = self.spec_;
   store::Store& st = *rdzv.store;
   std::string base = "torchelastic/round" + std::to_string(rdzv.round) + "/";
@@ -329,7 +338,6 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
 void LocalElasticAgent::Impl::start_workers() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("LocalElasticAgent._start_workers");
-  ++incarnation;
   std::string dir = attempt_dir();
   result_files.assign(static_cast<size_t>(spec.local_world_size), "");
   error_files.assign(static_cast<size_t>(spec.local_world_size), "");
@@ -435,6 +443,22 @@ void LocalElasticAgent::Impl::start_workers() {
       group.workers.back().global_rank,
       group.workers.front().world_size,
       self.remaining_restarts_);
+}
+
+void LocalElasticAgent::Impl::check_stop() {
+  const WorkerSpec& spec = self.spec_;
+  if (int sig = stop_signal.load(); sig != 0) {
+    const char* name = sigabbrev_np(sig);
+    TIDE_LOG_WARN(
+        "[{}] received SIG{}; stopping workers", spec.role, name ? name : "?");
+    stop_workers(sig, spec.shutdown_grace);
+    for (const Worker& w : group.workers) {
+      worker_event(w, "TERMINATED");
+    }
+    set_state(WorkerState::kStopped);
+    throw SignalException(
+        sig, std::string("agent stopped by SIG") + (name ? name : "?"));
+  }
 }
 
 void LocalElasticAgent::Impl::initialize_workers() {
@@ -856,23 +880,6 @@ RunResult LocalElasticAgent::Impl::run() {
       spec.max_restarts,
       run_log_dir);
 
-  auto check_stop = [&] {
-    if (int sig = stop_signal.load(); sig != 0) {
-      const char* name = sigabbrev_np(sig);
-      TIDE_LOG_WARN(
-          "[{}] received SIG{}; stopping workers",
-          spec.role,
-          name ? name : "?");
-      stop_workers(sig, spec.shutdown_grace);
-      for (const Worker& w : group.workers) {
-        worker_event(w, "TERMINATED");
-      }
-      set_state(WorkerState::kStopped);
-      throw SignalException(
-          sig, std::string("agent stopped by SIG") + (name ? name : "?"));
-    }
-  };
-
   auto run_prof = metrics::profile("SimpleElasticAgent.run");
   check_stop();
   initialize_workers();
@@ -939,6 +946,13 @@ RunResult LocalElasticAgent::Impl::run() {
           "[{}] worker group failed and no restarts are left ({} allowed)",
           spec.role,
           spec.max_restarts);
+      // A node failing for good ends the job: the other nodes stop rather
+      // than wait in a collective for this one.
+      try {
+        spec.rdzv_handler->set_closed();
+      } catch (const Error& e) {
+        TIDE_LOG_WARN("[{}] closing the rendezvous: {}", spec.role, e.what());
+      }
       return RunResult{
           .state = WorkerState::kFailed, .failures = std::move(fails)};
     }

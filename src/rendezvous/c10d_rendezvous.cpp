@@ -60,6 +60,13 @@ class StoreKeys {
   std::string base_;
 };
 
+// Arrivals of round r. Reads without creating the counter: the counter's
+// existence is what waiters for a round's first arrival wait for.
+int64_t count(store::Store& s, const StoreKeys& keys, int64_t r) {
+  std::string key = keys.count(r);
+  return s.check({key}) ? std::stoll(s.get(key)) : 0;
+}
+
 // store.wait with a timeout, as a bool.
 bool wait_for(store::Store& s, const std::string& key, milliseconds timeout) {
   try {
@@ -113,10 +120,11 @@ class StoreRoundMonitor final : public RoundMonitor {
   }
 
   int64_t wait_next_round(milliseconds timeout) override {
-    if (!wait_for(*store_, keys_.node(round_ + 1, 1), timeout)) {
+    // The counter appears with the first arrival's add().
+    if (!wait_for(*store_, keys_.count(round_ + 1), timeout)) {
       return 0;
     }
-    return store_->add(keys_.count(round_ + 1), 0);
+    return count(*store_, keys_, round_ + 1);
   }
 
  private:
@@ -145,10 +153,6 @@ class StoreBackend final : public RendezvousBackend {
         run_id_(run_id),
         hosting_(hosting) {}
 
-  std::string name() const override {
-    return "c10d";
-  }
-
   std::optional<std::string> get_state() override {
     if (!store_->check({keys_.state()})) {
       return std::nullopt;
@@ -172,14 +176,7 @@ class StoreBackend final : public RendezvousBackend {
   }
 
   int64_t arrivals(int64_t round) override {
-    return store_->add(keys_.count(round), 0);
-  }
-
-  int64_t wait_arrivals(int64_t round, milliseconds timeout) override {
-    if (!wait_for(*store_, keys_.node(round, 1), timeout)) {
-      return 0;
-    }
-    return arrivals(round);
+    return count(*store_, keys_, round);
   }
 
   std::string set_once(

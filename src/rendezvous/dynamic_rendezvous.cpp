@@ -34,6 +34,9 @@ int64_t ms(milliseconds d) {
 struct JobState {
   int64_t round = 0;
   bool closed = false;
+  // Closed because an agent failed for good (running agents stop), rather
+  // than because one finished (running agents finish their work).
+  bool failed = false;
 };
 
 std::string encode_state(const std::string& run_id, const JobState& s) {
@@ -41,7 +44,8 @@ std::string encode_state(const std::string& run_id, const JobState& s) {
       {"schema", kStateSchema},
       {"run_id", run_id},
       {"round", s.round},
-      {"closed", s.closed}}
+      {"closed", s.closed},
+      {"failed", s.failed}}
       .dump();
 }
 
@@ -57,10 +61,15 @@ JobState decode_state(const std::string& run_id, const std::string& text) {
   if (!j.is_object()) {
     throw bad("not a JSON object");
   }
-  if (j.value("schema", "") != kStateSchema) {
+  auto text_field = [&](const char* name) {
+    auto it = j.find(name);
+    return it != j.end() && it->is_string() ? it->get<std::string>()
+                                            : std::string();
+  };
+  if (text_field("schema") != kStateSchema) {
     throw bad(std::string("schema is not \"") + kStateSchema + "\"");
   }
-  if (j.value("run_id", "") != run_id) {
+  if (text_field("run_id") != run_id) {
     throw bad("it belongs to another run");
   }
   auto round = j.find("round");
@@ -69,11 +78,15 @@ JobState decode_state(const std::string& run_id, const std::string& text) {
       round->get<int64_t>() < 0) {
     throw bad("\"round\" is not a non-negative integer");
   }
-  if (closed == j.end() || !closed->is_boolean()) {
-    throw bad("\"closed\" is not a boolean");
+  auto failed = j.find("failed");
+  if (closed == j.end() || !closed->is_boolean() ||
+      (failed != j.end() && !failed->is_boolean())) {
+    throw bad("\"closed\" or \"failed\" is not a boolean");
   }
   return JobState{
-      .round = round->get<int64_t>(), .closed = closed->get<bool>()};
+      .round = round->get<int64_t>(),
+      .closed = closed->get<bool>(),
+      .failed = failed != j.end() && failed->get<bool>()};
 }
 
 // A round's size, written once by whoever closes the round.
@@ -186,6 +199,7 @@ struct Watch {
   std::condition_variable cv;
   bool stop = false;
 
+  Clock::time_point started = Clock::now();
   std::atomic<int64_t> waiting{0};
   std::atomic<int64_t> lost{0};  // arrival index of a lost neighbour
   std::atomic<bool> closed{false};
@@ -201,7 +215,11 @@ struct Watch {
 
 void Watch::check_neighbour(int64_t& peer) {
   // Walks the ring past neighbours that finished; a silent one that did not
-  // finish is lost.
+  // finish is lost, once it had lost_after since this round began to show
+  // up at all (an etcd lease is granted as its keep-alive thread starts).
+  if (Clock::now() < started + settings.lost_after() && !monitor->alive(peer)) {
+    return;
+  }
   for (int64_t seen = 0; peer != index && seen < size; ++seen) {
     if (monitor->alive(peer)) {
       return;
@@ -249,13 +267,15 @@ void Watch::run() {
         return;
       }
     }
-    bool ok = true;
     try {
       if (Clock::now() >= next_beat) {
         next_beat = Clock::now() + settings.keep_alive_interval;
         monitor->beat();
         if (auto text = monitor->state()) {
-          if (decode_state(settings.run_id, *text).closed) {
+          // A job closed because an agent finished lets the others finish
+          // too; one closed by a failure stops them.
+          JobState s = decode_state(settings.run_id, *text);
+          if (s.closed && s.failed) {
             closed = true;
           }
         }
@@ -280,8 +300,7 @@ void Watch::run() {
         }
         continue;
       }
-    } catch (const Error& e) {
-      ok = false;
+    } catch (const std::exception& e) {
       if (++failures >= settings.keep_alive_max_attempt) {
         std::lock_guard lock(error_mutex);
         if (unreachable.empty()) {
@@ -296,7 +315,6 @@ void Watch::run() {
     }
     std::unique_lock lock(mutex);
     cv.wait_until(lock, next_beat, [&] { return stop; });
-    (void)ok;
   }
 }
 
@@ -309,6 +327,17 @@ struct DynamicRendezvousHandler::Impl {
   std::atomic<int64_t> round{-1};
   std::atomic<int64_t> index{0};
   std::atomic<int64_t> size{0};
+  std::atomic<bool> interrupted{false};
+
+  // Every wait is a slice of at most one keep-alive interval, so a stop
+  // request is seen within one.
+  void check_interrupt() const {
+    if (interrupted) {
+      throw RendezvousError(
+          "the rendezvous of run \"" + self.settings_.run_id +
+          "\" was interrupted (this agent is stopping)");
+    }
+  }
   // The running round's watch and its thread; other threads read it
   // through current().
   std::mutex watch_mutex;
@@ -326,6 +355,8 @@ struct DynamicRendezvousHandler::Impl {
   int64_t await_size(int64_t r, int64_t arrival, Clock::time_point deadline);
   int64_t close_round(int64_t r, int64_t size);
   void wait_as_spare(int64_t full_round);
+  // Marks the job closed (failed: running agents stop too).
+  void close(bool failed);
   void start_watch(int64_t r, int64_t arrival, int64_t size);
   void stop_watch(bool wait);
   void event(
@@ -409,6 +440,7 @@ int64_t DynamicRendezvousHandler::Impl::await_size(
         milliseconds(0));
   };
   for (;;) {
+    check_interrupt();
     if (Clock::now() >= deadline) {
       int64_t n = backend->arrivals(r);
       throw RendezvousTimeoutError(
@@ -433,7 +465,7 @@ int64_t DynamicRendezvousHandler::Impl::await_size(
       }
       continue;
     }
-    auto until = std::min(*close_at, deadline);
+    auto until = std::min({*close_at, deadline, Clock::now() + slice});
     if (auto size = backend->wait_value(r, "size", left(until))) {
       return decode_size(r, *size);
     }
@@ -457,6 +489,7 @@ void DynamicRendezvousHandler::Impl::wait_as_spare(int64_t full_round) {
   auto watch_first = backend->monitor(full_round, 0, s);
   auto lost_check = Clock::now() + s.lost_after();
   for (;;) {
+    check_interrupt();
     if (watch_first->wait_next_round(s.keep_alive_interval) > 0) {
       return;
     }
@@ -537,7 +570,8 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
       m.stop_watch(false);
       throw RendezvousClosedError(
           "the rendezvous of run \"" + s.run_id +
-          "\" is closed (the job finished, or an agent failed for good)");
+          "\" is closed (the job finished, or an agent failed for good); a "
+          "new job needs another --rdzv-id");
     }
     r = std::max(state.round, m.round + 1);
     if (r > m.round + 1) {
@@ -547,6 +581,7 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
       if (prev && decode_size(r - 1, *prev) >= s.max_nodes &&
           m.backend->arrivals(r) == 0) {
         m.wait_as_spare(r - 1);
+        deadline = Clock::now() + s.join_timeout;
       }
     }
     std::string node = json{
@@ -556,6 +591,7 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
          self_.local_id}}.dump();
     int64_t arrival = 0;
     int64_t size = 0;
+    BootstrapStoreInfo master;
     for (;;) {
       arrival = m.backend->join(r, node);
       // Our arrival wakes the old round's keep-alive thread if it was
@@ -583,10 +619,30 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
       } else {
         size = m.await_size(r, arrival, deadline);
       }
-      if (arrival <= size) {
+      if (arrival == 1) {
+        // Rank 0: its address and a free port there are the workers'
+        // MASTER_ADDR:MASTER_PORT.
+        std::string mine =
+            json{{"addr", self_.addr}, {"port", pick_free_port()}}.dump();
+        master = decode_master(r, m.backend->set_once(r, "master", mine));
+        m.bump_round(r);
         break;
       }
-      if (size >= s.max_nodes) {
+      if (arrival <= size) {
+        // Rank 0 publishes at once; silence for as long as a lost heartbeat
+        // means it died after arriving. The round cannot work without it:
+        // everyone moves on to the next one.
+        if (auto text = m.backend->wait_value(r, "master", s.lost_after())) {
+          master = decode_master(r, *text);
+          break;
+        }
+        m.event(
+            "round " + std::to_string(r) +
+                ": rank 0 did not publish the workers' address within " +
+                std::to_string(ms(s.lost_after())) +
+                " ms; it is presumed dead, joining the next round",
+            events::NodeState::kInit);
+      } else if (size >= s.max_nodes) {
         m.wait_as_spare(r);
         deadline = Clock::now() + s.join_timeout;
       } else {
@@ -603,27 +659,6 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
     m.index = arrival;
     m.size = size;
     int rank = static_cast<int>(arrival - 1);
-    BootstrapStoreInfo master;
-    if (rank == 0) {
-      std::string mine =
-          json{{"addr", self_.addr}, {"port", pick_free_port()}}.dump();
-      master = decode_master(r, m.backend->set_once(r, "master", mine));
-      m.bump_round(r);
-    } else {
-      auto text = m.backend->wait_value(
-          r,
-          "master",
-          std::max(
-              std::chrono::duration_cast<milliseconds>(deadline - Clock::now()),
-              milliseconds(1)));
-      if (!text) {
-        throw RendezvousTimeoutError(
-            "round " + std::to_string(r) +
-            ": rank 0 did not publish the workers' master address within "
-            "join_timeout");
-      }
-      master = decode_master(r, *text);
-    }
     m.start_watch(r, arrival, size);
     m.event(
         "round " + std::to_string(r) + " complete: rank " +
@@ -663,23 +698,32 @@ bool DynamicRendezvousHandler::is_closed() {
   return impl_->read_or_create_state().closed;
 }
 
-void DynamicRendezvousHandler::set_closed() {
-  Impl& m = *impl_;
-  auto deadline = Clock::now() + settings_.close_timeout;
+void DynamicRendezvousHandler::Impl::close(bool failed) {
+  const DynamicRendezvousSettings& s = self.settings_;
+  auto deadline = Clock::now() + s.close_timeout;
   while (Clock::now() < deadline) {
-    std::optional<std::string> text = m.backend->get_state();
-    JobState s = text ? decode_state(settings_.run_id, *text) : JobState{};
-    if (s.closed) {
+    std::optional<std::string> text = backend->get_state();
+    JobState job = text ? decode_state(s.run_id, *text) : JobState{};
+    if (job.closed) {
       break;
     }
-    s.closed = true;
-    std::string want = encode_state(settings_.run_id, s);
-    if (m.backend->compare_set_state(text, want) == want) {
-      m.event("closed the rendezvous", events::NodeState::kSucceeded);
+    job.closed = true;
+    job.failed = failed;
+    std::string want = encode_state(s.run_id, job);
+    if (backend->compare_set_state(text, want) == want) {
+      event(
+          failed ? "closed the rendezvous: this agent failed for good; the "
+                   "others stop"
+                 : "closed the rendezvous: this agent finished",
+          failed ? events::NodeState::kFailed : events::NodeState::kSucceeded);
       break;
     }
   }
-  m.closed = true;
+  closed = true;
+}
+
+void DynamicRendezvousHandler::set_closed() {
+  impl_->close(/*failed=*/true);
 }
 
 int DynamicRendezvousHandler::num_nodes_waiting() {
@@ -714,9 +758,10 @@ bool DynamicRendezvousHandler::shutdown() {
     if (gone) {
       return false;  // nothing to tell a backend that is gone
     }
-    // Closing first tells the others to stop, so they leave too and an
-    // agent hosting the store does not wait for them in vain.
-    set_closed();
+    // Closing first ends the job for newcomers (and, when this agent
+    // failed, already told the others to stop), so an agent hosting the
+    // store does not wait for them in vain.
+    impl_->close(/*failed=*/false);
     if (impl_->round >= 0) {
       impl_->backend->leave(impl_->round, impl_->index, impl_->size, settings_);
     }
@@ -726,6 +771,10 @@ bool DynamicRendezvousHandler::shutdown() {
         "[rendezvous {}] shutdown failed: {}", settings_.run_id, e.what());
     return false;
   }
+}
+
+void DynamicRendezvousHandler::interrupt() noexcept {
+  impl_->interrupted = true;
 }
 
 }  // namespace tide::rendezvous

@@ -160,10 +160,6 @@ class EtcdBackend final : public RendezvousBackend {
         timeout_(timeout),
         client_(endpoints_, timeout) {}
 
-  std::string name() const override {
-    return "etcd";
-  }
-
   std::optional<std::string> get_state() override {
     std::lock_guard lock(mutex_);
     auto kv = client_.get(keys_.state());
@@ -194,11 +190,6 @@ class EtcdBackend final : public RendezvousBackend {
   int64_t arrivals(int64_t round) override {
     std::lock_guard lock(mutex_);
     return count_joins(client_, keys_, round).first;
-  }
-
-  int64_t wait_arrivals(int64_t round, milliseconds timeout) override {
-    std::lock_guard lock(mutex_);
-    return wait_joins(client_, keys_, round, timeout);
   }
 
   std::string set_once(

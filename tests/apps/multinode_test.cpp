@@ -166,6 +166,19 @@ TEST_F(MultiNodeTest, ANodeFailingForGoodEndsTheJobOnEveryNode) {
   EXPECT_TRUE(c.wait_line("closed the rendezvous", 1s)) << c.log();
 }
 
+TEST_F(MultiNodeTest, ASignalStopsAnAgentWaitingForItsRound) {
+  // Alone in a 2-node job, the agent waits in the rendezvous; SIGTERM ends
+  // that wait within a keep-alive interval (0.2 s here), not join_timeout.
+  Cluster c(dir_);
+  c.start("a", agent_args("2", worker()));
+  ASSERT_TRUE(c.wait_line("joined round 0", 30s)) << c.log();
+  c.agent("a").signal(SIGTERM);
+  auto status = c.agent("a").wait(10s);
+  ASSERT_TRUE(status.has_value()) << c.log();
+  EXPECT_EQ(exit_code(*status), 1) << c.log();
+  EXPECT_TRUE(c.wait_line("stopped by SIGTERM", 5s)) << c.log();
+}
+
 TEST_F(MultiNodeTest, AUserPluginBackendIsSelectedByName) {
   // examples/hostlist_rendezvous.cpp, loaded through TIDE_RDZV_PLUGINS on
   // one node and --rdzv-plugin on the other.

@@ -227,6 +227,45 @@ TEST(DynamicRendezvous, ShutdownClosesTheJobForEveryone) {
   EXPECT_THROW(newcomer->next_rendezvous(), RendezvousClosedError);
 }
 
+TEST(DynamicRendezvous, AFinishedNodeLetsOthersFinishAFailedOneStopsThem) {
+  for (bool failed : {false, true}) {
+    Job job(2, 2, failed ? "failed" : "finished");
+    Handlers nodes;
+    nodes.push_back(job.node());
+    nodes.push_back(job.node());
+    expect_one_round(all_next(nodes), 2);
+    if (failed) {
+      nodes[0]->set_closed();
+    } else {
+      ASSERT_TRUE(nodes[0]->shutdown());
+    }
+    // Several keep-alive intervals (50 ms) for node 1 to see the record.
+    bool stopped = false;
+    for (auto until = Clock::now() + 1s; Clock::now() < until && !stopped;) {
+      try {
+        EXPECT_EQ(nodes[1]->num_nodes_waiting(), 0);
+      } catch (const RendezvousClosedError&) {
+        stopped = true;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(stopped, failed);
+    EXPECT_TRUE(nodes[1]->is_closed());
+  }
+}
+
+TEST(DynamicRendezvous, ARankZeroThatDiedAfterArrivingIsLeftBehind) {
+  Job job(2, 3);
+  // Arrival 1 of round 0 joins and dies before publishing anything.
+  job.store->add("tide.rdzv/job/r0/count", 1);
+  Handlers nodes;
+  nodes.push_back(job.node());
+  nodes.push_back(job.node());
+  auto infos = all_next(nodes);
+  expect_one_round(infos, 2);
+  EXPECT_EQ(infos[0].round, 1);
+}
+
 TEST(DynamicRendezvous, RoundThatNeverFillsTimesOut) {
   Job job(2, 2);
   job.settings.join_timeout = 300ms;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,10 +60,15 @@ class Cluster {
  public:
   explicit Cluster(std::filesystem::path dir) : dir_(std::move(dir)) {}
   ~Cluster() {
-    agents_.clear();  // kills what is left; the readers then see EOF
+    // Kill what is left and let the readers see EOF before the processes
+    // (and the pipes the readers read) go away.
+    for (auto& [name, p] : agents_) {
+      p->signal(SIGKILL);
+    }
     for (auto& t : readers_) {
       t.join();
     }
+    agents_.clear();
   }
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;

@@ -112,8 +112,11 @@ class Subprocess {
     return all;
   }
 
+  // Signals the child unless it was reaped already (its pid may be reused).
   void signal(int sig) {
-    ::kill(pid_, sig);
+    if (!status_) {
+      ::kill(pid_, sig);
+    }
   }
 
   // The wait status once the child exits within timeout, else nullopt.

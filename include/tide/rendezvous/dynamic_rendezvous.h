@@ -98,7 +98,6 @@ class RoundMonitor {
 class RendezvousBackend {
  public:
   virtual ~RendezvousBackend() = default;
-  virtual std::string name() const = 0;
 
   // The job's state record, nullopt when absent.
   virtual std::optional<std::string> get_state() = 0;
@@ -113,9 +112,6 @@ class RendezvousBackend {
   virtual int64_t join(int64_t round, const std::string& node) = 0;
   // The number of arrivals in round so far.
   virtual int64_t arrivals(int64_t round) = 0;
-  // Waits up to timeout for round's first arrival; returns the number of
-  // arrivals then (0 at timeout).
-  virtual int64_t wait_arrivals(int64_t round, milliseconds timeout) = 0;
   // A round's write-once values ("last_call", "size", "master"): sets name
   // unless it is set; returns the value it holds after the call.
   virtual std::string set_once(
@@ -181,6 +177,8 @@ class DynamicRendezvousHandler final : public RendezvousHandler {
   bool use_agent_store() const override {
     return false;
   }
+  // next_rendezvous() gives up within one keep-alive interval.
+  void interrupt() noexcept override;
 
   const NodeDesc& node() const {
     return self_;

@@ -95,6 +95,11 @@ class RendezvousHandler {
   virtual bool use_agent_store() const {
     return true;
   }
+
+  // Asks a next_rendezvous() blocked in another thread to give up soon
+  // (it throws RendezvousError); the agent calls it when asked to stop.
+  // Must be async-signal-safe: set a flag, nothing more.
+  virtual void interrupt() noexcept {}
 };
 
 }  // namespace tide::rendezvous
