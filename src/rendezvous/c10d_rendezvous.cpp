@@ -204,12 +204,15 @@ class StoreBackend final : public RendezvousBackend {
     return store_->get(key);
   }
 
+  void set_timeout(milliseconds timeout) override {
+    store_->set_timeout(std::min(store_->timeout(), timeout));
+  }
+
   void leave(
       int64_t round,
       int64_t index,
       int64_t size,
       const DynamicRendezvousSettings& s) override {
-    store_->set_timeout(std::min(store_->timeout(), s.lost_after()));
     store_->set(keys_.left(round, index), "1");
     if (store_->add(keys_.round(round, "left_count"), 1) >= size) {
       store_->set(keys_.round(round, "all_left"), "1");
@@ -295,16 +298,7 @@ std::unique_ptr<RendezvousBackend> make_store_backend(
 
 std::unique_ptr<RendezvousHandler> make_c10d_handler(
     const RendezvousParameters& params) {
-  warn_unknown_conf_keys(
-      params,
-      {"join_timeout",
-       "last_call_timeout",
-       "close_timeout",
-       "keep_alive_interval",
-       "keep_alive_max_attempt",
-       "read_timeout",
-       "timeout",
-       "is_host"});
+  warn_unknown_conf_keys(params, dynamic_conf_keys({"is_host"}));
   DynamicRendezvousSettings settings = DynamicRendezvousSettings::from(params);
   if (params.endpoint.empty()) {
     throw InvalidArgument(
@@ -341,10 +335,13 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
             params.endpoint + ": " + e.what());
       }
       // Another agent on this machine hosts it already.
-      TIDE_LOG_INFO(
-          "[rendezvous {}] {} is taken; using the store there as a client",
+      TIDE_LOG_WARN(
+          "[rendezvous {}] cannot host the c10d store at {} ({}); assuming "
+          "another agent on this machine hosts it and connecting to it "
+          "(give is_host=true or false to decide)",
           params.run_id,
-          params.endpoint);
+          params.endpoint,
+          e.what());
     }
   }
   if (!main) {

@@ -1,7 +1,7 @@
 #pragma once
 
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "tide/rendezvous/rendezvous_handler.h"
 
@@ -10,7 +10,11 @@ namespace tide::rendezvous {
 // Logs a warning for every --rdzv-conf key the backend does not know (a
 // typo would otherwise silently keep the default).
 void warn_unknown_conf_keys(
-    const RendezvousParameters& params,
-    std::initializer_list<const char*> known);
+    const RendezvousParameters& params, const std::vector<std::string>& known);
+
+// The keys of DynamicRendezvousSettings, which every dynamic backend reads,
+// plus read_timeout; a backend adds its own.
+std::vector<std::string> dynamic_conf_keys(
+    std::initializer_list<const char*> backend_keys);
 
 }  // namespace tide::rendezvous

@@ -227,8 +227,10 @@ void Watch::check_neighbour(int64_t& peer) {
     if (!monitor->has_left(peer)) {
       if (lost.exchange(peer) == 0) {
         TIDE_LOG_WARN(
-            "[rendezvous] round {}: node at arrival {} sent no heartbeat for "
+            "[rendezvous {}] round {}: node at arrival {} sent no heartbeat "
+            "for "
             "{} ms; it is lost, restarting into a round without it",
+            settings.run_id,
             round,
             peer,
             ms(settings.lost_after()));
@@ -292,8 +294,9 @@ void Watch::run() {
             n > 0) {
           waiting = n;
           TIDE_LOG_INFO(
-              "[rendezvous] {} node(s) wait in round {}; this round ({}) "
+              "[rendezvous {}] {} node(s) wait in round {}; this round ({}) "
               "ends",
+              settings.run_id,
               n,
               round + 1,
               round);
@@ -306,8 +309,9 @@ void Watch::run() {
         if (unreachable.empty()) {
           unreachable = e.what();
           TIDE_LOG_ERROR(
-              "[rendezvous] the rendezvous backend is unreachable ({} "
+              "[rendezvous {}] the rendezvous backend is unreachable ({} "
               "keep-alive attempts failed): {}",
+              settings.run_id,
               failures,
               e.what());
         }
@@ -758,6 +762,7 @@ bool DynamicRendezvousHandler::shutdown() {
     if (gone) {
       return false;  // nothing to tell a backend that is gone
     }
+    impl_->backend->set_timeout(settings_.lost_after());
     // Closing first ends the job for newcomers (and, when this agent
     // failed, already told the others to stop), so an agent hosting the
     // store does not wait for them in vain.

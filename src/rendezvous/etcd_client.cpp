@@ -101,7 +101,9 @@ const json* find_field(const json& object, const char* name) {
 
 const json& object_field(
     const json& object, const char* name, const std::string& context) {
-  static const json kEmpty = json::object();
+  // Never destroyed: a keep-alive thread may still read it while the
+  // process exits.
+  static const json& kEmpty = *new json(json::object());
   const json* v = find_field(object, name);
   if (v == nullptr) {
     return kEmpty;
@@ -114,7 +116,7 @@ const json& object_field(
 
 const json& array_field(
     const json& object, const char* name, const std::string& context) {
-  static const json kEmpty = json::array();
+  static const json& kEmpty = *new json(json::array());
   const json* v = find_field(object, name);
   if (v == nullptr) {
     return kEmpty;

@@ -214,13 +214,17 @@ class EtcdBackend final : public RendezvousBackend {
     return wait_key(client_, value_key(round, name), timeout);
   }
 
+  void set_timeout(milliseconds timeout) override {
+    std::lock_guard lock(mutex_);
+    client_.set_request_timeout(std::min(timeout_, timeout));
+  }
+
   void leave(
       int64_t round,
       int64_t index,
       int64_t /*size*/,
-      const DynamicRendezvousSettings& s) override {
+      const DynamicRendezvousSettings& /*s*/) override {
     std::lock_guard lock(mutex_);
-    client_.set_request_timeout(std::min(timeout_, s.lost_after()));
     client_.put(keys_.round(round, "left/" + std::to_string(index)), "1");
   }
 
@@ -255,18 +259,7 @@ std::unique_ptr<RendezvousHandler> make_etcd_handler(
     const RendezvousParameters& params) {
   warn_unknown_conf_keys(
       params,
-      {"join_timeout",
-       "last_call_timeout",
-       "close_timeout",
-       "keep_alive_interval",
-       "keep_alive_max_attempt",
-       "read_timeout",
-       "timeout",
-       "etcd_prefix",
-       "protocol",
-       "cacert",
-       "cert",
-       "key"});
+      dynamic_conf_keys({"etcd_prefix", "protocol", "cacert", "cert", "key"}));
   DynamicRendezvousSettings settings = DynamicRendezvousSettings::from(params);
   if (params.get("protocol", "http") != "http" ||
       !params.get("cacert").empty() || !params.get("cert").empty() ||

@@ -77,25 +77,37 @@ std::chrono::milliseconds RendezvousParameters::get_as_seconds(
 namespace tide::rendezvous {
 
 void warn_unknown_conf_keys(
-    const RendezvousParameters& params,
-    std::initializer_list<const char*> known) {
+    const RendezvousParameters& params, const std::vector<std::string>& known) {
   for (const auto& [key, value] : params.config) {
-    bool found = false;
+    if (std::find(known.begin(), known.end(), key) != known.end()) {
+      continue;
+    }
     std::string list;
-    for (const char* k : known) {
-      found = found || key == k;
-      list += (list.empty() ? "" : ", ") + std::string(k);
+    for (const auto& k : known) {
+      list += (list.empty() ? "" : ", ") + k;
     }
-    if (!found) {
-      TIDE_LOG_WARN(
-          "--rdzv-conf {}={} is not a setting of the {} rendezvous and is "
-          "ignored (known: {})",
-          key,
-          value,
-          params.backend,
-          list);
-    }
+    TIDE_LOG_WARN(
+        "--rdzv-conf {}={} is not a setting of the {} rendezvous and is "
+        "ignored (known: {})",
+        key,
+        value,
+        params.backend,
+        list);
   }
+}
+
+std::vector<std::string> dynamic_conf_keys(
+    std::initializer_list<const char*> backend_keys) {
+  std::vector<std::string> keys{
+      "join_timeout",
+      "timeout",
+      "last_call_timeout",
+      "close_timeout",
+      "keep_alive_interval",
+      "keep_alive_max_attempt",
+      "read_timeout"};
+  keys.insert(keys.end(), backend_keys.begin(), backend_keys.end());
+  return keys;
 }
 
 }  // namespace tide::rendezvous

@@ -10,6 +10,8 @@
 #include "tide/events/events.h"
 #include "tide/store/prefix_store.h"
 
+#include "rendezvous/conf_keys.h"
+
 namespace tide::rendezvous {
 
 std::pair<std::string, uint16_t> parse_endpoint(
@@ -77,6 +79,7 @@ StaticRendezvousHandler::StaticRendezvousHandler(
   std::tie(host_, port_) = parse_endpoint(
       params.endpoint.empty() ? "127.0.0.1" : params.endpoint,
       store::kDefaultPort);
+  warn_unknown_conf_keys(params, {"rank", "timeout"});
   if (params.min_nodes != params.max_nodes) {
     throw InvalidArgument(
         "the static rendezvous needs a fixed node count, not " +

@@ -22,21 +22,6 @@ namespace fs = std::filesystem;
 
 class EtcdMultiNodeTest : public ::testing::Test {
  protected:
-  // Prints its place, fails once when its rank is fail_rank, then runs
-  // until the stop file exists.
-  std::string worker(int fail_rank = -1) {
-    fs::path p = dir_ / "worker.sh";
-    std::ofstream(p) << "#!/bin/sh\n"
-                     << "echo \"start RANK=$RANK WORLD_SIZE=$WORLD_SIZE\"\n"
-                     << "if [ \"$RANK\" = \"" << fail_rank << "\" ] && [ ! -e "
-                     << (dir_ / "failed") << " ]; then touch "
-                     << (dir_ / "failed") << "; exit 3; fi\n"
-                     << "while [ ! -e " << (dir_ / "stop")
-                     << " ]; do sleep 0.05; done\n";
-    fs::permissions(p, fs::perms::owner_all);
-    return p.string();
-  }
-
   std::vector<std::string> agent_args(
       const std::string& endpoints,
       const std::string& nnodes,
@@ -56,15 +41,6 @@ class EtcdMultiNodeTest : public ::testing::Test {
     return a;
   }
 
-  void stop_all(Cluster& c, const std::vector<std::string>& names) {
-    std::ofstream(dir_ / "stop") << "";
-    for (const auto& n : names) {
-      auto status = c.agent(n).wait(30s);
-      ASSERT_TRUE(status.has_value()) << n << "\n" << c.log();
-      EXPECT_EQ(test::exit_code(*status), 0) << n << "\n" << c.log();
-    }
-  }
-
   test::TempDir tmp_;
   const fs::path dir_ = tmp_.path();
   std::string worker_;
@@ -72,7 +48,7 @@ class EtcdMultiNodeTest : public ::testing::Test {
 
 TEST_F(EtcdMultiNodeTest, AFailedWorkerRestartsEveryNodeAndTheJobSucceeds) {
   auto etcd = test::EtcdCluster::start(1);
-  worker_ = worker(/*fail_rank=*/1);
+  worker_ = test::write_worker(dir_, /*fail_rank=*/1);
   Cluster c(dir_);
   c.start("a", agent_args(etcd.endpoints(), "2", {"--max-restarts=1"}));
   c.start("b", agent_args(etcd.endpoints(), "2", {"--max-restarts=1"}));
@@ -80,12 +56,12 @@ TEST_F(EtcdMultiNodeTest, AFailedWorkerRestartsEveryNodeAndTheJobSucceeds) {
   auto again = c.wait_starts(2, 2, 2, 60s);
   ASSERT_EQ(again.size(), 2u) << c.log();
   test::expect_ranks(again, 2);
-  stop_all(c, {"a", "b"});
+  c.stop_all({"a", "b"});
 }
 
 TEST_F(EtcdMultiNodeTest, JobSurvivesAKilledEtcdMemberAndAKilledFirstAgent) {
   auto etcd = test::EtcdCluster::start(3);
-  worker_ = worker();
+  worker_ = test::write_worker(dir_);
   Cluster c(dir_);
   c.start("a", agent_args(etcd.endpoints(), "1:3"));
   c.start("b", agent_args(etcd.endpoints(), "1:3"));
@@ -118,7 +94,7 @@ TEST_F(EtcdMultiNodeTest, JobSurvivesAKilledEtcdMemberAndAKilledFirstAgent) {
   std::printf(
       "etcd: survivors running at world size 2 %.0f ms after the SIGKILL\n",
       std::chrono::duration<double, std::milli>(took).count());
-  stop_all(c, {"b", "c"});
+  c.stop_all({"b", "c"});
 }
 
 }  // namespace

@@ -29,19 +29,8 @@ namespace fs = std::filesystem;
 
 class MultiNodeTest : public ::testing::Test {
  protected:
-  // A worker printing its place, then running until the stop file exists
-  // (or failing once when fail_rank is its rank).
   std::string worker(int fail_rank = -1) {
-    fs::path p = dir_ / "worker.sh";
-    std::ofstream(p)
-        << "#!/bin/sh\n"
-        << "echo \"start RANK=$RANK WORLD_SIZE=$WORLD_SIZE pid=$$\"\n"
-        << "if [ \"$RANK\" = \"" << fail_rank << "\" ] && [ ! -e "
-        << (dir_ / "failed") << " ]; then touch " << (dir_ / "failed")
-        << "; exit 3; fi\n"
-        << "while [ ! -e " << stop_file() << " ]; do sleep 0.05; done\n";
-    fs::permissions(p, fs::perms::owner_all);
-    return p.string();
+    return test::write_worker(dir_, fail_rank);
   }
 
   std::string stop_file() const {
@@ -68,15 +57,6 @@ class MultiNodeTest : public ::testing::Test {
     return a;
   }
 
-  void stop_all(Cluster& c, const std::vector<std::string>& names) {
-    std::ofstream(stop_file()) << "";
-    for (const auto& n : names) {
-      auto status = c.agent(n).wait(30s);
-      ASSERT_TRUE(status.has_value()) << n << "\n" << c.log();
-      EXPECT_EQ(exit_code(*status), 0) << n << "\n" << c.log();
-    }
-  }
-
   test::TempDir tmp_;
   const fs::path dir_ = tmp_.path();
   const uint16_t port_ = free_port();
@@ -93,7 +73,7 @@ TEST_F(MultiNodeTest, AFailedWorkerRestartsEveryNodeAndTheJobSucceeds) {
   auto again = c.wait_starts(2, 2, 2, 60s);
   ASSERT_EQ(again.size(), 2u) << c.log();
   expect_ranks(again, 2);
-  stop_all(c, {"a", "b"});
+  c.stop_all({"a", "b"});
 }
 
 TEST_F(MultiNodeTest, ElasticJobShrinksWhenANodeIsKilledAndGrowsBack) {
@@ -132,7 +112,7 @@ TEST_F(MultiNodeTest, ElasticJobShrinksWhenANodeIsKilledAndGrowsBack) {
   auto back = c.wait_starts(before, 3, 3, 60s);
   ASSERT_EQ(back.size(), 3u) << c.log();
   expect_ranks(back, 3);
-  stop_all(c, {"a", "b", "d"});
+  c.stop_all({"a", "b", "d"});
 }
 
 TEST_F(MultiNodeTest, TheStoreHostsDeathIsAFastReportedFailureElsewhere) {

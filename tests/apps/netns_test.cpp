@@ -56,16 +56,7 @@ class NetnsTest : public ::testing::Test {
                       "on loopback";
     }
     hosts_ = std::make_unique<NetnsHosts>(kHosts);
-    std::ofstream(dir_ / "worker.sh")
-        << "#!/bin/sh\n"
-        << "echo \"start RANK=$RANK WORLD_SIZE=$WORLD_SIZE "
-           "MASTER_ADDR=$MASTER_ADDR\"\n"
-        << "while [ ! -e " << stop_file() << " ]; do sleep 0.05; done\n";
-    fs::permissions(dir_ / "worker.sh", fs::perms::owner_all);
-  }
-
-  fs::path stop_file() const {
-    return dir_ / "stop";
+    test::write_worker(dir_);
   }
 
   // Starts agent `name` on `host`, in the elastic job of --nnodes=nnodes
@@ -124,15 +115,6 @@ class NetnsTest : public ::testing::Test {
     }
   }
 
-  void stop_all(Cluster& c, const std::vector<std::string>& names) {
-    std::ofstream(stop_file()) << "";
-    for (const auto& n : names) {
-      auto status = c.agent(n).wait(30s);
-      ASSERT_TRUE(status.has_value()) << n << "\n" << c.log();
-      EXPECT_EQ(exit_code(*status), 0) << n << "\n" << c.log();
-    }
-  }
-
   test::TempDir tmp_;
   const fs::path dir_ = tmp_.path();
   // Declared after the files, destroyed before them; a test's Cluster is
@@ -153,7 +135,7 @@ TEST_F(NetnsTest, ThreeHostsFormOneRoundWithRankZerosAddressAsMaster) {
   }
   EXPECT_EQ(agents.size(), 3u) << c.log();
   expect_master_is_rank0s_host(three);
-  stop_all(c, {"h0", "h1", "h2"});
+  c.stop_all({"h0", "h1", "h2"});
 }
 
 TEST_F(NetnsTest, AHostWhoseAgentIsKilledLeavesTheOthersRunningAtTwo) {
@@ -179,7 +161,7 @@ TEST_F(NetnsTest, AHostWhoseAgentIsKilledLeavesTheOthersRunningAtTwo) {
       "hosts 0 and 1 running at world size 2 %.0f ms after host 2's agent "
       "was SIGKILLed\n",
       millis(running_again));
-  stop_all(c, {"h0", "h1"});
+  c.stop_all({"h0", "h1"});
 }
 
 TEST_F(NetnsTest, AnUnpluggedHostIsDroppedEndsItselfAndRejoinsOncePlugged) {
@@ -229,7 +211,7 @@ TEST_F(NetnsTest, AnUnpluggedHostIsDroppedEndsItselfAndRejoinsOncePlugged) {
   std::printf(
       "host 1 back in a round of three %.0f ms after it was plugged in\n",
       millis(Clock::now() - plugged));
-  stop_all(c, {"h0", "h2", "h1-again"});
+  c.stop_all({"h0", "h2", "h1-again"});
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,6 +54,24 @@ struct Start {
   int world_size;
   std::string master_addr;  // empty when the worker did not print it
 };
+
+// Writes dir/worker.sh and returns its path: a worker that prints "start
+// RANK=r WORLD_SIZE=w MASTER_ADDR=a", exits 3 the first time one starts
+// with RANK == fail_rank, and otherwise runs until dir/stop exists.
+inline std::string write_worker(
+    const std::filesystem::path& dir, int fail_rank = -1) {
+  auto p = dir / "worker.sh";
+  std::ofstream(p) << "#!/bin/sh\n"
+                   << "echo \"start RANK=$RANK WORLD_SIZE=$WORLD_SIZE "
+                      "MASTER_ADDR=$MASTER_ADDR\"\n"
+                   << "if [ \"$RANK\" = \"" << fail_rank << "\" ] && [ ! -e "
+                   << (dir / "failed") << " ]; then touch " << (dir / "failed")
+                   << "; exit 3; fi\n"
+                   << "while [ ! -e " << (dir / "stop")
+                   << " ]; do sleep 0.05; done\n";
+  std::filesystem::permissions(p, std::filesystem::perms::owner_all);
+  return p.string();
+}
 
 // The output of every agent, collected by one reader thread per agent.
 // Not thread safe except for the wait_*, starts() and log() calls.
@@ -105,6 +124,19 @@ class Cluster {
         cv_.notify_all();
       }
     });
+  }
+
+  // Ends write_worker's workers (the stop file in this cluster's dir) and
+  // expects each named agent to exit 0.
+  void stop_all(const std::vector<std::string>& names) {
+    using namespace std::chrono_literals;
+    std::ofstream(dir_ / "stop") << "";
+    for (const auto& n : names) {
+      auto status = agent(n).wait(30s);
+      ASSERT_TRUE(status.has_value()) << n << "\n" << log();
+      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << n << "\n"
+                                                                   << log();
+    }
   }
 
   Subprocess& agent(const std::string& name) {

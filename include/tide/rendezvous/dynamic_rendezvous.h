@@ -122,9 +122,11 @@ class RendezvousBackend {
   // Waits up to timeout for a write-once value; nullopt at timeout.
   virtual std::optional<std::string> wait_value(
       int64_t round, const std::string& name, milliseconds timeout) = 0;
+  // Bounds each later call (connecting included); the handler lowers it
+  // as it shuts down, so a backend that is gone costs little to leave.
+  virtual void set_timeout(milliseconds timeout) = 0;
   // Marks arrival index of round (of size participants) as gone for good,
-  // at the end of the job; calls from here on fail within lost_after once
-  // the backend is gone. A backend whose server lives in this process keeps
+  // at the end of the job. A backend whose server lives in this process keeps
   // it up until every participant left, for at most close_timeout, so the
   // others can finish their exit barrier.
   virtual void leave(
