@@ -1,0 +1,450 @@
+#include "rpc/frame.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "tide/common/error.h"
+
+namespace tide::rpc::detail {
+
+namespace {
+
+// Header field offsets.
+constexpr size_t kVersionAt = 4;
+constexpr size_t kTypeAt = 5;
+constexpr size_t kFlagsAt = 6;
+constexpr size_t kIdAt = 8;
+constexpr size_t kMetadataLenAt = 16;
+constexpr size_t kBufferCountAt = 20;
+constexpr size_t kLengthSize = 8;
+
+template <typename T>
+void put(std::string& out, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out.push_back(static_cast<char>(static_cast<uint8_t>(v >> (8 * i))));
+  }
+}
+
+template <typename T>
+T get(const char* p) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    v |= static_cast<T>(static_cast<T>(static_cast<uint8_t>(p[i])) << (8 * i));
+  }
+  return v;
+}
+
+// Bytes as text a log can hold: printable ASCII kept, the rest as \xNN.
+std::string printable(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (char c : bytes) {
+    auto u = static_cast<uint8_t>(c);
+    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
+      out.push_back(c);
+    } else {
+      out += "\\x";
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 0xf]);
+    }
+  }
+  return out;
+}
+
+std::string hex(uint8_t v) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  return std::string("0x") + kHex[v >> 4] + kHex[v & 0xf];
+}
+
+std::string describe(uint64_t id, MessageType type) {
+  return "message " + std::to_string(id) + " (" + message_type_name(type) + ")";
+}
+
+// Heap bytes held by a string (none while it fits in the object itself).
+size_t heap_bytes(const std::string& s) {
+  static const size_t kInline = std::string().capacity();
+  return s.capacity() > kInline ? s.capacity() : 0;
+}
+
+}  // namespace
+
+const char* message_type_name(MessageType type) {
+  switch (type) {
+    case MessageType::kHandshake:
+      return "HANDSHAKE";
+    case MessageType::kHandshakeAck:
+      return "HANDSHAKE_ACK";
+    case MessageType::kShutdownIntent:
+      return "SHUTDOWN_INTENT";
+    case MessageType::kShutdownAck:
+      return "SHUTDOWN_ACK";
+    case MessageType::kPing:
+      return "PING";
+    case MessageType::kRequest:
+      return "REQUEST";
+    case MessageType::kResponse:
+      return "RESPONSE";
+    case MessageType::kError:
+      return "ERROR";
+    case MessageType::kCancel:
+      return "CANCEL";
+    case MessageType::kRRefCreate:
+      return "RREF_CREATE";
+    case MessageType::kRRefFetch:
+      return "RREF_FETCH";
+    case MessageType::kRRefUserDelete:
+      return "RREF_USER_DELETE";
+    case MessageType::kAutogradForward:
+      return "AUTOGRAD_FORWARD";
+    case MessageType::kAutogradBackward:
+      return "AUTOGRAD_BACKWARD";
+  }
+  return "UNKNOWN";
+}
+
+std::optional<MessageType> message_type_from_wire(uint8_t value) {
+  for (MessageType t : kMessageTypes) {
+    if (static_cast<uint8_t>(t) == value) {
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string encode_head(
+    const FrameHeaderView& frame, const FrameLimits& limits) {
+  auto type = static_cast<uint8_t>(frame.type);
+  if (!message_type_from_wire(type)) {
+    throw InvalidArgument(
+        "cannot encode message type " + hex(type) + ": not a MessageType");
+  }
+  std::string what = describe(frame.id, frame.type);
+  size_t max_metadata = std::min<size_t>(limits.max_metadata, UINT32_MAX);
+  if (frame.metadata.size() > max_metadata) {
+    throw InvalidArgument(
+        "cannot send " + what + ": its metadata is " +
+        std::to_string(frame.metadata.size()) + " bytes, over the limit of " +
+        std::to_string(max_metadata) +
+        " (FrameLimits::max_metadata); put payloads in buffers");
+  }
+  size_t count = frame.buffers.size();
+  size_t max_buffers = std::min<size_t>(limits.max_buffers, UINT32_MAX);
+  if (count > max_buffers) {
+    throw InvalidArgument(
+        "cannot send " + what + ": it has " + std::to_string(count) +
+        " buffers, over the limit of " + std::to_string(max_buffers) +
+        " (FrameLimits::max_buffers)");
+  }
+  size_t head_size =
+      kFrameHeaderSize + kLengthSize * count + frame.metadata.size();
+  auto over_total = [&] {
+    return InvalidArgument(
+        "cannot send " + what + ": it is more than the limit of " +
+        std::to_string(limits.max_frame) + " bytes (FrameLimits::max_frame)");
+  };
+  if (head_size > limits.max_frame) {
+    throw over_total();
+  }
+  uint64_t total = head_size;  // <= max_frame, so the checks cannot wrap
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t len = frame.buffers[i].size();
+    if (len > limits.max_buffer) {
+      throw InvalidArgument(
+          "cannot send " + what + ": buffer " + std::to_string(i) + " is " +
+          std::to_string(len) + " bytes, over the limit of " +
+          std::to_string(limits.max_buffer) + " (FrameLimits::max_buffer)");
+    }
+    if (len > limits.max_frame - total) {
+      throw over_total();
+    }
+    total += len;
+  }
+
+  std::string out;
+  out.reserve(head_size);
+  put<uint32_t>(out, kFrameMagic);
+  put<uint8_t>(out, kFrameVersion);
+  put<uint8_t>(out, type);
+  put<uint16_t>(out, frame.flags);
+  put<uint64_t>(out, frame.id);
+  put<uint32_t>(out, static_cast<uint32_t>(frame.metadata.size()));
+  put<uint32_t>(out, static_cast<uint32_t>(count));
+  for (std::string_view b : frame.buffers) {
+    put<uint64_t>(out, b.size());
+  }
+  out.append(frame.metadata);
+  return out;
+}
+
+std::string encode(const Frame& frame, const FrameLimits& limits) {
+  std::vector<std::string_view> views(
+      frame.buffers.begin(), frame.buffers.end());
+  std::string out = encode_head(
+      {.type = frame.type,
+       .flags = frame.flags,
+       .id = frame.id,
+       .metadata = frame.metadata,
+       .buffers = views},
+      limits);
+  size_t total = out.size();
+  for (const std::string& b : frame.buffers) {
+    total += b.size();
+  }
+  out.reserve(total);
+  for (const std::string& b : frame.buffers) {
+    out.append(b);
+  }
+  return out;
+}
+
+FrameDecoder::FrameDecoder(const FrameLimits& limits) : limits_(limits) {}
+
+void FrameDecoder::feed(const char* data, size_t n) {
+  if (error_) {
+    if (reported_) {
+      std::rethrow_exception(error_);
+    }
+    return;  // after a malformed field: nothing more is a frame
+  }
+  if (n == 0) {
+    return;  // a part with no bytes already ended with the bytes before it
+  }
+  for (;;) {
+    bool done = false;
+    switch (state_) {
+      case State::kHeader:
+        done = read_header(data, n);
+        break;
+      case State::kLengths:
+        done = read_lengths(data, n);
+        break;
+      case State::kMetadata:
+        done = read_metadata(data, n);
+        break;
+      case State::kBuffers:
+        done = read_buffers(data, n);
+        break;
+    }
+    // A part ends even when no bytes are left: empty metadata, empty buffers.
+    if (!done || error_) {
+      return;
+    }
+  }
+}
+
+std::optional<Frame> FrameDecoder::next() {
+  if (!ready_.empty()) {
+    Frame f = std::move(ready_.front());
+    ready_.pop_front();
+    return f;
+  }
+  if (error_) {
+    reported_ = true;
+    std::rethrow_exception(error_);
+  }
+  return std::nullopt;
+}
+
+bool FrameDecoder::mid_frame() const {
+  return !error_ && (state_ != State::kHeader || header_have_ > 0);
+}
+
+size_t FrameDecoder::bytes_reserved() const {
+  size_t total = lengths_.capacity() * sizeof(uint64_t) +
+                 frame_.buffers.capacity() * sizeof(std::string) +
+                 heap_bytes(frame_.metadata);
+  for (const std::string& b : frame_.buffers) {
+    total += heap_bytes(b);
+  }
+  return total;
+}
+
+bool FrameDecoder::read_header(const char*& data, size_t& n) {
+  size_t take = std::min(n, kFrameHeaderSize - header_have_);
+  if (take == 0) {
+    return false;
+  }
+  if (header_have_ == 0) {
+    frame_start_ = offset_;
+  }
+  std::memcpy(header_.data() + header_have_, data, take);
+  size_t before = header_have_;
+  header_have_ += take;
+  data += take;
+  n -= take;
+  offset_ += take;
+  check_header_fields(before, header_have_);
+  if (error_ || header_have_ < kFrameHeaderSize) {
+    return false;
+  }
+  start_frame();
+  return true;
+}
+
+void FrameDecoder::check_header_fields(size_t before, size_t after) {
+  // Each field is checked once, when its last byte arrives.
+  auto arrived = [&](size_t end) { return before < end && after >= end; };
+  if (arrived(kVersionAt)) {
+    uint32_t magic = get<uint32_t>(header_.data());
+    if (magic != kFrameMagic) {
+      fail(
+          "bad magic \"" + printable({header_.data(), 4}) +
+          "\"; expected \"TDRP\": the peer does not speak tide RPC");
+      return;
+    }
+  }
+  if (arrived(kTypeAt)) {
+    auto version = static_cast<uint8_t>(header_[kVersionAt]);
+    if (version != kFrameVersion) {
+      fail(
+          "frame version " + std::to_string(version) +
+          "; this build speaks version " + std::to_string(kFrameVersion) +
+          ": the peer runs an incompatible tide");
+      return;
+    }
+  }
+  if (arrived(kFlagsAt)) {
+    auto type = static_cast<uint8_t>(header_[kTypeAt]);
+    if (!message_type_from_wire(type)) {
+      fail(
+          "unknown message type " + hex(type) +
+          ": the peer runs a newer or incompatible tide");
+      return;
+    }
+  }
+  if (arrived(kBufferCountAt)) {
+    uint32_t len = get<uint32_t>(header_.data() + kMetadataLenAt);
+    if (len > limits_.max_metadata) {
+      fail(
+          "metadata of " + std::to_string(len) + " bytes; the limit is " +
+          std::to_string(limits_.max_metadata) +
+          " (FrameLimits::max_metadata)");
+      return;
+    }
+  }
+  if (arrived(kFrameHeaderSize)) {
+    uint32_t count = get<uint32_t>(header_.data() + kBufferCountAt);
+    if (count > limits_.max_buffers) {
+      fail(
+          std::to_string(count) + " buffers; the limit is " +
+          std::to_string(limits_.max_buffers) + " (FrameLimits::max_buffers)");
+      return;
+    }
+    uint64_t size = kFrameHeaderSize + kLengthSize * uint64_t{count} +
+                    get<uint32_t>(header_.data() + kMetadataLenAt);
+    if (size > limits_.max_frame) {
+      fail(
+          "a frame of at least " + std::to_string(size) +
+          " bytes; the limit is " + std::to_string(limits_.max_frame) +
+          " (FrameLimits::max_frame)");
+      return;
+    }
+    declared_size_ = size;
+  }
+}
+
+void FrameDecoder::start_frame() {
+  frame_.type = *message_type_from_wire(static_cast<uint8_t>(header_[kTypeAt]));
+  frame_.flags = get<uint16_t>(header_.data() + kFlagsAt);
+  frame_.id = get<uint64_t>(header_.data() + kIdAt);
+  metadata_len_ = get<uint32_t>(header_.data() + kMetadataLenAt);
+  buffer_count_ = get<uint32_t>(header_.data() + kBufferCountAt);
+  // Bounded by max_buffers, which the header was checked against.
+  lengths_.reserve(buffer_count_);
+  frame_.buffers.reserve(buffer_count_);
+  state_ = State::kLengths;
+}
+
+bool FrameDecoder::read_lengths(const char*& data, size_t& n) {
+  while (lengths_.size() < buffer_count_) {
+    size_t take = std::min(n, kLengthSize - length_have_);
+    if (take == 0) {
+      return false;
+    }
+    std::memcpy(length_bytes_.data() + length_have_, data, take);
+    length_have_ += take;
+    data += take;
+    n -= take;
+    offset_ += take;
+    if (length_have_ < kLengthSize) {
+      return false;
+    }
+    length_have_ = 0;
+    uint64_t len = get<uint64_t>(length_bytes_.data());
+    std::string what = describe(frame_.id, frame_.type);
+    if (len > limits_.max_buffer) {
+      fail(
+          what + " declares buffer " + std::to_string(lengths_.size()) +
+          " of " + std::to_string(len) + " bytes; the limit is " +
+          std::to_string(limits_.max_buffer) + " (FrameLimits::max_buffer)");
+      return false;
+    }
+    // declared_size_ <= max_frame here, so the subtraction cannot wrap.
+    if (len > limits_.max_frame - declared_size_) {
+      fail(
+          what + " declares more than " + std::to_string(limits_.max_frame) +
+          " bytes in all, the limit (FrameLimits::max_frame)");
+      return false;
+    }
+    declared_size_ += len;
+    lengths_.push_back(len);
+    frame_.buffers.emplace_back();
+  }
+  state_ = State::kMetadata;
+  return true;
+}
+
+bool FrameDecoder::read_metadata(const char*& data, size_t& n) {
+  size_t take = std::min<size_t>(n, metadata_len_ - frame_.metadata.size());
+  // Grows with the bytes that came, not with the length the header claims.
+  frame_.metadata.append(data, take);
+  data += take;
+  n -= take;
+  offset_ += take;
+  if (frame_.metadata.size() < metadata_len_) {
+    return false;
+  }
+  state_ = State::kBuffers;
+  buffer_index_ = 0;
+  return true;
+}
+
+bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
+  while (buffer_index_ < buffer_count_) {
+    std::string& b = frame_.buffers[buffer_index_];
+    uint64_t want = lengths_[buffer_index_] - b.size();
+    if (want == 0) {
+      ++buffer_index_;
+      continue;
+    }
+    if (n == 0) {
+      return false;
+    }
+    size_t take = std::min<uint64_t>(n, want);
+    b.append(data, take);
+    data += take;
+    n -= take;
+    offset_ += take;
+  }
+  ready_.push_back(take_frame());
+  return true;
+}
+
+Frame FrameDecoder::take_frame() {
+  // Exchanged, not assigned: assigning an empty value keeps the capacity.
+  std::exchange(lengths_, std::vector<uint64_t>());
+  header_have_ = 0;
+  length_have_ = 0;
+  state_ = State::kHeader;
+  return std::exchange(frame_, Frame{});
+}
+
+void FrameDecoder::fail(std::string message) {
+  error_ = std::make_exception_ptr(ProtocolError(
+      "malformed RPC frame at byte " + std::to_string(frame_start_) +
+      " of the stream: " + message));
+  take_frame();
+}
+
+}  // namespace tide::rpc::detail

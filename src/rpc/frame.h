@@ -1,0 +1,239 @@
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// The frame layer of tide's RPC (docs/rpc-protocol.md): pure encoding and
+// decoding, no I/O. A frame is a message type, a message id, opaque per-call
+// metadata and a list of buffers. Buffers travel after the metadata and are
+// never copied into it, so a sender can writev() tensors straight from their
+// storage and a receiver can place them without re-parsing.
+//
+// On the wire, all integers little-endian:
+//   u32 magic "TDRP" | u8 version (1) | u8 type | u16 flags | u64 message_id
+//   | u32 metadata_len | u32 buffer_count          (24 bytes)
+//   buffer_count x u64 buffer length
+//   metadata_len bytes of metadata
+//   the buffers, in order
+namespace tide::rpc::detail {
+
+static_assert(sizeof(size_t) == 8, "the RPC frame layer needs a 64-bit host");
+
+// The bytes 'T' 'D' 'R' 'P', read as a little-endian u32.
+constexpr uint32_t kFrameMagic = 0x50524454;
+constexpr uint8_t kFrameVersion = 1;
+constexpr size_t kFrameHeaderSize = 24;
+
+// What a frame is for. The frame layer checks only that the value is one of
+// these; what the id, metadata and buffers mean is the message layer's.
+// A value this build does not know is a ProtocolError, so a new type needs a
+// new version or a feature agreed in the handshake before it is sent.
+//
+// value  type               message id            notes
+// 0x00   (none)             -                     never valid: a zeroed
+//                                                 header is malformed
+// 0x01   kHandshake         0                     first frame each way:
+//                                                 versions, name, features
+// 0x02   kHandshakeAck      0                     the accepted version, name
+// 0x03   kShutdownIntent    0                     the sender starts no new
+//                                                 calls; pending ones finish
+// 0x04   kShutdownAck       0                     the peer agrees; close after
+// 0x05   kPing              new                   reserved; answered by a
+//                                                 kResponse with its id
+// 0x10   kRequest           new                   metadata: function name,
+//                                                 timeout, caller id; args in
+//                                                 the buffers
+// 0x11   kResponse          the request's         result in the buffers
+// 0x12   kError             the request's         a remote exception: its
+//                                                 type and message
+// 0x13   kCancel            the request's         the caller gave up (e.g.
+//                                                 timed out); best effort
+// 0x20   kRRefCreate        new                   reserved: remote(); the
+//                                                 owner makes an OwnerRRef
+// 0x21   kRRefFetch         new                   reserved: to_here()
+// 0x22   kRRefUserDelete    new                   reserved: a UserRRef died
+//        0x23-0x2f                                RRef forks, child accepts
+// 0x30   kAutogradForward   new                   reserved: a call that
+//                                                 records send/recv functions
+//                                                 in an autograd context
+// 0x31   kAutogradBackward  new                   reserved: propagate
+//                                                 gradients back to a peer
+//        0x32-0x3f                                context cleanup, ...
+//
+// A "new" id is chosen by the sender, unique among its outstanding messages
+// on the connection; replies (kResponse, kError) and kCancel carry it back.
+// RemoteModule needs no type of its own: it is kRRefCreate plus kRequest.
+enum class MessageType : uint8_t {
+  kHandshake = 0x01,
+  kHandshakeAck = 0x02,
+  kShutdownIntent = 0x03,
+  kShutdownAck = 0x04,
+  kPing = 0x05,
+  kRequest = 0x10,
+  kResponse = 0x11,
+  kError = 0x12,
+  kCancel = 0x13,
+  kRRefCreate = 0x20,
+  kRRefFetch = 0x21,
+  kRRefUserDelete = 0x22,
+  kAutogradForward = 0x30,
+  kAutogradBackward = 0x31,
+};
+
+// Every MessageType, in wire order.
+constexpr std::array<MessageType, 14> kMessageTypes = {
+    MessageType::kHandshake,
+    MessageType::kHandshakeAck,
+    MessageType::kShutdownIntent,
+    MessageType::kShutdownAck,
+    MessageType::kPing,
+    MessageType::kRequest,
+    MessageType::kResponse,
+    MessageType::kError,
+    MessageType::kCancel,
+    MessageType::kRRefCreate,
+    MessageType::kRRefFetch,
+    MessageType::kRRefUserDelete,
+    MessageType::kAutogradForward,
+    MessageType::kAutogradBackward,
+};
+
+// "REQUEST", "RREF_FETCH", ...; "UNKNOWN" for a value not in the table.
+const char* message_type_name(MessageType type);
+// The type of a wire value, or nullopt when this build does not know it.
+std::optional<MessageType> message_type_from_wire(uint8_t value);
+
+// Limits a receiver enforces and a sender checks before encoding. Both sides
+// use the defaults unless told otherwise; a frame over a limit is a
+// ProtocolError for the receiver and an InvalidArgument for the sender.
+struct FrameLimits {
+  // Per-call metadata only (names, ids, timeouts); payloads go in buffers.
+  size_t max_metadata = size_t{1} << 20;  // 1 MiB
+  size_t max_buffers = 1024;
+  uint64_t max_buffer = uint64_t{4} << 30;  // 4 GiB, one buffer
+  // Header, lengths, metadata and buffers together.
+  uint64_t max_frame = uint64_t{64} << 30;  // 64 GiB
+};
+
+// A decoded frame, owning its bytes.
+struct Frame {
+  MessageType type = MessageType::kRequest;
+  // Bits for the message layer (e.g. compressed, one-way); version 1 defines
+  // none and the frame layer carries them unchanged.
+  uint16_t flags = 0;
+  uint64_t id = 0;
+  std::string metadata;
+  std::vector<std::string> buffers;
+
+  bool operator==(const Frame&) const = default;
+};
+
+// A frame to send, borrowing its bytes from the caller.
+struct FrameHeaderView {
+  MessageType type = MessageType::kRequest;
+  uint16_t flags = 0;
+  uint64_t id = 0;
+  std::string_view metadata;
+  // Only their sizes are encoded by encode_head(); the caller writes the
+  // buffers themselves after the head, in this order.
+  std::span<const std::string_view> buffers;
+};
+
+// The 24-byte header, the buffer lengths and the metadata of `frame`: the
+// bytes to write before its buffers. Throws InvalidArgument when the type is
+// not a MessageType or the frame is over `limits` (the peer would drop the
+// connection on it). Pure; thread-safe.
+std::string encode_head(
+    const FrameHeaderView& frame, const FrameLimits& limits = {});
+
+// The whole frame in one string: encode_head() then the buffers. For small
+// frames and tests; throws as encode_head().
+std::string encode(const Frame& frame, const FrameLimits& limits = {});
+
+// Splits a byte stream into frames. Incremental: bytes may arrive in any
+// chunks, and a frame is returned as soon as its last byte is fed.
+//
+// Errors: a malformed frame (bad magic, unknown version or type, a count or
+// length over `limits`) is a ProtocolError, detected as soon as the bytes of
+// the offending field arrive, never after waiting for a body that could not
+// be accepted anyway. next() reports it after the frames that precede it in
+// the stream. From then on the decoder is failed: every call to feed() or
+// next() throws the same error. Bytes fed after the bad field are dropped.
+//
+// Memory: a length is only a claim. The decoder holds at most twice the bytes
+// it has received for the frame in progress, plus a few dozen bytes per
+// buffer the header declares (bounded by max_buffers); a header that claims a
+// 4 GiB buffer costs nothing until the 4 GiB come. Completed frames waiting
+// in next() hold exactly their bytes.
+//
+// Not thread-safe: one reader owns a decoder.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(const FrameLimits& limits = {});
+
+  // Consumes n bytes of the stream. Does not block and keeps no pointer into
+  // `data`. Throws the decoder's error once next() has reported it.
+  void feed(const char* data, size_t n);
+
+  // The next complete frame, or nullopt when more bytes are needed. Throws
+  // ProtocolError when the next thing in the stream is malformed, and on
+  // every later call.
+  std::optional<Frame> next();
+
+  // True when some bytes of an unfinished frame have been fed: a peer that
+  // closes now has cut a frame short. False once the decoder has failed.
+  bool mid_frame() const;
+
+  // Bytes the decoder holds allocated for the frame in progress; for tests
+  // of the memory bound above.
+  size_t bytes_reserved() const;
+
+ private:
+  enum class State { kHeader, kLengths, kMetadata, kBuffers };
+
+  // Each consumes from data/n and returns false when it needs more bytes.
+  bool read_header(const char*& data, size_t& n);
+  bool read_lengths(const char*& data, size_t& n);
+  bool read_metadata(const char*& data, size_t& n);
+  bool read_buffers(const char*& data, size_t& n);
+  void check_header_fields(size_t before, size_t after);
+  void start_frame();
+  // The frame in progress, leaving the decoder ready for a header and
+  // holding no memory.
+  Frame take_frame();
+  void fail(std::string message);
+
+  FrameLimits limits_;
+
+  // The frame in progress.
+  State state_ = State::kHeader;
+  std::array<char, kFrameHeaderSize> header_{};
+  size_t header_have_ = 0;
+  uint32_t metadata_len_ = 0;
+  uint32_t buffer_count_ = 0;
+  std::array<char, 8> length_bytes_{};
+  size_t length_have_ = 0;
+  std::vector<uint64_t> lengths_;
+  // Header, lengths, metadata and buffers declared so far.
+  uint64_t declared_size_ = 0;
+  size_t buffer_index_ = 0;
+  Frame frame_;
+
+  // Stream offsets, for error messages: bytes consumed, start of frame_.
+  uint64_t offset_ = 0;
+  uint64_t frame_start_ = 0;
+  std::deque<Frame> ready_;
+  // Set once the stream is malformed; reported_ once next() has thrown it.
+  std::exception_ptr error_;
+  bool reported_ = false;
+};
+
+}  // namespace tide::rpc::detail

@@ -1,0 +1,187 @@
+// libFuzzer target for the RPC frame decoder and encoder. Input: one byte of
+// options, up to seven bytes of chunk sizes, then a byte stream as a peer
+// would send it. Checks, beyond "no crash, no sanitizer report":
+//  - decoding in arbitrary chunks gives the same frames and the same error
+//    as decoding the stream whole;
+//  - decoded frames re-encode to exactly the bytes they came from;
+//  - after every feed the decoder holds no more memory than its bound;
+//  - once failed, feed() and next() throw the same error;
+//  - only ProtocolError escapes the decoder.
+// Option bit 3 also builds a frame from the stream's bytes and requires it to
+// encode and decode back unchanged, or the encoder to refuse it exactly when
+// it is over the limits, so the valid path is always exercised.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tide/common/error.h"
+
+#include "rpc/frame.h"
+
+namespace {
+
+namespace rpc = tide::rpc::detail;
+
+void require(bool cond) {
+  if (!cond) {
+    std::abort();
+  }
+}
+
+struct Decoded {
+  std::vector<rpc::Frame> frames;
+  std::optional<std::string> error;
+};
+
+// The memory bound FrameDecoder documents: twice the bytes of the frame in
+// progress plus a few dozen bytes per declared buffer.
+void require_bounded(
+    const rpc::FrameDecoder& d,
+    uint64_t in_progress,
+    const rpc::FrameLimits& limits) {
+  require(
+      d.bytes_reserved() <= 2 * in_progress + 64 * (limits.max_buffers + 1));
+}
+
+void require_sticky(rpc::FrameDecoder& d, const std::string& error) {
+  for (int i = 0; i < 2; ++i) {
+    try {
+      d.feed("TDRP", 4);
+      require(false);
+    } catch (const tide::ProtocolError& e) {
+      require(e.what() == error);
+    }
+    try {
+      d.next();
+      require(false);
+    } catch (const tide::ProtocolError& e) {
+      require(e.what() == error);
+    }
+  }
+}
+
+// Decodes `stream` from chunks whose sizes come from `chunker` (whole when
+// it is empty), checking the per-feed invariants.
+Decoded decode_stream(
+    std::string_view stream,
+    std::string_view chunker,
+    const rpc::FrameLimits& limits) {
+  Decoded out;
+  rpc::FrameDecoder d(limits);
+  uint64_t fed = 0;
+  uint64_t consumed = 0;  // bytes of the frames returned so far
+  size_t c = 0;
+  while (fed < stream.size()) {
+    size_t step = chunker.empty()
+                      ? stream.size()
+                      : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
+    std::string_view piece = stream.substr(fed, step);
+    d.feed(piece.data(), piece.size());
+    fed += piece.size();
+    try {
+      while (auto f = d.next()) {
+        std::string bytes = rpc::encode(*f, limits);
+        require(stream.substr(consumed, bytes.size()) == bytes);
+        consumed += bytes.size();
+        out.frames.push_back(std::move(*f));
+      }
+    } catch (const tide::ProtocolError& e) {
+      out.error = e.what();
+      require(!d.mid_frame());
+      require(d.bytes_reserved() == 0);
+      require_sticky(d, *out.error);
+      return out;
+    }
+    require(consumed <= fed);
+    require_bounded(d, fed - consumed, limits);
+  }
+  // Without an error, what is left is the start of a frame.
+  require(d.mid_frame() == (consumed < stream.size()));
+  return out;
+}
+
+// A valid frame made from the stream's bytes, within `limits`.
+rpc::Frame build_frame(std::string_view in, const rpc::FrameLimits& limits) {
+  auto byte = [&]() -> uint8_t {
+    if (in.empty()) {
+      return 0;
+    }
+    auto b = static_cast<uint8_t>(in[0]);
+    in.remove_prefix(1);
+    return b;
+  };
+  auto bytes = [&](size_t n) {
+    std::string_view s = in.substr(0, n);
+    in.remove_prefix(s.size());
+    return std::string(s);
+  };
+  rpc::Frame f;
+  f.type = rpc::kMessageTypes[byte() % rpc::kMessageTypes.size()];
+  f.flags = static_cast<uint16_t>(byte() | byte() << 8);
+  for (int i = 0; i < 8; ++i) {
+    f.id = f.id << 8 | byte();
+  }
+  f.metadata = bytes(byte() % (std::min<size_t>(limits.max_metadata, 64) + 1));
+  size_t count = byte() % (std::min<size_t>(limits.max_buffers, 8) + 1);
+  for (size_t i = 0; i < count; ++i) {
+    f.buffers.push_back(bytes(byte() % 64));
+  }
+  return f;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) {
+    return 0;
+  }
+  uint8_t options = data[0];
+  // Small limits so the fuzzer reaches them (bit 5: a total so tight that
+  // a header alone can exceed it); bit 4: the defaults, to test the memory
+  // bound against huge claims.
+  rpc::FrameLimits limits{
+      .max_metadata = 64,
+      .max_buffers = 8,
+      .max_buffer = 256,
+      .max_frame = (options & 0x20) ? 120u : 1024u,
+  };
+  if (options & 0x10) {
+    limits = rpc::FrameLimits{};
+  }
+  std::string_view all(reinterpret_cast<const char*>(data) + 1, size - 1);
+  std::string_view chunker =
+      all.substr(0, std::min<size_t>(options & 7, all.size()));
+  std::string_view stream = all.substr(chunker.size());
+
+  Decoded whole = decode_stream(stream, {}, limits);
+  Decoded chunked = decode_stream(stream, chunker, limits);
+  require(whole.frames == chunked.frames);
+  require(whole.error == chunked.error);
+
+  if (options & 0x08) {
+    rpc::Frame f = build_frame(stream, limits);
+    uint64_t wire_size =
+        rpc::kFrameHeaderSize + 8 * f.buffers.size() + f.metadata.size();
+    for (const std::string& b : f.buffers) {
+      wire_size += b.size();
+    }
+    std::string bytes;
+    try {
+      bytes = rpc::encode(f, limits);
+    } catch (const tide::InvalidArgument&) {
+      // max_frame is the only limit build_frame() can break.
+      require(wire_size > limits.max_frame);
+      return 0;
+    }
+    require(bytes.size() == wire_size);
+    Decoded back = decode_stream(bytes, chunker, limits);
+    require(!back.error);
+    require(back.frames.size() == 1 && back.frames[0] == f);
+  }
+  return 0;
+}

@@ -1,0 +1,402 @@
+#include "rpc/frame.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tide/common/error.h"
+
+namespace tide::rpc::detail {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// Little-endian integers, written independently of the encoder under test.
+template <typename T>
+void le(std::string& out, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+}
+
+struct RawHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t version = kFrameVersion;
+  uint8_t type = static_cast<uint8_t>(MessageType::kRequest);
+  uint16_t flags = 0;
+  uint64_t id = 1;
+  uint32_t metadata_len = 0;
+  uint32_t buffer_count = 0;
+};
+
+std::string raw(const RawHeader& h) {
+  std::string out;
+  le(out, h.magic);
+  le(out, h.version);
+  le(out, h.type);
+  le(out, h.flags);
+  le(out, h.id);
+  le(out, h.metadata_len);
+  le(out, h.buffer_count);
+  return out;
+}
+
+Frame sample(MessageType type, uint64_t id) {
+  return Frame{
+      .type = type,
+      .flags = 0x8001,
+      .id = id,
+      .metadata = "fn=add;timeout_ms=5000;caller=worker3",
+      .buffers = {"args", std::string(1000, '\0'), "", "tail"}};
+}
+
+// Decodes `bytes` fed in chunks of `chunk` bytes; fails the test on an error.
+std::vector<Frame> decode_all(
+    std::string_view bytes, size_t chunk, const FrameLimits& limits = {}) {
+  FrameDecoder d(limits);
+  std::vector<Frame> out;
+  for (size_t i = 0; i < bytes.size(); i += chunk) {
+    std::string_view piece = bytes.substr(i, chunk);
+    d.feed(piece.data(), piece.size());
+    while (auto f = d.next()) {
+      out.push_back(std::move(*f));
+    }
+  }
+  EXPECT_FALSE(d.mid_frame());
+  return out;
+}
+
+// The message of the ProtocolError `bytes` make next() throw, or "".
+std::string error_of(std::string_view bytes, const FrameLimits& limits = {}) {
+  FrameDecoder d(limits);
+  d.feed(bytes.data(), bytes.size());
+  try {
+    while (d.next()) {
+    }
+  } catch (const ProtocolError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FrameTest, HeaderHasTheDocumentedLittleEndianLayout) {
+  Frame f{
+      .type = MessageType::kResponse,
+      .flags = 0x0201,
+      .id = 0x0807060504030201,
+      .metadata = "md",
+      .buffers = {"abc"}};
+  std::string head = raw(
+      {.type = 0x11,
+       .flags = 0x0201,
+       .id = 0x0807060504030201,
+       .metadata_len = 2,
+       .buffer_count = 1});
+  ASSERT_EQ(head.size(), kFrameHeaderSize);
+  EXPECT_EQ(head.substr(0, 4), "TDRP");
+  le<uint64_t>(head, 3);
+  EXPECT_EQ(encode(f), head + "md" + "abc");
+}
+
+TEST(FrameTest, EveryMessageTypeRoundTrips) {
+  std::string stream;
+  std::vector<Frame> sent;
+  uint64_t id = 0;
+  for (MessageType t : kMessageTypes) {
+    sent.push_back(sample(t, id++));
+    stream += encode(sent.back());
+    EXPECT_EQ(message_type_from_wire(static_cast<uint8_t>(t)), t);
+    EXPECT_STRNE(message_type_name(t), "UNKNOWN");
+  }
+  EXPECT_EQ(decode_all(stream, stream.size()), sent);
+}
+
+TEST(FrameTest, TypesOutsideTheTableAreUnknown) {
+  for (int v : {0x00, 0x06, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
+    EXPECT_EQ(message_type_from_wire(static_cast<uint8_t>(v)), std::nullopt)
+        << v;
+  }
+  EXPECT_STREQ(message_type_name(static_cast<MessageType>(0x7f)), "UNKNOWN");
+}
+
+TEST(FrameTest, FrameWithoutMetadataOrBuffersIsJustTheHeader) {
+  Frame f{.type = MessageType::kShutdownAck, .id = 0};
+  std::string bytes = encode(f);
+  EXPECT_EQ(bytes.size(), kFrameHeaderSize);
+  EXPECT_EQ(decode_all(bytes, 1), std::vector<Frame>{f});
+}
+
+TEST(FrameTest, EmptyBuffersKeepTheirPlace) {
+  Frame f{
+      .type = MessageType::kRequest, .id = 9, .buffers = {"", "", "x", "", ""}};
+  EXPECT_EQ(decode_all(encode(f), 3), std::vector<Frame>{f});
+}
+
+TEST(FrameTest, AsManyBuffersAsTheLimitAllows) {
+  Frame f{.type = MessageType::kRequest, .id = 5, .metadata = "m"};
+  for (size_t i = 0; i < FrameLimits{}.max_buffers; ++i) {
+    f.buffers.push_back(std::string(i % 7, static_cast<char>('a' + i % 26)));
+  }
+  EXPECT_EQ(decode_all(encode(f), 4096), std::vector<Frame>{f});
+}
+
+TEST(FrameTest, ByteByByteFeedingReturnsTheFrameOnlyAtItsLastByte) {
+  Frame f = sample(MessageType::kError, 77);
+  std::string bytes = encode(f);
+  FrameDecoder d;
+  EXPECT_FALSE(d.mid_frame());
+  for (size_t i = 0; i + 1 < bytes.size(); ++i) {
+    d.feed(&bytes[i], 1);
+    ASSERT_EQ(d.next(), std::nullopt) << i;
+    ASSERT_TRUE(d.mid_frame()) << i;
+  }
+  d.feed(&bytes.back(), 1);
+  EXPECT_EQ(d.next(), f);
+  EXPECT_EQ(d.next(), std::nullopt);
+  EXPECT_FALSE(d.mid_frame());
+}
+
+TEST(FrameTest, SeveralFramesInOneFeedComeOutInOrder) {
+  std::vector<Frame> sent = {
+      sample(MessageType::kRequest, 1),
+      Frame{.type = MessageType::kCancel, .id = 1},
+      sample(MessageType::kResponse, 2),
+      Frame{.type = MessageType::kShutdownIntent}};
+  std::string stream;
+  for (const Frame& f : sent) {
+    stream += encode(f);
+  }
+  stream += encode(sent[0]).substr(0, 30);  // and the start of another
+  FrameDecoder d;
+  d.feed(stream.data(), stream.size());
+  for (const Frame& f : sent) {
+    EXPECT_EQ(d.next(), f);
+  }
+  EXPECT_EQ(d.next(), std::nullopt);
+  EXPECT_TRUE(d.mid_frame());
+}
+
+TEST(FrameTest, EncodeHeadThenTheBuffersIsTheWholeFrame) {
+  Frame f = sample(MessageType::kAutogradForward, 3);
+  std::vector<std::string_view> views(f.buffers.begin(), f.buffers.end());
+  std::string head = encode_head(
+      {.type = f.type,
+       .flags = f.flags,
+       .id = f.id,
+       .metadata = f.metadata,
+       .buffers = views});
+  EXPECT_EQ(head.size(), kFrameHeaderSize + 8 * 4 + f.metadata.size());
+  std::string bytes = head;
+  for (std::string_view b : views) {
+    bytes += b;  // what writev() would send
+  }
+  EXPECT_EQ(bytes, encode(f));
+}
+
+TEST(FrameTest, BadMagicIsRejectedFromItsFourBytes) {
+  FrameDecoder d;
+  d.feed("GET ", 4);
+  try {
+    d.next();
+    ADD_FAILURE() << "no error";
+  } catch (const ProtocolError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bad magic \"GET \""));
+    EXPECT_THAT(e.what(), HasSubstr("TDRP"));
+  }
+  EXPECT_THAT(error_of(std::string(24, '\0')), HasSubstr("\\x00\\x00"));
+}
+
+TEST(FrameTest, UnknownVersionIsRejected) {
+  std::string bytes = raw({.version = 2});
+  EXPECT_THAT(error_of(bytes.substr(0, 5)), HasSubstr("frame version 2"));
+  EXPECT_THAT(error_of(raw({.version = 0})), HasSubstr("frame version 0"));
+}
+
+TEST(FrameTest, UnknownTypesAreRejected) {
+  for (auto [t, text] : std::vector<std::pair<uint8_t, std::string>>{
+           {0x00, "0x00"}, {0x06, "0x06"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
+    std::string bytes = raw({.type = t});
+    EXPECT_THAT(
+        error_of(bytes.substr(0, 6)),
+        HasSubstr("unknown message type " + text));
+  }
+}
+
+TEST(FrameTest, MetadataOverTheLimitIsRejectedFromItsLength) {
+  FrameLimits limits;
+  std::string bytes = raw({.metadata_len = (1u << 20) + 1});
+  EXPECT_THAT(
+      error_of(bytes.substr(0, 20), limits),
+      HasSubstr("metadata of 1048577 bytes; the limit is 1048576"));
+  EXPECT_EQ(error_of(raw({.metadata_len = 1u << 20}), limits), "");
+}
+
+TEST(FrameTest, TooManyBuffersAreRejected) {
+  EXPECT_THAT(
+      error_of(raw({.buffer_count = 1025})),
+      HasSubstr("1025 buffers; the limit is 1024"));
+  EXPECT_THAT(
+      error_of(raw({.buffer_count = UINT32_MAX})),
+      HasSubstr("(FrameLimits::max_buffers)"));
+}
+
+TEST(FrameTest, BufferOverTheLimitIsRejectedFromItsLength) {
+  std::string bytes = raw({.id = 12, .buffer_count = 2});
+  le<uint64_t>(bytes, 10);
+  le<uint64_t>(bytes, 4 * kGiB + 1);
+  std::string msg = error_of(bytes);
+  EXPECT_THAT(msg, HasSubstr("message 12 (REQUEST) declares buffer 1"));
+  EXPECT_THAT(msg, HasSubstr("(FrameLimits::max_buffer)"));
+}
+
+TEST(FrameTest, FrameOverTheTotalLimitIsRejected) {
+  FrameLimits limits{.max_buffer = 1000, .max_frame = 2000};
+  std::string bytes = raw({.buffer_count = 3});
+  le<uint64_t>(bytes, 1000);
+  le<uint64_t>(bytes, 900);
+  EXPECT_EQ(error_of(bytes, limits), "");  // 24 + 24 + 1900 fits
+  le<uint64_t>(bytes, 53);
+  EXPECT_THAT(error_of(bytes, limits), HasSubstr("(FrameLimits::max_frame)"));
+  // The header alone can claim too much: 24 + 8 * 200 + 500 > 2000.
+  EXPECT_THAT(
+      error_of(raw({.metadata_len = 500, .buffer_count = 200}), limits),
+      HasSubstr("a frame of at least 2124 bytes"));
+}
+
+TEST(FrameTest, DefaultLimitsAddUpWithoutOverflow) {
+  // Every buffer at the per-buffer limit: the total trips, not a wrap.
+  std::string bytes = raw({.buffer_count = 1024});
+  for (int i = 0; i < 1024; ++i) {
+    le<uint64_t>(bytes, 4 * kGiB);
+  }
+  std::string msg = error_of(bytes);
+  EXPECT_THAT(msg, HasSubstr("declares more than 68719476736 bytes"));
+}
+
+TEST(FrameTest, ErrorNamesTheOffsetOfTheBadFrame) {
+  std::string good = encode(sample(MessageType::kRequest, 1));
+  std::string msg = error_of(good + "HTTP/1.1");
+  EXPECT_THAT(
+      msg,
+      HasSubstr("at byte " + std::to_string(good.size()) + " of the stream"));
+}
+
+TEST(FrameTest, FramesBeforeAnErrorAreDeliveredFirst) {
+  Frame f = sample(MessageType::kResponse, 4);
+  std::string bytes = encode(f) + raw({.version = 9});
+  FrameDecoder d;
+  d.feed(bytes.data(), bytes.size());
+  EXPECT_FALSE(d.mid_frame());
+  EXPECT_EQ(d.next(), f);
+  EXPECT_THROW(d.next(), ProtocolError);
+}
+
+TEST(FrameTest, ErrorIsStickyForFeedAndNext) {
+  FrameDecoder d;
+  std::string bad = raw({.type = 0x66});
+  d.feed(bad.data(), bad.size());
+  std::string first;
+  try {
+    d.next();
+  } catch (const ProtocolError& e) {
+    first = e.what();
+  }
+  ASSERT_FALSE(first.empty());
+  std::string good = encode(sample(MessageType::kRequest, 1));
+  for (int i = 0; i < 3; ++i) {
+    try {
+      d.feed(good.data(), good.size());
+      ADD_FAILURE() << "feed did not throw";
+    } catch (const ProtocolError& e) {
+      EXPECT_EQ(e.what(), first);
+    }
+    try {
+      d.next();
+      ADD_FAILURE() << "next did not throw";
+    } catch (const ProtocolError& e) {
+      EXPECT_EQ(e.what(), first);
+    }
+  }
+}
+
+TEST(FrameTest, BytesAfterAnUnreportedErrorAreDropped) {
+  FrameDecoder d;
+  std::string bad = raw({.magic = 0});
+  d.feed(bad.data(), bad.size());
+  std::string good = encode(sample(MessageType::kRequest, 1));
+  d.feed(good.data(), good.size());  // not yet reported: no throw
+  EXPECT_EQ(d.bytes_reserved(), 0u);
+  EXPECT_THROW(d.next(), ProtocolError);
+}
+
+TEST(FrameTest, AFailedDecoderHoldsNoMemory) {
+  std::string bytes = raw({.buffer_count = 1000});
+  le<uint64_t>(bytes, 10);
+  le<uint64_t>(bytes, 5 * kGiB);
+  FrameDecoder d;
+  d.feed(bytes.data(), 24 + 8);
+  EXPECT_GT(d.bytes_reserved(), 0u);
+  d.feed(bytes.data() + 32, 8);
+  EXPECT_EQ(d.bytes_reserved(), 0u);
+  EXPECT_FALSE(d.mid_frame());
+  EXPECT_THROW(d.next(), ProtocolError);
+}
+
+TEST(FrameTest, AHugeClaimCostsOnlyTheBytesThatCame) {
+  std::string bytes = raw({.buffer_count = 1});
+  le<uint64_t>(bytes, 4 * kGiB);
+  FrameDecoder d;
+  d.feed(bytes.data(), bytes.size());
+  EXPECT_LE(d.bytes_reserved(), 64u);
+  std::string chunk(64 * 1024, 'x');
+  size_t body = 0;
+  for (int i = 0; i < 16; ++i) {  // 1 MiB of the 4 GiB
+    d.feed(chunk.data(), chunk.size());
+    body += chunk.size();
+    EXPECT_EQ(d.next(), std::nullopt);
+    EXPECT_LE(d.bytes_reserved(), 2 * body + 64);
+  }
+  EXPECT_TRUE(d.mid_frame());
+}
+
+TEST(FrameTest, AHugeMetadataClaimCostsOnlyTheBytesThatCame) {
+  std::string bytes = raw({.metadata_len = 1u << 20}) + "0123456789";
+  FrameDecoder d;
+  d.feed(bytes.data(), bytes.size());
+  EXPECT_EQ(d.next(), std::nullopt);
+  EXPECT_LE(d.bytes_reserved(), 20u + 16u);
+}
+
+TEST(FrameTest, DeclaredBuffersCostAFewDozenBytesEach) {
+  std::string bytes = raw({.buffer_count = 1024});
+  FrameDecoder d;
+  d.feed(bytes.data(), bytes.size());
+  EXPECT_GT(d.bytes_reserved(), 0u);
+  EXPECT_LE(d.bytes_reserved(), 64u * 1024);
+}
+
+TEST(FrameTest, EncoderRefusesWhatThePeerWouldReject) {
+  FrameLimits limits{
+      .max_metadata = 8, .max_buffers = 2, .max_buffer = 10, .max_frame = 80};
+  std::string small(8, 'm');
+  std::vector<std::string_view> three = {"a", "b", "c"};
+  std::vector<std::string_view> big = {std::string_view(small), "0123456789a"};
+  EXPECT_THROW(encode_head({.metadata = "123456789"}, limits), InvalidArgument);
+  EXPECT_THROW(encode_head({.buffers = three}, limits), InvalidArgument);
+  EXPECT_THROW(encode_head({.buffers = big}, limits), InvalidArgument);
+  std::vector<std::string_view> total = {"0123456789", "0123456789"};
+  // 24 + 2 * 8 + 8 + 2 * 10 = 68 bytes.
+  EXPECT_EQ(
+      encode_head({.metadata = small, .buffers = total}, limits).size(),
+      24u + 16 + 8);
+  limits.max_frame = 67;
+  EXPECT_THROW(
+      encode_head({.metadata = small, .buffers = total}, limits),
+      InvalidArgument);
+  EXPECT_THROW(
+      encode_head({.type = static_cast<MessageType>(0x42)}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tide::rpc::detail
