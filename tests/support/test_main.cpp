@@ -4,11 +4,13 @@
 
 #include "tide/agent/entrypoint.h"
 
+#include "support/rpc_child.h"
 #include "support/worker_functions.h"
 
 int main(int argc, char** argv) {
   tide::test::register_worker_functions();
   tide::agent::run_worker_if_spawned(argc, argv);
+  tide::test::run_rpc_child_if_requested();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -1,0 +1,303 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tide/common/future.h"
+#include "tide/rpc/serialize.h"
+
+// tide's RPC: the counterpart of torch.distributed.rpc, without tensors yet.
+//
+//   RpcAgent agent("worker0", 0, 2, RpcBackendOptions{.init_method =
+//                                                      "tcp://10.0.0.1:29500"});
+//   agent.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+//   int64_t s = agent.rpc_sync<int64_t>("worker1", "add", 2, 3);
+//   Future<int64_t> f = agent.rpc_async<int64_t>("worker1", "add",
+//                                                std::chrono::milliseconds(500),
+//                                                2, 3);
+//   agent.shutdown();  // waits until every worker is idle
+//
+// Errors of a call arrive in its future (rpc_sync throws them):
+//   RemoteError     the function threw on the callee; the message names the
+//                   function, the worker, the exception's type and message
+//                   (a wrong argument type is an InvalidArgument there)
+//   TimeoutError    no reply within the call's timeout (the call may still
+//                   run on the callee; a late reply is dropped)
+//   NetworkError    the connection to the callee failed, or the agent is shut
+//                   down
+//   InvalidArgument unknown worker name (thrown by rpc_async itself)
+//
+// Threading: one I/O thread per agent and a pool of num_worker_threads that
+// runs the functions called on it. Continuations of call futures run on the
+// I/O thread: they must not block (no rpc_sync inside a then()).
+namespace tide::store {
+class Store;
+}  // namespace tide::store
+
+namespace tide::rpc {
+
+struct WorkerInfo {
+  std::string name;
+  int id = 0;
+
+  bool operator==(const WorkerInfo&) const = default;
+};
+
+enum class BackendType { kTcp };
+
+struct RpcBackendOptions {
+  // Threads running the functions called on this worker.
+  int num_worker_threads = 16;
+  // Default timeout of a call, and of the rendezvous in the constructor.
+  std::chrono::milliseconds rpc_timeout{60000};
+  // Where the rendezvous store is: "env://" (MASTER_ADDR, MASTER_PORT) or
+  // "tcp://host:port". Rank 0 hosts the store there.
+  std::string init_method = "env://";
+  // Address this worker listens on for calls (on a kernel-picked port).
+  std::string listen_host = "127.0.0.1";
+};
+
+namespace detail {
+
+// An encoded value (argument pack or result) and its out-of-band buffers.
+struct Payload {
+  std::string data;
+  std::vector<std::string> buffers;
+};
+
+// A registered function, type-erased: decodes its arguments from the
+// decoder, runs, and completes with its encoded result.
+using Handler = std::function<Future<Payload>(Decoder&, std::string_view)>;
+
+template <typename T>
+struct IsFuture : std::false_type {};
+template <typename T>
+struct IsFuture<Future<T>> : std::true_type {
+  using Value = T;
+};
+
+template <typename T>
+Payload encode_value(const T& value) {
+  Payload p;
+  Encoder e(p.data, &p.buffers);
+  encode(e, value);
+  return p;
+}
+
+// A function without a result answers with an empty optional.
+inline Payload encode_void() {
+  return encode_value(std::nullopt);
+}
+
+template <typename R, typename... A>
+Handler make_handler(std::function<R(A...)> fn) {
+  return [fn = std::move(fn)](
+             Decoder& d, std::string_view name) -> Future<Payload> {
+    auto args = decode_args<std::tuple<A...>>(d, name);
+    if constexpr (IsFuture<R>::value) {
+      using T = typename IsFuture<R>::Value;
+      R result = std::apply(fn, std::move(args));
+      if constexpr (std::is_void_v<T>) {
+        return result.then([] { return encode_void(); });
+      } else {
+        return result.then([](const T& v) { return encode_value(v); });
+      }
+    } else if constexpr (std::is_void_v<R>) {
+      std::apply(fn, std::move(args));
+      return Future<Payload>::make_ready(encode_void());
+    } else {
+      return Future<Payload>::make_ready(
+          encode_value(std::apply(fn, std::move(args))));
+    }
+  };
+}
+
+template <typename F>
+Handler make_handler(F fn) {
+  return make_handler(std::function{std::move(fn)});
+}
+
+template <typename... A>
+Payload encode_call(const A&... args) {
+  Payload p;
+  Encoder e(p.data, &p.buffers);
+  encode_args(e, args...);
+  return p;
+}
+
+template <typename R>
+Future<R> decode_reply(Future<Payload> reply, std::string fn) {
+  return reply.then([fn = std::move(fn)](const Payload& p) -> R {
+    if constexpr (!std::is_void_v<R>) {
+      Decoder d(p.data, p.buffers);
+      return decode_result<R>(d, fn);
+    }
+  });
+}
+
+// The process-wide registry TIDE_RPC_FUNCTION fills; every agent consults it
+// after its own functions. Thread safe.
+bool register_global_handler(const std::string& name, Handler handler);
+
+template <typename F>
+bool register_global_function(const std::string& name, F fn) {
+  return register_global_handler(name, make_handler(std::move(fn)));
+}
+
+}  // namespace detail
+
+// One worker of an RPC group. Normally one per process; several may live in
+// one process (tests do), each with its own port and threads.
+// Thread safety: every member is thread safe.
+class RpcAgent {
+ public:
+  // Joins the group: rank 0 hosts a TcpStore at options.init_method, every
+  // worker listens on options.listen_host (port 0), publishes its name, id
+  // and address, and waits for all world_size workers, at most
+  // options.rpc_timeout. Throws InvalidArgument for a bad rank, a name
+  // another worker has, a world size other workers disagree with;
+  // RendezvousError when the group is not complete in time; NetworkError when
+  // the store or the listening address cannot be used.
+  RpcAgent(
+      std::string name,
+      int rank,
+      int world_size,
+      RpcBackendOptions options = {});
+  // The same over a store the caller provides (shared by the group).
+  RpcAgent(
+      std::string name,
+      int rank,
+      int world_size,
+      RpcBackendOptions options,
+      std::shared_ptr<store::Store> store);
+  // Stops at once (shutdown(false)) unless shut down already.
+  ~RpcAgent();
+
+  RpcAgent(const RpcAgent&) = delete;
+  RpcAgent& operator=(const RpcAgent&) = delete;
+
+  // This worker.
+  const WorkerInfo& get_worker_info() const;
+  // The worker called `name`; throws InvalidArgument naming the known ones.
+  WorkerInfo get_worker_info(const std::string& name) const;
+  // Every worker, by id.
+  std::vector<WorkerInfo> worker_infos() const;
+
+  // Makes `fn` callable as `name` on this worker. fn is any callable whose
+  // arguments and result serialize (serialize.h); it may return Future<T>,
+  // and then the call completes when that future does, without holding a
+  // worker thread. Replaces an earlier function of that name.
+  template <typename F>
+  void register_function(const std::string& name, F fn) {
+    add_handler(name, detail::make_handler(std::move(fn)));
+  }
+
+  // Calls `fn(args...)` on worker `to`; the future holds its result as an R
+  // (R = void for none). timeout 0 is the agent's rpc_timeout. Never blocks.
+  template <typename R, typename... A>
+  Future<R> rpc_async(
+      const std::string& to,
+      const std::string& fn,
+      std::chrono::milliseconds timeout,
+      const A&... args) {
+    return detail::decode_reply<R>(
+        call(to, fn, timeout, detail::encode_call(args...)), fn);
+  }
+  template <typename R, typename... A>
+  Future<R> rpc_async(
+      const std::string& to, const std::string& fn, const A&... args) {
+    return rpc_async<R>(to, fn, std::chrono::milliseconds(0), args...);
+  }
+
+  // rpc_async, then waits: returns the result or throws the call's error.
+  template <typename R, typename... A>
+  R rpc_sync(
+      const std::string& to,
+      const std::string& fn,
+      std::chrono::milliseconds timeout,
+      const A&... args) {
+    Future<R> f = rpc_async<R>(to, fn, timeout, args...);
+    // The call's own timer completes f; this bound only guards against a
+    // lost completion.
+    return f.wait(effective_timeout(timeout) + std::chrono::seconds(30));
+  }
+  template <typename R, typename... A>
+  R rpc_sync(const std::string& to, const std::string& fn, const A&... args) {
+    return rpc_sync<R>(to, fn, std::chrono::milliseconds(0), args...);
+  }
+
+  // graceful: waits until no worker of the group has calls pending or
+  // functions running (a barrier through the store, each worker entering once
+  // its own work is done), then stops. Otherwise stops at once: pending calls
+  // fail with NetworkError. Blocks; idempotent. Throws TimeoutError when the
+  // group does not finish within 10 rpc_timeouts (the agent is stopped
+  // anyway).
+  void shutdown(bool graceful = true);
+
+  // Calls this agent made that have not completed; functions running on it.
+  size_t num_pending_calls() const;
+  size_t num_running_functions() const;
+
+  struct Impl;
+
+ private:
+  void add_handler(const std::string& name, detail::Handler handler);
+  Future<detail::Payload> call(
+      const std::string& to,
+      const std::string& fn,
+      std::chrono::milliseconds timeout,
+      detail::Payload args);
+  std::chrono::milliseconds effective_timeout(
+      std::chrono::milliseconds timeout) const;
+
+  std::unique_ptr<Impl> impl_;
+};
+
+// The process's agent, for the free functions below. Throws InvalidArgument
+// when init_rpc has not run (or shutdown has).
+RpcAgent& current_agent();
+
+// Creates the process's agent (torch.distributed.rpc.init_rpc). Throws
+// InvalidArgument when one exists already, and what RpcAgent throws.
+void init_rpc(
+    const std::string& name,
+    int rank,
+    int world_size,
+    RpcBackendOptions options = {});
+
+// Shuts the process's agent down and destroys it.
+void shutdown(bool graceful = true);
+
+inline WorkerInfo get_worker_info() {
+  return current_agent().get_worker_info();
+}
+inline WorkerInfo get_worker_info(const std::string& name) {
+  return current_agent().get_worker_info(name);
+}
+
+template <typename R, typename... A>
+Future<R> rpc_async(
+    const std::string& to, const std::string& fn, const A&... args) {
+  return current_agent().rpc_async<R>(to, fn, args...);
+}
+template <typename R, typename... A>
+R rpc_sync(const std::string& to, const std::string& fn, const A&... args) {
+  return current_agent().rpc_sync<R>(to, fn, args...);
+}
+
+}  // namespace tide::rpc
+
+// Registers a callable as `name` (an identifier) for every agent of the
+// process, at static-initialisation time: TIDE_RPC_FUNCTION(add, &add);
+// (variadic so that a lambda with commas needs no parentheses). Put it in a
+// file the linker keeps (one with other code the program uses).
+#define TIDE_RPC_FUNCTION(name, ...)                               \
+  [[maybe_unused]] static const bool tide_rpc_function_##name##_ = \
+      ::tide::rpc::detail::register_global_function(#name, __VA_ARGS__)

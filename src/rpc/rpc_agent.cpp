@@ -1,0 +1,497 @@
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
+
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+#include "tide/rpc/rpc.h"
+#include "tide/store/tcp_store.h"
+
+#include "transport/tcp/tcp_transport.h"
+
+namespace tide::rpc {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr std::string_view kPrefix = "rpc/";
+
+std::string key(std::string_view k) {
+  return std::string(kPrefix) + std::string(k);
+}
+
+struct GlobalRegistry {
+  std::mutex mutex;
+  std::map<std::string, detail::Handler> handlers;  // Guarded by mutex.
+};
+
+GlobalRegistry& global_registry() {
+  static GlobalRegistry r;
+  return r;
+}
+
+// "tcp://host:port" or "env://" (MASTER_ADDR, MASTER_PORT) -> host, port.
+std::pair<std::string, uint16_t> parse_init_method(const std::string& init) {
+  std::string host;
+  std::string port;
+  if (init == "env://") {
+    const char* a = std::getenv("MASTER_ADDR");
+    const char* p = std::getenv("MASTER_PORT");
+    if (a == nullptr || p == nullptr) {
+      throw InvalidArgument(
+          "init_method env:// needs MASTER_ADDR and MASTER_PORT set; got " +
+          std::string(a ? "" : "no MASTER_ADDR ") +
+          std::string(p ? "" : "no MASTER_PORT"));
+    }
+    host = a;
+    port = p;
+  } else if (init.rfind("tcp://", 0) == 0) {
+    std::string rest = init.substr(6);
+    auto colon = rest.rfind(':');
+    if (colon == std::string::npos) {
+      throw InvalidArgument(
+          "init_method '" + init + "' has no port; expected tcp://host:port");
+    }
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+  } else {
+    throw InvalidArgument(
+        "init_method '" + init +
+        "' is not supported; expected env:// or tcp://host:port");
+  }
+  char* end = nullptr;
+  long v = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || v < 0 || v > 65535) {
+    throw InvalidArgument("bad port '" + port + "' in init_method " + init);
+  }
+  return {host, static_cast<uint16_t>(v)};
+}
+
+std::shared_ptr<store::Store> make_store(
+    const RpcBackendOptions& options, int rank) {
+  auto [host, port] = parse_init_method(options.init_method);
+  store::TcpStoreOptions o;
+  o.host = host;
+  o.port = port;
+  o.is_server = rank == 0;
+  o.timeout = options.rpc_timeout;
+  return std::make_shared<store::TcpStore>(o);
+}
+
+}  // namespace
+
+namespace detail {
+
+bool register_global_handler(const std::string& name, Handler handler) {
+  auto& r = global_registry();
+  std::lock_guard lock(r.mutex);
+  r.handlers[name] = std::move(handler);
+  return true;
+}
+
+}  // namespace detail
+
+struct RpcAgent::Impl {
+  WorkerInfo self;
+  int world_size = 0;
+  RpcBackendOptions options;
+  std::shared_ptr<store::Store> store;
+  std::vector<WorkerInfo> infos;
+  std::map<std::string, int> ids;
+
+  std::mutex handlers_mutex;
+  std::map<std::string, detail::Handler> handlers;  // Guarded by it.
+
+  std::unique_ptr<asio::thread_pool> pool;
+  std::unique_ptr<detail::TcpTransport> transport;
+
+  // Functions running here. Shared: an async function may complete after
+  // the agent is gone.
+  struct Activity {
+    std::atomic<size_t> running{0};
+    // Signalled when running drops; the shutdown barrier waits on it.
+    std::mutex idle_mutex;
+    std::condition_variable idle_cv;
+  };
+  std::shared_ptr<Activity> activity = std::make_shared<Activity>();
+
+  std::mutex shutdown_mutex;
+  bool shut_down = false;  // Guarded by shutdown_mutex.
+
+  detail::Handler find_handler(const std::string& fn) {
+    {
+      std::lock_guard lock(handlers_mutex);
+      if (auto it = handlers.find(fn); it != handlers.end()) {
+        return it->second;
+      }
+    }
+    auto& r = global_registry();
+    std::lock_guard lock(r.mutex);
+    if (auto it = r.handlers.find(fn); it != r.handlers.end()) {
+      return it->second;
+    }
+    return nullptr;
+  }
+
+  std::string known_functions() {
+    std::vector<std::string> names;
+    {
+      std::lock_guard lock(handlers_mutex);
+      for (const auto& [n, h] : handlers) {
+        names.push_back(n);
+      }
+    }
+    {
+      auto& r = global_registry();
+      std::lock_guard lock(r.mutex);
+      for (const auto& [n, h] : r.handlers) {
+        names.push_back(n);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    std::string out;
+    for (const auto& n : names) {
+      out += (out.empty() ? "" : ", ") + n;
+    }
+    return out.empty() ? "none" : out;
+  }
+
+  // Called on the transport's loop: runs the function on the pool.
+  Future<detail::Payload> on_request(
+      int caller, std::string fn, detail::Payload args) {
+    (void)caller;
+    Promise<detail::Payload> promise;
+    Future<detail::Payload> result = promise.get_future();
+    activity->running.fetch_add(1);
+    result.on_complete([a = activity](const Future<detail::Payload>&) {
+      a->running.fetch_sub(1);
+      { std::lock_guard lock(a->idle_mutex); }
+      a->idle_cv.notify_all();
+    });
+    asio::post(
+        *pool,
+        [this, fn = std::move(fn), args = std::move(args), promise]() mutable {
+          try {
+            detail::Handler h = find_handler(fn);
+            if (!h) {
+              throw InvalidArgument(
+                  "no function '" + fn + "' on worker '" + self.name +
+                  "'; registered: " + known_functions());
+            }
+            Decoder d(args.data, args.buffers);
+            Future<detail::Payload> out = h(d, fn);
+            // Async functions complete later, on whatever thread completes
+            // their future; this worker thread is free now.
+            out.on_complete(
+                [promise](const Future<detail::Payload>& f) mutable {
+                  if (auto e = f.error()) {
+                    promise.set_exception(e);
+                  } else {
+                    promise.set_value(f.wait(milliseconds(0)));
+                  }
+                });
+          } catch (...) {
+            promise.set_exception(std::current_exception());
+          }
+        });
+    return result;
+  }
+
+  void rendezvous() {
+    if (self.id < 0 || self.id >= world_size) {
+      throw InvalidArgument(
+          "rank " + std::to_string(self.id) + " is outside world_size " +
+          std::to_string(world_size));
+    }
+    std::string ws = std::to_string(world_size);
+    std::string agreed = store->compare_set(key("world_size"), "", ws);
+    if (agreed != ws) {
+      throw InvalidArgument(
+          "worker '" + self.name + "' has world_size " + ws +
+          " but the group was started with world_size " + agreed +
+          "; every worker must pass the same world_size");
+    }
+    std::string me = std::to_string(self.id);
+    std::string owner = store->compare_set(key("names/" + self.name), "", me);
+    if (owner != me) {
+      throw InvalidArgument(
+          "worker name '" + self.name + "' is taken by rank " + owner +
+          " (this is rank " + me + "); every worker needs a unique name");
+    }
+    std::string entry;
+    {
+      Encoder e(entry);
+      encode_args(
+          e,
+          self.name,
+          self.id,
+          options.listen_host,
+          static_cast<int>(transport->port()));
+    }
+    store->set(key("workers/" + me), entry);
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size; ++r) {
+      keys.push_back(key("workers/" + std::to_string(r)));
+    }
+    std::vector<std::string> values;
+    try {
+      store->wait(keys, options.rpc_timeout);
+      values = store->multi_get(keys);
+    } catch (const TimeoutError& e) {
+      throw RendezvousError(
+          "rpc group of " + ws + " workers incomplete after " +
+          std::to_string(options.rpc_timeout.count()) + " ms (" + e.what() +
+          ")");
+    }
+    std::vector<detail::PeerAddress> peers;
+    for (const auto& v : values) {
+      Decoder d(v);
+      auto [name, id, host, port] =
+          decode_args<std::tuple<std::string, int, std::string, int>>(
+              d, "worker entry");
+      infos.push_back(WorkerInfo{name, id});
+      ids[name] = id;
+      peers.push_back(
+          detail::PeerAddress{id, name, host, static_cast<uint16_t>(port)});
+    }
+    transport->set_peers(std::move(peers));
+  }
+
+  size_t outstanding() const {
+    return activity->running.load() + transport->pending_calls();
+  }
+
+  void stop_local() {
+    transport->shutdown();
+    transport->join();
+    pool->join();
+  }
+
+  // Each worker enters once its own work is done; all leave together.
+  void graceful_barrier() {
+    milliseconds limit = options.rpc_timeout * 10;
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    {
+      std::unique_lock lock(activity->idle_mutex);
+      // Pending calls complete on the loop without notifying: poll them.
+      while (outstanding() > 0) {
+        if (activity->idle_cv.wait_until(
+                lock,
+                std::min(
+                    deadline,
+                    std::chrono::steady_clock::now() + milliseconds(5)),
+                [this] { return outstanding() == 0; })) {
+          break;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw TimeoutError(
+              "rpc shutdown: worker '" + self.name + "' still has " +
+              std::to_string(outstanding()) + " calls or functions after " +
+              std::to_string(limit.count()) + " ms");
+        }
+      }
+    }
+    if (store->add(key("shutdown/arrived"), 1) == world_size) {
+      store->set(key("shutdown/go"), "1");
+    }
+    store->wait({key("shutdown/go")}, limit);
+  }
+};
+
+RpcAgent::RpcAgent(
+    std::string name, int rank, int world_size, RpcBackendOptions options)
+    : RpcAgent(
+          std::move(name),
+          rank,
+          world_size,
+          options,
+          make_store(options, rank)) {}
+
+RpcAgent::RpcAgent(
+    std::string name,
+    int rank,
+    int world_size,
+    RpcBackendOptions options,
+    std::shared_ptr<store::Store> store)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& impl = *impl_;
+  if (name.empty()) {
+    throw InvalidArgument("an rpc worker needs a non-empty name");
+  }
+  if (options.num_worker_threads < 1) {
+    throw InvalidArgument(
+        "num_worker_threads must be at least 1, got " +
+        std::to_string(options.num_worker_threads));
+  }
+  impl.self = WorkerInfo{std::move(name), rank};
+  impl.world_size = world_size;
+  impl.options = std::move(options);
+  impl.store = std::move(store);
+  impl.pool = std::make_unique<asio::thread_pool>(
+      static_cast<size_t>(impl.options.num_worker_threads));
+  try {
+    impl.transport = std::make_unique<detail::TcpTransport>(
+        rank,
+        impl.self.name,
+        impl.options.listen_host,
+        [&impl](int caller, std::string fn, detail::Payload args) {
+          return impl.on_request(caller, std::move(fn), std::move(args));
+        });
+    impl.rendezvous();
+  } catch (...) {
+    if (impl.transport) {
+      impl.stop_local();
+    } else {
+      impl.pool->join();
+    }
+    throw;
+  }
+  TIDE_LOG_DEBUG(
+      "[{}] rpc agent up: rank {} of {}, port {}",
+      impl.self.name,
+      rank,
+      world_size,
+      impl.transport->port());
+}
+
+RpcAgent::~RpcAgent() {
+  try {
+    shutdown(false);
+  } catch (const std::exception& e) {
+    TIDE_LOG_WARN("[{}] rpc shutdown failed: {}", impl_->self.name, e.what());
+  }
+}
+
+const WorkerInfo& RpcAgent::get_worker_info() const {
+  return impl_->self;
+}
+
+WorkerInfo RpcAgent::get_worker_info(const std::string& name) const {
+  auto it = impl_->ids.find(name);
+  if (it == impl_->ids.end()) {
+    std::string known;
+    for (const auto& w : impl_->infos) {
+      known += (known.empty() ? "" : ", ") + w.name;
+    }
+    throw InvalidArgument(
+        "no rpc worker named '" + name + "'; workers: " + known);
+  }
+  return impl_->infos[static_cast<size_t>(it->second)];
+}
+
+std::vector<WorkerInfo> RpcAgent::worker_infos() const {
+  return impl_->infos;
+}
+
+void RpcAgent::add_handler(const std::string& name, detail::Handler handler) {
+  std::lock_guard lock(impl_->handlers_mutex);
+  impl_->handlers[name] = std::move(handler);
+}
+
+Future<detail::Payload> RpcAgent::call(
+    const std::string& to,
+    const std::string& fn,
+    milliseconds timeout,
+    detail::Payload args) {
+  int id = get_worker_info(to).id;
+  return impl_->transport->call(
+      id, fn, effective_timeout(timeout), std::move(args));
+}
+
+milliseconds RpcAgent::effective_timeout(milliseconds timeout) const {
+  return timeout.count() > 0 ? timeout : impl_->options.rpc_timeout;
+}
+
+size_t RpcAgent::num_pending_calls() const {
+  return impl_->transport->pending_calls();
+}
+
+size_t RpcAgent::num_running_functions() const {
+  return impl_->activity->running.load();
+}
+
+void RpcAgent::shutdown(bool graceful) {
+  Impl& impl = *impl_;
+  std::lock_guard lock(impl.shutdown_mutex);
+  if (impl.shut_down) {
+    return;
+  }
+  impl.shut_down = true;
+  std::exception_ptr error;
+  if (graceful) {
+    try {
+      impl.graceful_barrier();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  impl.stop_local();
+  if (graceful && !error) {
+    // Rank 0 hosts the store: it leaves last, once everyone has read "go".
+    try {
+      if (impl.store->add(key("shutdown/left"), 1) == impl.world_size) {
+        impl.store->set(key("shutdown/all_left"), "1");
+      }
+      if (impl.self.id == 0) {
+        impl.store->wait({key("shutdown/all_left")}, impl.options.rpc_timeout);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    std::rethrow_exception(error);
+  }
+}
+
+namespace {
+
+std::mutex g_agent_mutex;
+std::unique_ptr<RpcAgent> g_agent;  // Guarded by g_agent_mutex.
+
+}  // namespace
+
+RpcAgent& current_agent() {
+  std::lock_guard lock(g_agent_mutex);
+  if (!g_agent) {
+    throw InvalidArgument("rpc is not initialised; call init_rpc() first");
+  }
+  return *g_agent;
+}
+
+void init_rpc(
+    const std::string& name,
+    int rank,
+    int world_size,
+    RpcBackendOptions options) {
+  std::lock_guard lock(g_agent_mutex);
+  if (g_agent) {
+    throw InvalidArgument(
+        "init_rpc: this process already runs rpc worker '" +
+        g_agent->get_worker_info().name + "'; call shutdown() first");
+  }
+  g_agent = std::make_unique<RpcAgent>(name, rank, world_size, options);
+}
+
+void shutdown(bool graceful) {
+  std::unique_ptr<RpcAgent> agent;
+  {
+    std::lock_guard lock(g_agent_mutex);
+    agent = std::move(g_agent);
+  }
+  if (agent) {
+    agent->shutdown(graceful);
+  }
+}
+
+}  // namespace tide::rpc

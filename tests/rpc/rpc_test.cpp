@@ -1,0 +1,505 @@
+#include "tide/rpc/rpc.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tide/common/error.h"
+#include "tide/store/tcp_store.h"
+
+#include "support/raw_client.h"
+#include "support/rpc_child.h"
+#include "support/subprocess.h"
+
+namespace tide::rpc {
+namespace {
+
+using namespace std::chrono_literals;
+using store::TcpStore;
+using store::TcpStoreOptions;
+using ::testing::HasSubstr;
+
+int64_t add(int64_t a, int64_t b) {
+  return a + b;
+}
+
+std::string shout(const std::string& s) {
+  return s + "!";
+}
+
+TIDE_RPC_FUNCTION(global_triple, [](int64_t v) { return 3 * v; });
+
+// A rendezvous store on 127.0.0.1 (port 0) and agents over it, each with
+// its own store client (a client serialises its calls, and the shutdown
+// barrier blocks in one).
+class RpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<TcpStore>(TcpStoreOptions{
+        .host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 10s});
+  }
+
+  std::shared_ptr<store::Store> client() {
+    return std::make_shared<TcpStore>(TcpStoreOptions{
+        .host = "127.0.0.1", .port = server_->port(), .timeout = 10s});
+  }
+
+  // Starts `names.size()` agents at once (each blocks until all are in).
+  std::vector<std::unique_ptr<RpcAgent>> group(
+      const std::vector<std::string>& names, RpcBackendOptions options = {}) {
+    std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
+    int n = static_cast<int>(names.size());
+    for (int r = 0; r < n; ++r) {
+      starting.push_back(std::async(std::launch::async, [&, r] {
+        return std::make_unique<RpcAgent>(names[r], r, n, options, client());
+      }));
+    }
+    std::vector<std::unique_ptr<RpcAgent>> agents;
+    for (auto& s : starting) {
+      agents.push_back(s.get());
+    }
+    return agents;
+  }
+
+  std::unique_ptr<TcpStore> server_;
+};
+
+TEST_F(RpcTest, InitPublishesEveryWorkerInfo) {
+  auto agents = group({"a", "b", "c"});
+  for (const auto& agent : agents) {
+    EXPECT_EQ(
+        agent->worker_infos(),
+        (std::vector<WorkerInfo>{{"a", 0}, {"b", 1}, {"c", 2}}));
+  }
+  EXPECT_EQ(agents[1]->get_worker_info(), (WorkerInfo{"b", 1}));
+  EXPECT_EQ(agents[0]->get_worker_info("c"), (WorkerInfo{"c", 2}));
+  try {
+    agents[0]->get_worker_info("d");
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no rpc worker named 'd'"));
+    EXPECT_THAT(e.what(), HasSubstr("a, b, c"));
+  }
+}
+
+TEST_F(RpcTest, DuplicateNameFailsNamingTheName) {
+  RpcBackendOptions options{.rpc_timeout = 1000ms};
+  auto first = std::async(std::launch::async, [&] {
+    return std::make_unique<RpcAgent>("same", 0, 2, options, client());
+  });
+  // Wait until rank 0 has claimed the name.
+  client()->wait({"rpc/workers/0"}, 5s);
+  try {
+    RpcAgent second("same", 1, 2, options, client());
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("worker name 'same' is taken by rank 0"));
+  }
+  // Rank 0 waits for a group that never completes.
+  EXPECT_THROW(first.get(), RendezvousError);
+}
+
+TEST_F(RpcTest, MismatchedWorldSizeFails) {
+  RpcBackendOptions options{.rpc_timeout = 1000ms};
+  auto first = std::async(std::launch::async, [&] {
+    return std::make_unique<RpcAgent>("x", 0, 2, options, client());
+  });
+  // Wait until rank 0 has claimed the world size.
+  client()->wait({"rpc/workers/0"}, 5s);
+  try {
+    RpcAgent second("y", 1, 3, options, client());
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("world_size 3"));
+    EXPECT_THAT(e.what(), HasSubstr("world_size 2"));
+  }
+  EXPECT_THROW(first.get(), RendezvousError);
+}
+
+TEST_F(RpcTest, SyncAndAsyncCallsCarryTypedValues) {
+  auto agents = group({"caller", "callee"});
+  RpcAgent& callee = *agents[1];
+  RpcAgent& caller = *agents[0];
+  callee.register_function("add", add);
+  callee.register_function("shout", shout);
+  callee.register_function("sum", [](const std::vector<int64_t>& v) {
+    int64_t s = 0;
+    for (int64_t x : v) {
+      s += x;
+    }
+    return s;
+  });
+  callee.register_function("invert", [](const std::map<std::string, int>& m) {
+    std::map<int, std::string> out;
+    for (const auto& [k, v] : m) {
+      out[v] = k;
+    }
+    return out;
+  });
+  callee.register_function("swap", [](const std::tuple<int, std::string>& t) {
+    return std::make_tuple(std::get<1>(t), std::get<0>(t));
+  });
+  callee.register_function("maybe", [](std::optional<int> v) {
+    return v ? std::optional<std::string>(std::to_string(*v)) : std::nullopt;
+  });
+  std::atomic<int> touched{0};
+  callee.register_function("touch", [&touched] { touched.fetch_add(1); });
+
+  EXPECT_EQ(caller.rpc_sync<int64_t>("callee", "add", 2, 3), 5);
+  EXPECT_EQ(caller.rpc_sync<std::string>("callee", "shout", "hi"), "hi!");
+  EXPECT_EQ(
+      caller.rpc_sync<int64_t>(
+          "callee", "sum", std::vector<int64_t>{1, 2, 3, 4}),
+      10);
+  EXPECT_EQ(
+      (caller.rpc_sync<std::map<int, std::string>>(
+          "callee", "invert", std::map<std::string, int>{{"a", 1}, {"b", 2}})),
+      (std::map<int, std::string>{{1, "a"}, {2, "b"}}));
+  EXPECT_EQ(
+      (caller.rpc_sync<std::tuple<std::string, int>>(
+          "callee", "swap", std::make_tuple(7, std::string("seven")))),
+      std::make_tuple(std::string("seven"), 7));
+  EXPECT_EQ(
+      caller.rpc_sync<std::optional<std::string>>(
+          "callee", "maybe", std::optional<int>(4)),
+      "4");
+  EXPECT_EQ(
+      caller.rpc_sync<std::optional<std::string>>(
+          "callee", "maybe", std::optional<int>()),
+      std::nullopt);
+  caller.rpc_sync<void>("callee", "touch");
+  EXPECT_EQ(touched.load(), 1);
+
+  Future<int64_t> f = caller.rpc_async<int64_t>("callee", "add", 40, 2);
+  Future<std::string> g =
+      caller.rpc_async<std::string>("callee", "shout", 5000ms, "async");
+  EXPECT_EQ(f.wait(10s), 42);
+  EXPECT_EQ(g.wait(10s), "async!");
+  // Both ways, and to itself.
+  agents[0]->register_function("add", add);
+  EXPECT_EQ(callee.rpc_sync<int64_t>("caller", "add", 1, 1), 2);
+  EXPECT_EQ(callee.rpc_sync<std::string>("callee", "shout", "me"), "me!");
+}
+
+TEST_F(RpcTest, WrongArgumentTypeNamesFunctionAndArgument) {
+  auto agents = group({"caller", "callee"});
+  agents[1]->register_function("add", add);
+  try {
+    agents[0]->rpc_sync<int64_t>("callee", "add", 1, std::string("two"));
+    FAIL() << "expected RemoteError";
+  } catch (const RemoteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("add(): argument 2: expected i64"));
+    EXPECT_THAT(e.what(), HasSubstr("got string"));
+    EXPECT_THAT(e.what(), HasSubstr("tide::InvalidArgument"));
+  }
+  try {
+    agents[0]->rpc_sync<std::string>("callee", "add", 1, 2);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("add(): result: expected string"));
+  }
+  try {
+    agents[0]->rpc_sync<int64_t>("callee", "nope", 1);
+    FAIL() << "expected RemoteError";
+  } catch (const RemoteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no function 'nope' on worker 'callee'"));
+    EXPECT_THAT(e.what(), HasSubstr("add"));
+  }
+  EXPECT_THROW(
+      agents[0]->rpc_async<int64_t>("nobody", "add", 1, 2), InvalidArgument);
+}
+
+TEST_F(RpcTest, RemoteExceptionArrivesAsRemoteErrorWithTypeAndMessage) {
+  auto agents = group({"caller", "callee"});
+  agents[1]->register_function("fail", [](int v) -> int {
+    throw std::out_of_range("value " + std::to_string(v) + " is too big");
+  });
+  Future<int> f = agents[0]->rpc_async<int>("callee", "fail", 99);
+  try {
+    f.wait(10s);
+    FAIL() << "expected RemoteError";
+  } catch (const RemoteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("fail()"));
+    EXPECT_THAT(e.what(), HasSubstr("callee"));
+    EXPECT_THAT(e.what(), HasSubstr("std::out_of_range"));
+    EXPECT_THAT(e.what(), HasSubstr("value 99 is too big"));
+  }
+}
+
+TEST_F(RpcTest, PerCallTimeoutGivesTimeoutErrorAndDropsTheLateReply) {
+  auto agents = group({"caller", "callee"});
+  Promise<void> release;
+  Future<void> released = release.get_future();
+  agents[1]->register_function("block", [released] {
+    released.wait(30s);
+    return 1;
+  });
+  agents[1]->register_function("add", add);
+  auto start = std::chrono::steady_clock::now();
+  Future<int> f = agents[0]->rpc_async<int>("callee", "block", 200ms);
+  try {
+    f.wait(10s);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("block()"));
+    EXPECT_THAT(e.what(), HasSubstr("200 ms"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(agents[0]->num_pending_calls(), 0u);
+  release.set_value();
+  // The late reply is dropped; the connection goes on.
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("callee", "add", 1, 2), 3);
+}
+
+TEST_F(RpcTest, AsyncFunctionDoesNotHoldAWorkerThread) {
+  auto agents = group({"caller", "callee"}, {.num_worker_threads = 1});
+  std::mutex mutex;
+  std::vector<Promise<int64_t>> held;
+  Promise<void> first_in;
+  agents[1]->register_function("later", [&](int64_t v) {
+    Promise<int64_t> p;
+    {
+      std::lock_guard lock(mutex);
+      held.push_back(p);
+    }
+    first_in.set_value();
+    return p.get_future().then([v](const int64_t& x) { return x + v; });
+  });
+  agents[1]->register_function("add", add);
+  Future<int64_t> pending = agents[0]->rpc_async<int64_t>("callee", "later", 1);
+  first_in.get_future().wait(10s);
+  // The only worker thread is free: a plain call goes through meanwhile.
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("callee", "add", 2, 2), 4);
+  EXPECT_FALSE(pending.ready());
+  std::thread completer([&] {
+    std::lock_guard lock(mutex);
+    held.at(0).set_value(41);
+  });
+  completer.join();
+  EXPECT_EQ(pending.wait(10s), 42);
+}
+
+TEST_F(RpcTest, AsyncFunctionCompletingAfterTheAgentIsGoneIsHarmless) {
+  auto agents = group({"caller", "callee"});
+  Promise<int64_t> held;
+  Promise<void> in;
+  agents[1]->register_function("later", [&] {
+    in.set_value();
+    return held.get_future();
+  });
+  Future<int64_t> f = agents[0]->rpc_async<int64_t>("callee", "later");
+  in.get_future().wait(10s);
+  agents.clear();
+  EXPECT_THROW(f.wait(10s), NetworkError);
+  held.set_value(1);  // Finds the agent and its transport gone.
+}
+
+TEST_F(RpcTest, ThousandCallsInFlight) {
+  auto agents = group({"a", "b", "c"});
+  agents[1]->register_function("add", add);
+  agents[2]->register_function("add", add);
+  std::vector<Future<int64_t>> calls;
+  for (int64_t i = 0; i < 1000; ++i) {
+    calls.push_back(
+        agents[0]->rpc_async<int64_t>(i % 2 == 0 ? "b" : "c", "add", i, 1));
+  }
+  for (int64_t i = 0; i < 1000; ++i) {
+    EXPECT_EQ(calls[static_cast<size_t>(i)].wait(30s), i + 1);
+  }
+  EXPECT_EQ(agents[0]->num_pending_calls(), 0u);
+}
+
+TEST_F(RpcTest, GracefulShutdownCompletesCallsInFlight) {
+  auto agents = group({"caller", "callee"});
+  Promise<void> release;
+  Future<void> released = release.get_future();
+  agents[1]->register_function("gated", [released](int v) {
+    released.wait(30s);
+    return v * 2;
+  });
+  std::vector<Future<int>> calls;
+  for (int i = 0; i < 10; ++i) {
+    calls.push_back(agents[0]->rpc_async<int>("callee", "gated", i));
+  }
+  std::vector<std::thread> stopping;
+  for (auto& agent : agents) {
+    stopping.emplace_back([&agent] { agent->shutdown(true); });
+  }
+  release.set_value();
+  for (auto& t : stopping) {
+    t.join();
+  }
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(calls[static_cast<size_t>(i)].ready());
+    EXPECT_EQ(calls[static_cast<size_t>(i)].wait(0ms), 2 * i);
+  }
+  EXPECT_THROW(
+      agents[0]->rpc_async<int>("callee", "gated", 1).wait(10s), NetworkError);
+}
+
+TEST_F(RpcTest, UngracefulShutdownFailsPendingCalls) {
+  auto agents = group({"caller", "callee"});
+  Promise<void> release;
+  Future<void> released = release.get_future();
+  agents[1]->register_function("gated", [released] {
+    released.wait(30s);
+    return 1;
+  });
+  Future<int> f = agents[0]->rpc_async<int>("callee", "gated");
+  agents[0]->shutdown(false);
+  EXPECT_THROW(f.wait(10s), NetworkError);
+  release.set_value();
+}
+
+TEST_F(RpcTest, StaticallyRegisteredFunctionsServeEveryAgent) {
+  auto agents = group({"a", "b"});
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("b", "global_triple", 5), 15);
+  EXPECT_EQ(agents[1]->rpc_sync<int64_t>("a", "global_triple", 2), 6);
+}
+
+TEST_F(RpcTest, GarbageOnTheRpcPortDropsOnlyThatConnection) {
+  auto agents = group({"a", "b"});
+  agents[1]->register_function("add", add);
+  std::string entry = client()->get("rpc/workers/1");
+  Decoder d(entry);
+  auto [name, id, host, port] =
+      decode_args<std::tuple<std::string, int, std::string, int>>(d, "entry");
+  ASSERT_EQ(host, "127.0.0.1");
+  test::RawClient garbage(static_cast<uint16_t>(port));
+  ASSERT_TRUE(garbage.send("GET / HTTP/1.1\r\n\r\n"));
+  EXPECT_TRUE(garbage.closed_within(10s));
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("b", "add", 1, 2), 3);
+}
+
+TEST(RpcGlobalTest, InitRpcCallsThroughTheProcessAgent) {
+  init_rpc("solo", 0, 1, {.init_method = "tcp://127.0.0.1:0"});
+  EXPECT_THROW(init_rpc("again", 0, 1, {}), InvalidArgument);
+  current_agent().register_function("add", add);
+  EXPECT_EQ(get_worker_info(), (WorkerInfo{"solo", 0}));
+  EXPECT_EQ(rpc_sync<int64_t>("solo", "add", 20, 22), 42);
+  EXPECT_EQ(rpc_async<int64_t>("solo", "add", 1, 2).wait(10s), 3);
+  shutdown();
+  EXPECT_THROW(current_agent(), InvalidArgument);
+}
+
+TEST(RpcGlobalTest, EnvInitMethodReadsMasterAddrAndPort) {
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  try {
+    init_rpc("solo", 0, 1);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("MASTER_ADDR and MASTER_PORT"));
+  }
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "0", 1);
+  init_rpc("solo", 0, 1);
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  EXPECT_EQ(get_worker_info("solo"), (WorkerInfo{"solo", 0}));
+  shutdown();
+}
+
+TEST_F(RpcTest, AFunctionMayCallOtherWorkers) {
+  auto agents = group({"a", "b", "c"});
+  agents[2]->register_function("add", add);
+  RpcAgent& b = *agents[1];
+  b.register_function("add_via_c", [&b](int64_t x, int64_t y) {
+    return b.rpc_sync<int64_t>("c", "add", x, y) * 10;
+  });
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("b", "add_via_c", 1, 2), 30);
+}
+
+// The peer is a re-executed copy of this binary (run_rpc_child_if_requested)
+// killed with SIGKILL while a call to it runs.
+TEST_F(RpcTest, PeerDeathFailsItsPendingCallsPromptly) {
+  test::Subprocess child(
+      {"/proc/self/exe"},
+      {.env = {{"TIDE_RPC_TEST_CHILD", std::to_string(server_->port())}}});
+  auto agents = std::async(std::launch::async, [&] {
+                  std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
+                  for (int r : {0, 2}) {
+                    starting.push_back(std::async(std::launch::async, [&, r] {
+                      return std::make_unique<RpcAgent>(
+                          r == 0 ? "parent" : "third",
+                          r,
+                          3,
+                          RpcBackendOptions{},
+                          client());
+                    }));
+                  }
+                  std::vector<std::unique_ptr<RpcAgent>> out;
+                  for (auto& s : starting) {
+                    out.push_back(s.get());
+                  }
+                  return out;
+                }).get();
+  ASSERT_EQ(child.read_line(30s), "ready");
+  agents[1]->register_function("add", add);
+  Future<int> slow = agents[0]->rpc_async<int>(
+      "child", "slow", std::chrono::milliseconds(60000));
+  ASSERT_EQ(child.read_line(30s), "slow started");
+  auto killed = std::chrono::steady_clock::now();
+  child.signal(SIGKILL);
+  try {
+    slow.wait(20s);
+    FAIL() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("slow()"));
+    EXPECT_THAT(e.what(), HasSubstr("child"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 10s);
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("third", "add", 2, 5), 7);
+  // A new call to the dead peer fails too (connection refused).
+  EXPECT_THROW(
+      agents[0]->rpc_sync<int>(
+          "child", "slow", std::chrono::milliseconds(10000)),
+      NetworkError);
+  for (auto& agent : agents) {
+    agent->shutdown(false);
+  }
+}
+
+}  // namespace
+}  // namespace tide::rpc
+
+namespace tide::test {
+
+void run_rpc_child_if_requested() {
+  const char* port = std::getenv("TIDE_RPC_TEST_CHILD");
+  if (port == nullptr) {
+    return;
+  }
+  using namespace std::chrono_literals;
+  auto store = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+      .host = "127.0.0.1",
+      .port = static_cast<uint16_t>(std::atoi(port)),
+      .timeout = 30s});
+  rpc::RpcAgent agent("child", 1, 3, {}, store);
+  agent.register_function("slow", [] {
+    std::printf("slow started\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(60s);
+    return 1;
+  });
+  std::printf("ready\n");
+  std::fflush(stdout);
+  ::pause();
+  std::_Exit(0);
+}
+
+}  // namespace tide::test

@@ -1,0 +1,10 @@
+#pragma once
+
+// A child process of the RPC tests: when the test binary is re-executed with
+// TIDE_RPC_TEST_CHILD set, it runs an RPC agent instead of the tests (see
+// tests/rpc/rpc_test.cpp) and never returns.
+namespace tide::test {
+
+void run_rpc_child_if_requested();
+
+}  // namespace tide::test
