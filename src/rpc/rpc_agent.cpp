@@ -11,6 +11,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/rpc/rpc.h"
+#include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
 #include "transport/tcp/tcp_transport.h"
@@ -80,12 +81,26 @@ std::pair<std::string, uint16_t> parse_init_method(const std::string& init) {
 std::shared_ptr<store::Store> make_store(
     const RpcBackendOptions& options, int rank) {
   auto [host, port] = parse_init_method(options.init_method);
+  // Under tiderun (or torchrun) with TORCHELASTIC_USE_AGENT_STORE=True the
+  // agent serves MASTER_ADDR:MASTER_PORT already: every worker is a client,
+  // under /worker/attempt_<restart count> so a restart starts clean (torch's
+  // env:// rule).
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  bool use_agent_store = options.init_method == "env://" &&
+                         agent_store != nullptr &&
+                         std::string(agent_store) == "True";
   store::TcpStoreOptions o;
   o.host = host;
   o.port = port;
-  o.is_server = rank == 0;
+  o.is_server = rank == 0 && !use_agent_store;
   o.timeout = options.rpc_timeout;
-  return std::make_shared<store::TcpStore>(o);
+  auto tcp = std::make_shared<store::TcpStore>(o);
+  if (!use_agent_store) {
+    return tcp;
+  }
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return std::make_shared<store::PrefixStore>(
+      std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
 }
 
 }  // namespace

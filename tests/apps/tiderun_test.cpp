@@ -362,5 +362,16 @@ TEST_F(
   }
 }
 
+TEST_F(TiderunTest, TheRpcParameterServerExampleTrainsUnderTiderun) {
+  // examples/rpc_parameter_server.cpp: init_rpc through the agent's store
+  // (env://, TORCHELASTIC_USE_AGENT_STORE), two trainers, a batch of async
+  // calls, a graceful shutdown; rank 0 exits 1 unless the weights converged.
+  auto [status, out] = run(
+      {"--standalone", "--nproc-per-node=3", "--no-python", RPC_PS_EXAMPLE});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("100 async calls answered"), std::string::npos) << out;
+  EXPECT_NE(out.find("100 updates from 2 trainers"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace tide
