@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -205,6 +206,36 @@ class NetnsHosts {
     return r.output;
   }
 
+  // Removes the namespaces of test processes that died without cleaning
+  // up (SIGKILL, a crash): names are tide<pid>-..., and that pid is gone.
+  static void sweep_stale() {
+    IpResult list = run_ip({"netns", "list"});
+    if (!list.ok) {
+      return;
+    }
+    std::istringstream lines(list.output);
+    std::string ns;
+    std::string rest;
+    while (lines >> ns && std::getline(lines, rest)) {
+      if (ns.rfind("tide", 0) != 0) {
+        continue;
+      }
+      size_t dash = ns.find('-');
+      std::string pid = ns.substr(4, dash == std::string::npos ? 0 : dash - 4);
+      if (pid.empty() ||
+          pid.find_first_not_of("0123456789") != std::string::npos ||
+          std::filesystem::exists("/proc/" + pid)) {
+        continue;
+      }
+      IpResult pids = run_ip({"netns", "pids", ns});
+      std::istringstream in(pids.output);
+      for (pid_t p = 0; in >> p;) {
+        ::kill(p, SIGKILL);
+      }
+      run_ip({"netns", "del", ns});
+    }
+  }
+
   static std::string probe() {
     if (::geteuid() != 0) {
       return "not root: network namespaces, veths and bridges need "
@@ -213,6 +244,7 @@ class NetnsHosts {
     if (::access(kIp, X_OK) != 0) {
       return std::string(kIp) + " (iproute2) is missing";
     }
+    sweep_stale();
     std::string ns = "tide" + std::to_string(::getpid()) + "-probe";
     IpResult added = run_ip({"netns", "add", ns});
     if (!added.ok) {
