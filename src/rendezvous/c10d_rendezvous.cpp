@@ -60,11 +60,20 @@ class StoreKeys {
   std::string base_;
 };
 
+// key's value, or nullopt when it is not set (never waits).
+std::optional<std::string> value_if_set(
+    store::Store& s, const std::string& key) {
+  if (!s.check({key})) {
+    return std::nullopt;
+  }
+  return s.get(key);
+}
+
 // Arrivals of round r. Reads without creating the counter: the counter's
 // existence is what waiters for a round's first arrival wait for.
 int64_t count(store::Store& s, const StoreKeys& keys, int64_t r) {
-  std::string key = keys.count(r);
-  return s.check({key}) ? std::stoll(s.get(key)) : 0;
+  auto n = value_if_set(s, keys.count(r));
+  return n ? std::stoll(*n) : 0;
 }
 
 // store.wait with a timeout, as a bool.
@@ -113,10 +122,7 @@ class StoreRoundMonitor final : public RoundMonitor {
   }
 
   std::optional<std::string> state() override {
-    if (!store_->check({keys_.state()})) {
-      return std::nullopt;
-    }
-    return store_->get(keys_.state());
+    return value_if_set(*store_, keys_.state());
   }
 
   int64_t wait_next_round(milliseconds timeout) override {
@@ -154,10 +160,7 @@ class StoreBackend final : public RendezvousBackend {
         hosting_(hosting) {}
 
   std::optional<std::string> get_state() override {
-    if (!store_->check({keys_.state()})) {
-      return std::nullopt;
-    }
-    return store_->get(keys_.state());
+    return value_if_set(*store_, keys_.state());
   }
 
   std::string compare_set_state(
@@ -188,11 +191,7 @@ class StoreBackend final : public RendezvousBackend {
 
   std::optional<std::string> get_value(
       int64_t round, const std::string& name) override {
-    std::string key = keys_.value(round, name);
-    if (!store_->check({key})) {
-      return std::nullopt;
-    }
-    return store_->get(key);
+    return value_if_set(*store_, keys_.value(round, name));
   }
 
   std::optional<std::string> wait_value(

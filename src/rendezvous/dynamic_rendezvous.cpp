@@ -355,6 +355,8 @@ struct DynamicRendezvousHandler::Impl {
   std::atomic<bool> closed{false};
 
   JobState read_or_create_state();
+  // Throws RendezvousClosedError once the job is closed.
+  void throw_if_closed();
   void bump_round(int64_t completed);
   int64_t await_size(int64_t r, int64_t arrival, Clock::time_point deadline);
   int64_t close_round(int64_t r, int64_t size);
@@ -397,6 +399,13 @@ JobState DynamicRendezvousHandler::Impl::read_or_create_state() {
         std::nullopt, encode_state(run_id, JobState{}));
   }
   return decode_state(run_id, *text);
+}
+
+void DynamicRendezvousHandler::Impl::throw_if_closed() {
+  if (read_or_create_state().closed) {
+    throw RendezvousClosedError(
+        "the rendezvous of run \"" + self.settings_.run_id + "\" was closed");
+  }
 }
 
 void DynamicRendezvousHandler::Impl::bump_round(int64_t completed) {
@@ -463,9 +472,8 @@ int64_t DynamicRendezvousHandler::Impl::await_size(
       // opening the last call: open it ourselves.
       if (backend->arrivals(r) >= s.min_nodes) {
         backend->set_once(r, "last_call", json{{"opened_by", arrival}}.dump());
-      } else if (read_or_create_state().closed) {
-        throw RendezvousClosedError(
-            "the rendezvous of run \"" + s.run_id + "\" was closed");
+      } else {
+        throw_if_closed();
       }
       continue;
     }
@@ -501,10 +509,7 @@ void DynamicRendezvousHandler::Impl::wait_as_spare(int64_t full_round) {
         !watch_first->has_left(1)) {
       return;
     }
-    if (read_or_create_state().closed) {
-      throw RendezvousClosedError(
-          "the rendezvous of run \"" + s.run_id + "\" was closed");
-    }
+    throw_if_closed();
   }
 }
 

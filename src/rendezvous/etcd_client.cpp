@@ -329,6 +329,28 @@ long response_code(CURL* curl) {
   return status;
 }
 
+// Points c at a POST of payload to url, its reply going to write(data),
+// the whole transfer bounded by timeout.
+void set_post(
+    CURL* c,
+    const std::string& url,
+    const std::string& payload,
+    size_t (*write)(char*, size_t, size_t, void*),
+    void* data,
+    std::chrono::milliseconds timeout) {
+  set_option(c, CURLOPT_URL, url.c_str());
+  set_option(c, CURLOPT_POSTFIELDS, payload.data());
+  set_option(
+      c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(payload.size()));
+  set_option(c, CURLOPT_WRITEFUNCTION, write);
+  set_option(c, CURLOPT_WRITEDATA, data);
+  // 0 would mean no timeout at all.
+  set_option(
+      c,
+      CURLOPT_TIMEOUT_MS,
+      static_cast<long>(std::max<int64_t>(timeout.count(), 1)));
+}
+
 size_t append_to_string(char* data, size_t size, size_t count, void* user) {
   try {
     static_cast<std::string*>(user)->append(data, size * count);
@@ -633,19 +655,7 @@ struct EtcdClient::Impl {
       std::string url = endpoint + path;
       response.clear();
       error_buffer[0] = '\0';
-      set_option(c, CURLOPT_URL, url.c_str());
-      set_option(c, CURLOPT_POSTFIELDS, payload.data());
-      set_option(
-          c,
-          CURLOPT_POSTFIELDSIZE_LARGE,
-          static_cast<curl_off_t>(payload.size()));
-      set_option(c, CURLOPT_WRITEFUNCTION, &append_to_string);
-      set_option(c, CURLOPT_WRITEDATA, &response);
-      // 0 would mean no timeout at all.
-      set_option(
-          c,
-          CURLOPT_TIMEOUT_MS,
-          static_cast<long>(std::max<int64_t>(request_timeout.count(), 1)));
+      set_post(c, url, payload, &append_to_string, &response, request_timeout);
       CURLcode rc = curl_easy_perform(c);
       if (rc != CURLE_OK) {
         failures.push_back({endpoint, curl_error(rc)});
@@ -749,18 +759,7 @@ struct EtcdClient::Impl {
       stream.curl = c;
       stream.context = what + " at " + endpoint;
       error_buffer[0] = '\0';
-      set_option(c, CURLOPT_URL, url.c_str());
-      set_option(c, CURLOPT_POSTFIELDS, payload.data());
-      set_option(
-          c,
-          CURLOPT_POSTFIELDSIZE_LARGE,
-          static_cast<curl_off_t>(payload.size()));
-      set_option(c, CURLOPT_WRITEFUNCTION, &feed_watch);
-      set_option(c, CURLOPT_WRITEDATA, &stream);
-      set_option(
-          c,
-          CURLOPT_TIMEOUT_MS,
-          static_cast<long>(std::max<int64_t>(left.count(), 1)));
+      set_post(c, url, payload, &feed_watch, &stream, left);
       CURLcode rc = curl_easy_perform(c);
       // Nothing below may leave `stream` referenced by the handle.
       set_option(c, CURLOPT_WRITEDATA, static_cast<void*>(nullptr));

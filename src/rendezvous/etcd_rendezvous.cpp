@@ -46,6 +46,12 @@ class EtcdKeys {
   std::string base_;
 };
 
+// key's value, or nullopt when it is absent.
+std::optional<std::string> value_of(EtcdClient& c, const std::string& key) {
+  auto kv = c.get(key);
+  return kv ? std::optional(std::move(kv->value)) : std::nullopt;
+}
+
 // Arrivals of round r so far, and the revision read at.
 std::pair<int64_t, int64_t> count_joins(
     EtcdClient& c, const EtcdKeys& keys, int64_t r) {
@@ -123,8 +129,7 @@ class EtcdRoundMonitor final : public RoundMonitor {
   }
 
   std::optional<std::string> state() override {
-    auto kv = client_.get(keys_.state());
-    return kv ? std::optional(kv->value) : std::nullopt;
+    return value_of(client_, keys_.state());
   }
 
   int64_t wait_next_round(milliseconds timeout) override {
@@ -162,8 +167,7 @@ class EtcdBackend final : public RendezvousBackend {
 
   std::optional<std::string> get_state() override {
     std::lock_guard lock(mutex_);
-    auto kv = client_.get(keys_.state());
-    return kv ? std::optional(kv->value) : std::nullopt;
+    return value_of(client_, keys_.state());
   }
 
   std::string compare_set_state(
@@ -204,8 +208,7 @@ class EtcdBackend final : public RendezvousBackend {
   std::optional<std::string> get_value(
       int64_t round, const std::string& name) override {
     std::lock_guard lock(mutex_);
-    auto kv = client_.get(value_key(round, name));
-    return kv ? std::optional(kv->value) : std::nullopt;
+    return value_of(client_, value_key(round, name));
   }
 
   std::optional<std::string> wait_value(
