@@ -16,6 +16,8 @@ packages=(
   etcd-server etcd-client
   # the peer: PyTorch 1.13.1 for interop tests and benchmarks
   python3 python3-torch
+  # libtorch for tide's rpc tensors (tide/rpc/tensor.h users, their tests)
+  libtorch-dev
   # tools the tests use
   procps iproute2 curl
 )

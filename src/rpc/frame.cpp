@@ -81,6 +81,8 @@ const char* message_type_name(MessageType type) {
       return "SHUTDOWN_ACK";
     case MessageType::kPing:
       return "PING";
+    case MessageType::kBufferRelease:
+      return "BUFFER_RELEASE";
     case MessageType::kRequest:
       return "REQUEST";
     case MessageType::kResponse:

@@ -48,6 +48,8 @@ constexpr size_t kFrameHeaderSize = 24;
 // 0x04   kShutdownAck       0                     the peer agrees; close after
 // 0x05   kPing              new                   reserved; answered by a
 //                                                 kResponse with its id
+// 0x06   kBufferRelease     0                     shared-memory segments the
+//                                                 sender's peer may reuse
 // 0x10   kRequest           new                   metadata: function name,
 //                                                 timeout, caller id; args in
 //                                                 the buffers
@@ -77,6 +79,7 @@ enum class MessageType : uint8_t {
   kShutdownIntent = 0x03,
   kShutdownAck = 0x04,
   kPing = 0x05,
+  kBufferRelease = 0x06,
   kRequest = 0x10,
   kResponse = 0x11,
   kError = 0x12,
@@ -89,12 +92,13 @@ enum class MessageType : uint8_t {
 };
 
 // Every MessageType, in wire order.
-constexpr std::array<MessageType, 14> kMessageTypes = {
+constexpr std::array<MessageType, 15> kMessageTypes = {
     MessageType::kHandshake,
     MessageType::kHandshakeAck,
     MessageType::kShutdownIntent,
     MessageType::kShutdownAck,
     MessageType::kPing,
+    MessageType::kBufferRelease,
     MessageType::kRequest,
     MessageType::kResponse,
     MessageType::kError,
@@ -126,8 +130,8 @@ struct FrameLimits {
 // A decoded frame, owning its bytes.
 struct Frame {
   MessageType type = MessageType::kRequest;
-  // Bits for the message layer (e.g. compressed, one-way); version 1 defines
-  // none and the frame layer carries them unchanged.
+  // Bits for the message layer, carried unchanged by the frame layer:
+  // kFlagSharedMemory (the transport's, see transport/transport.h).
   uint16_t flags = 0;
   uint64_t id = 0;
   std::string metadata;

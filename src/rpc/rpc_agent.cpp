@@ -14,7 +14,7 @@
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
-#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
 
 namespace tide::rpc {
 
@@ -78,8 +78,41 @@ std::pair<std::string, uint16_t> parse_init_method(const std::string& init) {
   return {host, static_cast<uint16_t>(v)};
 }
 
+// options, with the token from TIDE_RPC_TOKEN when it has none; checks the
+// transports.
+RpcBackendOptions with_defaults(RpcBackendOptions options) {
+  if (options.token.empty()) {
+    if (const char* t = std::getenv("TIDE_RPC_TOKEN")) {
+      options.token = t;
+    }
+  }
+  bool tcp = false;
+  for (const auto& t : options.transports) {
+    if (t == "tcp") {
+      tcp = true;
+    } else if (t != "shm") {
+      throw InvalidArgument(
+          "unknown rpc transport '" + t + "'; the transports are shm and tcp");
+    }
+  }
+  if (!tcp) {
+    throw InvalidArgument(
+        "rpc transports must include tcp (the way to workers of other hosts, "
+        "and the fallback of shm); got " +
+        std::to_string(options.transports.size()) + " without it");
+  }
+  return options;
+}
+
+bool wants_shm(const RpcBackendOptions& options) {
+  return std::find(
+             options.transports.begin(), options.transports.end(), "shm") !=
+         options.transports.end();
+}
+
 std::shared_ptr<store::Store> make_store(
-    const RpcBackendOptions& options, int rank) {
+    const RpcBackendOptions& raw_options, int rank) {
+  RpcBackendOptions options = with_defaults(raw_options);
   auto [host, port] = parse_init_method(options.init_method);
   // Under tiderun (or torchrun) with TORCHELASTIC_USE_AGENT_STORE=True the
   // agent serves MASTER_ADDR:MASTER_PORT already: every worker is a client,
@@ -94,6 +127,9 @@ std::shared_ptr<store::Store> make_store(
   o.port = port;
   o.is_server = rank == 0 && !use_agent_store;
   o.timeout = options.rpc_timeout;
+  if (!use_agent_store) {
+    o.token = options.token;
+  }
   auto tcp = std::make_shared<store::TcpStore>(o);
   if (!use_agent_store) {
     return tcp;
@@ -128,7 +164,7 @@ struct RpcAgent::Impl {
   std::map<std::string, detail::Handler> handlers;  // Guarded by it.
 
   std::unique_ptr<asio::thread_pool> pool;
-  std::unique_ptr<detail::TcpTransport> transport;
+  std::unique_ptr<detail::Transport> transport;
 
   // Functions running here. Shared: an async function may complete after
   // the agent is gone.
@@ -251,7 +287,9 @@ struct RpcAgent::Impl {
           self.name,
           self.id,
           options.listen_host,
-          static_cast<int>(transport->port()));
+          static_cast<int>(transport->port()),
+          detail::local_host_key(),
+          transport->local_name());
     }
     store->set(key("workers/" + me), entry);
     std::vector<std::string> keys;
@@ -271,13 +309,18 @@ struct RpcAgent::Impl {
     std::vector<detail::PeerAddress> peers;
     for (const auto& v : values) {
       Decoder d(v);
-      auto [name, id, host, port] =
-          decode_args<std::tuple<std::string, int, std::string, int>>(
-              d, "worker entry");
+      auto [name, id, host, port, host_key, local_name] = decode_args<
+          std::tuple<
+              std::string,
+              int,
+              std::string,
+              int,
+              std::string,
+              std::string>>(d, "worker entry");
       infos.push_back(WorkerInfo{name, id});
       ids[name] = id;
-      peers.push_back(
-          detail::PeerAddress{id, name, host, static_cast<uint16_t>(port)});
+      peers.push_back(detail::PeerAddress{
+          id, name, host, static_cast<uint16_t>(port), host_key, local_name});
     }
     transport->set_peers(std::move(peers));
   }
@@ -350,15 +393,18 @@ RpcAgent::RpcAgent(
   }
   impl.self = WorkerInfo{std::move(name), rank};
   impl.world_size = world_size;
-  impl.options = std::move(options);
+  impl.options = with_defaults(std::move(options));
   impl.store = std::move(store);
   impl.pool = std::make_unique<asio::thread_pool>(
       static_cast<size_t>(impl.options.num_worker_threads));
   try {
-    impl.transport = std::make_unique<detail::TcpTransport>(
-        rank,
-        impl.self.name,
-        impl.options.listen_host,
+    impl.transport = std::make_unique<detail::Transport>(
+        detail::TransportOptions{
+            rank,
+            impl.self.name,
+            impl.options.listen_host,
+            wants_shm(impl.options),
+            impl.options.token},
         [&impl](int caller, std::string fn, detail::Payload args) {
           return impl.on_request(caller, std::move(fn), std::move(args));
         });
@@ -433,6 +479,15 @@ size_t RpcAgent::num_pending_calls() const {
 
 size_t RpcAgent::num_running_functions() const {
   return impl_->activity->running.load();
+}
+
+std::string RpcAgent::transport_to(const std::string& name) const {
+  return impl_->transport->connection_kind(get_worker_info(name).id);
+}
+
+RpcAgent::TransportStats RpcAgent::transport_stats() const {
+  auto s = impl_->transport->stats();
+  return {s.buffers_via_shm, s.bytes_via_shm, s.segments};
 }
 
 void RpcAgent::shutdown(bool graceful) {

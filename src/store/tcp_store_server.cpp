@@ -11,6 +11,7 @@
 
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+#include "tide/common/strings.h"
 #include "tide/store/tcp_store.h"
 
 #include "store/kv_map.h"
@@ -40,18 +41,6 @@ constexpr size_t kMaxPendingOutput = 64 * 1024 * 1024;
 // long, at most the maximum before other clients get their turn.
 constexpr size_t kReadChunk = 4096;
 constexpr size_t kMaxReadChunk = 1024 * 1024;
-
-// Constant time in the contents: the comparison leaks only the length.
-bool token_equal(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) {
-    return false;
-  }
-  unsigned diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  }
-  return diff == 0;
-}
 
 }  // namespace
 

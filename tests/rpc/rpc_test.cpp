@@ -376,8 +376,9 @@ TEST_F(RpcTest, GarbageOnTheRpcPortDropsOnlyThatConnection) {
   agents[1]->register_function("add", add);
   std::string entry = client()->get("rpc/workers/1");
   Decoder d(entry);
-  auto [name, id, host, port] =
-      decode_args<std::tuple<std::string, int, std::string, int>>(d, "entry");
+  auto [name, id, host, port, host_key, local_name] = decode_args<
+      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
+      d, "entry");
   ASSERT_EQ(host, "127.0.0.1");
   test::RawClient garbage(static_cast<uint16_t>(port));
   ASSERT_TRUE(garbage.send("GET / HTTP/1.1\r\n\r\n"));

@@ -613,14 +613,14 @@ TEST(SerializeTest, OutOfBandBuffersTravelBesideTheStream) {
   Encoder without(out);
   EXPECT_THROW(without.add_buffer("data"), InvalidArgument);
 
-  std::vector<std::string> buffers;
+  std::vector<Buffer> buffers;
   Encoder e(out, &buffers);
   EXPECT_EQ(e.add_buffer("first"), 0u);
   EXPECT_EQ(e.add_buffer("second"), 1u);
   e.write_varint(1);
 
   Decoder d(out, buffers);
-  EXPECT_EQ(d.buffer(d.read_varint()), "second");
+  EXPECT_EQ(d.buffer(d.read_varint()).view(), "second");
   try {
     d.buffer(5);
     FAIL() << "expected InvalidArgument";

@@ -18,4 +18,17 @@ inline std::vector<std::string_view> split(std::string_view text, char sep) {
   return out;
 }
 
+// Constant time in the contents, for secrets: the comparison leaks only the
+// length.
+inline bool token_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  unsigned diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
 }  // namespace tide

@@ -62,6 +62,15 @@ struct RpcBackendOptions {
   std::string init_method = "env://";
   // Address this worker listens on for calls (on a kernel-picked port).
   std::string listen_host = "127.0.0.1";
+  // How calls may travel, like torch's _transports: "shm" (a Unix socket
+  // and shared memory, to workers of this host and network namespace) and
+  // "tcp" (to any worker; required). {"tcp"} forces TCP everywhere.
+  std::vector<std::string> transports = {"shm", "tcp"};
+  // When not empty, every worker of the group must have the same token: a
+  // connection that does not present it is refused (and its calls fail with
+  // NetworkError), and the store of tcp:// hosted by rank 0 requires it too.
+  // Empty takes TIDE_RPC_TOKEN from the environment, if set.
+  std::string token;
 };
 
 namespace detail {
@@ -69,7 +78,7 @@ namespace detail {
 // An encoded value (argument pack or result) and its out-of-band buffers.
 struct Payload {
   std::string data;
-  std::vector<std::string> buffers;
+  std::vector<Buffer> buffers;
 };
 
 // A registered function, type-erased: decodes its arguments from the
@@ -244,6 +253,19 @@ class RpcAgent {
   // Calls this agent made that have not completed; functions running on it.
   size_t num_pending_calls() const;
   size_t num_running_functions() const;
+
+  // How this worker's calls to worker `name` travel: "shm" or "tcp"; "" when
+  // it has not called it yet (connections open on the first call).
+  std::string transport_to(const std::string& name) const;
+
+  // Buffers this worker sent through shared memory, and the segments it
+  // made for them.
+  struct TransportStats {
+    uint64_t buffers_via_shm = 0;
+    uint64_t bytes_via_shm = 0;
+    uint64_t segments = 0;
+  };
+  TransportStats transport_stats() const;
 
   struct Impl;
 

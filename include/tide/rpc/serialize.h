@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tide/common/error.h"
+#include "tide/rpc/buffer.h"
 
 // The typed serialization of RPC arguments and results. Every value travels
 // with a one-byte type tag, so the callee checks what came against the types
@@ -84,10 +85,10 @@
 // name is not sent: a struct decodes as any struct whose fields match.
 //
 // Types tide supports itself get a Codec<T> specialisation instead (below).
-// at::Tensor will, in a header of its own: its bytes leave the stream as an
-// out-of-band buffer (Encoder::add_buffer), and the stream holds its dtype,
-// shape and buffer index, so the transport can send tensors without copying
-// them into the message.
+// at::Tensor has one in tide/rpc/tensor.h: its bytes leave the stream as an
+// out-of-band Buffer (Encoder::add_buffer), and the stream holds its dtype,
+// shape, strides and buffer index, so the transport sends tensors without
+// copying them into the message.
 //
 // Encoders and decoders are not thread safe; use one per message.
 namespace tide::rpc {
@@ -147,23 +148,25 @@ class Encoder {
  public:
   // Appends to `out`. `buffers`, when given, receives out-of-band buffers
   // (add_buffer). Both must outlive the encoder.
-  explicit Encoder(
-      std::string& out, std::vector<std::string>* buffers = nullptr)
+  explicit Encoder(std::string& out, std::vector<Buffer>* buffers = nullptr)
       : out_(out), buffers_(buffers) {}
 
-  // Moves `data` into the out-of-band buffers and returns its index, which
-  // the codec writes into the stream (write_varint) where the bytes would
-  // be. The transport sends the buffers beside the stream and hands them to
-  // the Decoder; tensors travel this way. Throws InvalidArgument when the
-  // encoder has no buffers.
-  size_t add_buffer(std::string data) {
+  // Adds `data` to the out-of-band buffers and returns its index, which the
+  // codec writes into the stream (write_varint) where the bytes would be.
+  // The transport sends the buffers beside the stream, without copying
+  // them, and hands them to the Decoder; tensors travel this way. Throws
+  // InvalidArgument when the encoder has no buffers.
+  size_t add_buffer(Buffer data) {
     if (buffers_ == nullptr) {
       throw InvalidArgument(
           "this Encoder has no out-of-band buffers; construct it with a "
-          "std::vector<std::string>* to send tensors or other buffers");
+          "std::vector<Buffer>* to send tensors or other buffers");
     }
     buffers_->push_back(std::move(data));
     return buffers_->size() - 1;
+  }
+  size_t add_buffer(std::string data) {
+    return add_buffer(Buffer(std::move(data)));
   }
 
   // The wire primitives, for codecs.
@@ -214,7 +217,7 @@ class Encoder {
 
  private:
   std::string& out_;
-  std::vector<std::string>* buffers_;
+  std::vector<Buffer>* buffers_;
   int depth_ = 0;
 };
 
@@ -305,8 +308,7 @@ class Decoder {
  public:
   // Reads `in`; `buffers` are the out-of-band buffers sent with it. Both
   // must outlive the decoder.
-  explicit Decoder(
-      std::string_view in, std::span<const std::string> buffers = {})
+  explicit Decoder(std::string_view in, std::span<const Buffer> buffers = {})
       : in_(in), buffers_(buffers) {}
 
   size_t offset() const {
@@ -329,7 +331,7 @@ class Decoder {
 
   // Out-of-band buffer `index` (Encoder::add_buffer). Throws
   // InvalidArgument when there is no such buffer.
-  const std::string& buffer(uint64_t index) const {
+  const Buffer& buffer(uint64_t index) const {
     if (index >= buffers_.size()) {
       fail(
           "buffer " + std::to_string(index) + " does not exist; " +
@@ -538,7 +540,7 @@ class Decoder {
   }
 
   std::string_view in_;
-  std::span<const std::string> buffers_;
+  std::span<const Buffer> buffers_;
   size_t pos_ = 0;
   // Nesting levels and at most one kCall and one kResult.
   std::array<PathEntry, kMaxDepth + 2> path_;

@@ -1,0 +1,110 @@
+#include "transport/shm/segments.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "tide/common/error.h"
+
+namespace tide::rpc::detail::shm {
+
+namespace {
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+}  // namespace
+
+size_t segment_size_for(size_t n) {
+  return std::max(kMinSegment, std::bit_ceil(n));
+}
+
+SendSegments::~SendSegments() {
+  for (auto& [id, s] : segments_) {
+    ::munmap(s.base, s.size);
+    ::close(s.fd);
+  }
+}
+
+Segment& SendSegments::acquire(size_t n) {
+  size_t size = segment_size_for(n);
+  if (auto it = free_.lower_bound(size);
+      it != free_.end() && it->first == size) {
+    uint64_t id = it->second;
+    free_.erase(it);
+    in_use_[id] = true;
+    return segments_.at(id);
+  }
+  int fd = ::memfd_create("tide-rpc", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    throw NetworkError("memfd_create: " + errno_text());
+  }
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+    std::string why = errno_text();
+    ::close(fd);
+    throw NetworkError("sizing a shared-memory segment: " + why);
+  }
+  // Faulted in now, once: every later message through it finds its pages.
+  void* base = ::mmap(
+      nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) {
+    std::string why = errno_text();
+    ::close(fd);
+    throw NetworkError("mapping a shared-memory segment: " + why);
+  }
+  uint64_t id = next_id_++;
+  bytes_ += size;
+  in_use_[id] = true;
+  return segments_[id] =
+             Segment{id, fd, static_cast<char*>(base), size, false};
+}
+
+bool SendSegments::release(uint64_t id) {
+  auto it = in_use_.find(id);
+  if (it == in_use_.end() || !it->second) {
+    return false;
+  }
+  it->second = false;
+  free_.emplace(segments_.at(id).size, id);
+  return true;
+}
+
+Mapping::Mapping(int fd, size_t size) : size_(size) {
+  struct stat st {};
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  bool ok = ::fstat(fd, &st) == 0 && seals >= 0 &&
+            (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) ==
+                (F_SEAL_SHRINK | F_SEAL_SEAL) &&
+            static_cast<uint64_t>(st.st_size) == size && size > 0;
+  if (!ok) {
+    ::close(fd);
+    throw ProtocolError(
+        "the peer passed a shared-memory segment that is not a sealed memfd "
+        "of the " +
+        std::to_string(size) + " bytes it claims");
+  }
+  void* base =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  std::string why = base == MAP_FAILED ? errno_text() : "";
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    throw ProtocolError("mapping the peer's shared-memory segment: " + why);
+  }
+  base_ = static_cast<char*>(base);
+}
+
+Mapping::~Mapping() {
+  ::munmap(base_, size_);
+}
+
+}  // namespace tide::rpc::detail::shm

@@ -1,0 +1,1276 @@
+#include "transport/transport.h"
+
+#include <cxxabi.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <typeinfo>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <asio.hpp>
+
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+#include "tide/common/strings.h"
+#include "tide/rpc/serialize.h"
+
+#include "rpc/frame.h"
+#include "transport/shm/segments.h"
+
+namespace tide::rpc::detail {
+
+namespace {
+
+using asio::ip::tcp;
+using Socket = asio::generic::stream_protocol::socket;
+using Endpoint = asio::generic::stream_protocol::endpoint;
+
+// Per sendmsg: enough to batch many small frames; sendmsg takes up to
+// IOV_MAX (1024).
+constexpr size_t kMaxIov = 128;
+// Descriptors one frame may pass (each new segment passes one); the kernel
+// takes at most 253 per message.
+constexpr size_t kMaxFdsPerFrame = 64;
+constexpr size_t kReadBuffer = 256 * 1024;
+// Reads before another connection gets the loop.
+constexpr int kReadsPerTurn = 32;
+
+// One entry of a frame's shared-memory table: buffer `index` is `length`
+// bytes at the start of segment `segment` (`segment_size` bytes), whose
+// descriptor comes with this frame when has_fd is 1.
+struct ShmRef {
+  uint32_t index = 0;
+  uint32_t has_fd = 0;
+  uint64_t segment = 0;
+  uint64_t segment_size = 0;
+  uint64_t length = 0;
+};
+static_assert(sizeof(ShmRef) == 32);
+
+std::string demangle(const char* name) {
+  int status = 0;
+  char* s = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status != 0 || s == nullptr) {
+    return name;
+  }
+  std::string out = s;
+  std::free(s);  // NOLINT(cppcoreguidelines-no-malloc): demangle's contract
+  return out;
+}
+
+// The type and message of an exception, for an ERROR frame.
+std::pair<std::string, std::string> describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return {demangle(typeid(ex).name()), ex.what()};
+  } catch (...) {
+    return {"unknown", "a non-standard exception"};
+  }
+}
+
+template <typename... A>
+std::string encode_meta(const A&... args) {
+  std::string out;
+  Encoder e(out);
+  encode_args(e, args...);
+  return out;
+}
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+// A message to send: its buffers are the payload's stream, then the
+// payload's buffers.
+struct Message {
+  MessageType type = MessageType::kRequest;
+  uint64_t id = 0;
+  std::string metadata;
+  std::vector<Buffer> buffers;
+};
+
+Message payload_message(
+    MessageType type, uint64_t id, std::string meta, Payload p) {
+  Message m{type, id, std::move(meta), {}};
+  m.buffers.reserve(1 + p.buffers.size());
+  m.buffers.emplace_back(std::move(p.data));
+  for (auto& b : p.buffers) {
+    m.buffers.push_back(std::move(b));
+  }
+  return m;
+}
+
+// A frame on its way out: the head, then the buffers, straight from where
+// they live (writev); fds go with its first byte.
+struct OutFrame {
+  std::string head;
+  std::vector<Buffer> buffers;
+  std::vector<int> fds;
+  size_t total = 0;
+};
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string random_hex(size_t bytes) {
+  std::random_device rd;
+  std::string out;
+  const char* digits = "0123456789abcdef";
+  for (size_t i = 0; i < bytes; ++i) {
+    unsigned v = rd() & 0xFF;
+    out += digits[v >> 4];
+    out += digits[v & 0xF];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string local_host_key() {
+  std::array<char, 128> ns{};
+  ssize_t n = ::readlink("/proc/self/ns/net", ns.data(), ns.size() - 1);
+  return read_first_line("/proc/sys/kernel/random/boot_id") + "/" +
+         (n > 0 ? std::string(ns.data(), static_cast<size_t>(n)) : "?");
+}
+
+struct Connection;
+
+struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
+  Impl(TransportOptions o, RequestHandler handler)
+      : options(std::move(o)),
+        on_request(std::move(handler)),
+        work(asio::make_work_guard(io)),
+        acceptor(io),
+        local_acceptor(io) {}
+
+  // A call waiting for its reply. Loop only.
+  struct Pending {
+    Promise<Payload> promise;
+    int peer = 0;
+    std::string fn;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+
+  void start_accept();
+  void start_local_accept();
+  void adopt(Socket socket, bool local);
+  void start_call_on_loop(
+      uint64_t id, int to, std::chrono::milliseconds timeout, Payload args);
+  std::shared_ptr<Connection> connect_on_loop(int to);
+  void connect_tcp(const std::shared_ptr<Connection>& conn);
+  // Removes call `id` and completes it; no-op when it completed already.
+  void finish_call(
+      uint64_t id, std::optional<Payload> value, std::exception_ptr error);
+  void connection_failed(Connection& conn, const std::string& reason);
+  void stop_on_loop();
+  std::string peer_label(int id) const;
+
+  const TransportOptions options;
+  RequestHandler on_request;
+  const std::string host_key = local_host_key();
+  std::string local_name;  // Without the leading NUL.
+
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work;
+  tcp::acceptor acceptor;
+  asio::local::stream_protocol::acceptor local_acceptor;
+  uint16_t port = 0;
+  std::jthread thread;
+  std::atomic<bool> stopping{false};
+  std::atomic<size_t> pending_count{0};
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<uint64_t> buffers_via_shm{0};
+  std::atomic<uint64_t> bytes_via_shm{0};
+  std::atomic<uint64_t> segments{0};
+
+  // Loop only.
+  std::unordered_map<int, PeerAddress> peers;
+  std::unordered_map<int, std::shared_ptr<Connection>> outgoing;
+  std::unordered_set<std::shared_ptr<Connection>> incoming;
+  std::unordered_map<uint64_t, Pending> pending;
+  bool stopped = false;
+};
+
+// A received buffer in a segment: while it lives, the segment is the
+// receiver's; when it dies, the sender may reuse the segment.
+struct Lease {
+  Lease(
+      std::shared_ptr<shm::Mapping> mapping,
+      std::weak_ptr<Transport::Impl> transport,
+      std::weak_ptr<Connection> conn,
+      uint64_t segment)
+      : mapping(std::move(mapping)),
+        transport(std::move(transport)),
+        conn(std::move(conn)),
+        segment(segment) {}
+  ~Lease();
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  std::shared_ptr<shm::Mapping> mapping;
+  std::weak_ptr<Transport::Impl> transport;
+  std::weak_ptr<Connection> conn;
+  uint64_t segment = 0;
+};
+
+// One connection, either way, over TCP or a Unix socket. Loop only.
+struct Connection : std::enable_shared_from_this<Connection> {
+  Connection(Transport::Impl& owner, Socket socket, bool outgoing, bool local)
+      : owner(owner),
+        socket(std::move(socket)),
+        outgoing(outgoing),
+        local(local),
+        read_buf(kReadBuffer) {}
+
+  ~Connection() {
+    for (int fd : received_fds) {
+      ::close(fd);
+    }
+  }
+
+  // The socket is connected: start reading and writing.
+  void start() {
+    asio::error_code ignored;
+    socket.non_blocking(true, ignored);
+    if (!local) {
+      int one = 1;
+      ::setsockopt(
+          socket.native_handle(),
+          IPPROTO_TCP,
+          TCP_NODELAY,
+          &one,
+          sizeof one);
+    }
+    connected = true;
+    flush();
+    wait_readable();
+  }
+
+  void wait_readable() {
+    socket.async_wait(
+        Socket::wait_read,
+        [self = shared_from_this()](const asio::error_code& ec) {
+          if (self->closed) {
+            return;
+          }
+          if (ec) {
+            self->fail(ec.message());
+            return;
+          }
+          self->read_ready();
+        });
+  }
+
+  void read_ready() {
+    for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+      iovec iov{read_buf.data(), read_buf.size()};
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 253)> control;
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      if (local) {
+        msg.msg_control = control.data();
+        msg.msg_controllen = control.size();
+      }
+      ssize_t k =
+          ::recvmsg(socket.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (k < 0) {
+        int e = errno;
+        if (e == EINTR) {
+          continue;
+        }
+        if (e == EAGAIN || e == EWOULDBLOCK) {
+          wait_readable();
+          return;
+        }
+        fail(errno_text(e));
+        return;
+      }
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+           c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < n; ++i) {
+            int fd = 0;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            received_fds.push_back(fd);
+          }
+        }
+      }
+      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+        drop("protocol error: the peer passed more descriptors than a frame "
+             "may carry");
+        return;
+      }
+      if (k == 0) {
+        fail(
+            decoder.mid_frame()
+                ? "connection closed by the peer in the middle of a frame"
+                : "connection closed by the peer");
+        return;
+      }
+      try {
+        decoder.feed(read_buf.data(), static_cast<size_t>(k));
+        while (auto frame = decoder.next()) {
+          on_frame(std::move(*frame));
+          if (closed) {
+            return;
+          }
+        }
+      } catch (const ProtocolError& e) {
+        drop(std::string("protocol error: ") + e.what());
+        return;
+      } catch (const std::exception& e) {
+        drop(e.what());
+        return;
+      }
+    }
+    // More may be waiting: read on after the others had their turn.
+    asio::post(owner.io, [self = shared_from_this()] {
+      if (!self->closed) {
+        self->read_ready();
+      }
+    });
+  }
+
+  // Fails the connection after logging why (the peer misbehaved).
+  void drop(const std::string& reason) {
+    TIDE_LOG_WARN(
+        "[{}] dropping connection with {}: {}",
+        owner.options.self_name,
+        owner.peer_label(peer_id),
+        reason);
+    fail(reason);
+  }
+
+  void on_frame(Frame frame) {
+    if (close_after_flush) {
+      return;  // Refused: what the peer sent after its handshake is moot.
+    }
+    if (!handshaken) {
+      expect_handshake(frame);
+      return;
+    }
+    if (frame.type == MessageType::kBufferRelease) {
+      on_release(frame);
+      return;
+    }
+    if (outgoing) {
+      on_reply(frame);
+    } else {
+      on_request(frame);
+    }
+  }
+
+  void expect_handshake(Frame& frame) {
+    if (outgoing && frame.type == MessageType::kError) {
+      Decoder d(frame.metadata);
+      auto [type, message] =
+          decode_args<std::tuple<std::string, std::string>>(d, "refusal");
+      fail("the peer refused the connection: " + message);
+      return;
+    }
+    auto want = outgoing ? MessageType::kHandshakeAck : MessageType::kHandshake;
+    if (frame.type != want) {
+      throw ProtocolError(
+          std::string("expected ") + message_type_name(want) + ", got " +
+          message_type_name(frame.type));
+    }
+    Decoder d(frame.metadata);
+    if (outgoing) {
+      auto [id, name, features] =
+          decode_args<std::tuple<int, std::string, uint32_t>>(
+              d, "handshake ack");
+      if (id != peer_id) {
+        throw ProtocolError(
+            "connected to worker " + std::to_string(peer_id) +
+            " but the peer says it is worker " + std::to_string(id) + " (" +
+            name + ")");
+      }
+      handshaken = true;
+      shm = local && (features & kFeatureSharedMemory) != 0;
+      return;
+    }
+    auto [id, name, features, token] =
+        decode_args<std::tuple<int, std::string, uint32_t, std::string>>(
+            d, "handshake");
+    if (!owner.options.token.empty() &&
+        !token_equal(token, owner.options.token)) {
+      TIDE_LOG_WARN(
+          "[{}] refused a connection from '{}' (id {}): {}",
+          owner.options.self_name,
+          name,
+          id,
+          token.empty() ? "it presented no token" : "its token is wrong");
+      Message refusal{MessageType::kError, 0, {}, {}};
+      refusal.metadata = encode_meta(
+          std::string("AuthenticationError"),
+          std::string(
+              "worker '" + owner.options.self_name +
+              "' requires the group's token (RpcBackendOptions::token or "
+              "TIDE_RPC_TOKEN) and " +
+              (token.empty() ? "none was presented" : "this one is wrong")));
+      send(std::move(refusal));
+      close_after_flush = true;
+      flush();
+      return;
+    }
+    handshaken = true;
+    peer_id = id;
+    shm = local && (features & kFeatureSharedMemory) != 0;
+    Message ack{MessageType::kHandshakeAck, 0, {}, {}};
+    ack.metadata = encode_meta(
+        owner.options.self_id,
+        owner.options.self_name,
+        shm ? kFeatureSharedMemory : uint32_t{0});
+    send(std::move(ack));
+  }
+
+  // The frame's buffers after the first (left in the frame: a payload's
+  // stream), the shared-memory ones placed (leased) per its table; out[0]
+  // is empty.
+  std::vector<Buffer> take_buffers(Frame& frame) {
+    std::string table;
+    if ((frame.flags & kFlagSharedMemory) != 0) {
+      if (!shm) {
+        throw ProtocolError(
+            "a shared-memory frame on a connection without shared memory");
+      }
+      if (frame.buffers.empty()) {
+        throw ProtocolError("a shared-memory frame without its table");
+      }
+      table = std::move(frame.buffers.back());
+      frame.buffers.pop_back();
+    }
+    std::vector<Buffer> out(frame.buffers.size());
+    for (size_t i = 1; i < out.size(); ++i) {
+      out[i] = Buffer(std::move(frame.buffers[i]));
+    }
+    if (table.size() % sizeof(ShmRef) != 0) {
+      throw ProtocolError(
+          "a shared-memory table of " + std::to_string(table.size()) +
+          " bytes (entries are " + std::to_string(sizeof(ShmRef)) + ")");
+    }
+    std::vector<bool> placed(out.size(), false);
+    for (size_t at = 0; at < table.size(); at += sizeof(ShmRef)) {
+      ShmRef ref;
+      std::memcpy(&ref, table.data() + at, sizeof ref);
+      if (ref.index == 0 || ref.index >= out.size() || placed[ref.index] ||
+          out[ref.index].size() != 0) {
+        throw ProtocolError(
+            "a shared-memory reference to buffer " +
+            std::to_string(ref.index) + " of " + std::to_string(out.size()) +
+            " that cannot take one");
+      }
+      std::shared_ptr<shm::Mapping> mapping;
+      if (ref.has_fd != 0) {
+        if (received_fds.empty()) {
+          throw ProtocolError(
+              "a shared-memory reference whose descriptor did not come");
+        }
+        int fd = received_fds.front();
+        received_fds.pop_front();
+        mapping = std::make_shared<shm::Mapping>(fd, ref.segment_size);
+        mappings[ref.segment] = mapping;
+      } else if (auto it = mappings.find(ref.segment); it != mappings.end()) {
+        mapping = it->second;
+      } else {
+        throw ProtocolError(
+            "a reference to shared-memory segment " +
+            std::to_string(ref.segment) + ", which the peer never passed");
+      }
+      if (ref.length > mapping->size() || ref.segment_size != mapping->size() ||
+          !leased.insert(ref.segment).second) {
+        throw ProtocolError(
+            "a reference to shared-memory segment " +
+            std::to_string(ref.segment) +
+            " that does not fit it or that is still in use");
+      }
+      auto lease = std::make_shared<Lease>(
+          mapping, owner.weak_from_this(), weak_from_this(), ref.segment);
+      out[ref.index] = Buffer(lease, mapping->base(), ref.length);
+      placed[ref.index] = true;
+    }
+    return out;
+  }
+
+  Payload take_payload(Frame& frame) {
+    std::vector<Buffer> buffers = take_buffers(frame);
+    if (buffers.empty()) {
+      throw ProtocolError(
+          std::string(message_type_name(frame.type)) +
+          " frame without its payload buffer");
+    }
+    Payload p;
+    p.data = std::move(frame.buffers[0]);
+    p.buffers.assign(
+        std::make_move_iterator(buffers.begin() + 1),
+        std::make_move_iterator(buffers.end()));
+    return p;
+  }
+
+  void on_release(Frame& frame) {
+    Decoder d(frame.metadata);
+    auto [ids] = decode_args<std::tuple<std::vector<uint64_t>>>(d, "release");
+    for (uint64_t id : ids) {
+      if (!segments.release(id)) {
+        throw ProtocolError(
+            "the peer released shared-memory segment " + std::to_string(id) +
+            ", which it did not hold");
+      }
+    }
+  }
+
+  // A lease on the peer's segment `id` ended: tell the peer, batched.
+  void release_later(uint64_t id) {
+    if (closed || leased.erase(id) == 0) {
+      return;
+    }
+    releases.push_back(id);
+    if (releases.size() > 1) {
+      return;  // A send is scheduled already.
+    }
+    asio::post(owner.io, [self = shared_from_this()] {
+      if (self->closed) {
+        return;
+      }
+      Message m{MessageType::kBufferRelease, 0, {}, {}};
+      m.metadata = encode_meta(std::exchange(self->releases, {}));
+      self->send(std::move(m));
+    });
+  }
+
+  void on_reply(Frame& frame) {
+    switch (frame.type) {
+      case MessageType::kResponse:
+        owner.finish_call(frame.id, take_payload(frame), nullptr);
+        return;
+      case MessageType::kError: {
+        Decoder d(frame.metadata);
+        auto [type, message] =
+            decode_args<std::tuple<std::string, std::string>>(d, "error");
+        auto it = owner.pending.find(frame.id);
+        std::string fn = it == owner.pending.end() ? "?" : it->second.fn;
+        owner.finish_call(
+            frame.id,
+            std::nullopt,
+            std::make_exception_ptr(RemoteError(
+                fn + "() on " + owner.peer_label(peer_id) + " raised " + type +
+                ": " + message)));
+        return;
+      }
+      default:
+        throw ProtocolError(
+            std::string("unexpected ") + message_type_name(frame.type) +
+            " from a callee");
+    }
+  }
+
+  void on_request(Frame& frame) {
+    if (frame.type == MessageType::kCancel) {
+      return;  // Best effort: a running function is not interrupted.
+    }
+    if (frame.type != MessageType::kRequest) {
+      throw ProtocolError(
+          std::string("unexpected ") + message_type_name(frame.type) +
+          " from a caller");
+    }
+    Decoder d(frame.metadata);
+    auto [fn, timeout_ms] =
+        decode_args<std::tuple<std::string, int64_t>>(d, "request");
+    (void)timeout_ms;
+    uint64_t id = frame.id;
+    Payload args = take_payload(frame);
+    Future<Payload> result = [&] {
+      try {
+        return owner.on_request(peer_id, fn, std::move(args));
+      } catch (...) {
+        return Future<Payload>::make_failed(std::current_exception());
+      }
+    }();
+    std::weak_ptr<Connection> weak = weak_from_this();
+    // An async function may complete after the transport is gone.
+    std::weak_ptr<Transport::Impl> transport = owner.weak_from_this();
+    result.on_complete([weak, transport, id](const Future<Payload>& f) {
+      auto alive = transport.lock();
+      if (!alive) {
+        return;
+      }
+      // Completes on a worker thread (or inline here): reply on the loop.
+      asio::post(alive->io, [weak, id, f] {
+        auto self = weak.lock();
+        if (!self || self->closed) {
+          return;  // The caller is gone; so is its interest in the reply.
+        }
+        if (auto error = f.error()) {
+          auto [type, message] = describe(error);
+          Message reply{MessageType::kError, id, {}, {}};
+          reply.metadata = encode_meta(type, message);
+          self->send(std::move(reply));
+        } else {
+          self->send(payload_message(
+              MessageType::kResponse,
+              id,
+              {},
+              f.wait(std::chrono::milliseconds(0))));
+        }
+      });
+    });
+  }
+
+  // Moves the buffers of m that are large enough into shared-memory
+  // segments; returns their table ("" for none) and the descriptors the
+  // peer does not have yet.
+  std::string place_in_segments(Message& m, std::vector<int>& fds) {
+    std::string table;
+    for (size_t i = 1; i < m.buffers.size(); ++i) {
+      Buffer& b = m.buffers[i];
+      if (b.size() < kShmThreshold || fds.size() == kMaxFdsPerFrame) {
+        continue;
+      }
+      shm::Segment* seg = nullptr;
+      size_t before = segments.count();
+      try {
+        seg = &segments.acquire(b.size());
+      } catch (const NetworkError& e) {
+        TIDE_LOG_WARN(
+            "[{}] sending {} bytes to {} through the socket: {}",
+            owner.options.self_name,
+            b.size(),
+            owner.peer_label(peer_id),
+            e.what());
+        continue;
+      }
+      owner.segments += segments.count() - before;
+      std::memcpy(seg->base, b.data(), b.size());
+      ShmRef ref{
+          static_cast<uint32_t>(i),
+          seg->peer_has_fd ? 0u : 1u,
+          seg->id,
+          seg->size,
+          b.size()};
+      if (!seg->peer_has_fd) {
+        fds.push_back(seg->fd);
+        seg->peer_has_fd = true;
+      }
+      table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
+      owner.buffers_via_shm += 1;
+      owner.bytes_via_shm += b.size();
+      b = Buffer();
+    }
+    return table;
+  }
+
+  // Queues a message; throws InvalidArgument when it is over the frame
+  // limits.
+  void send(Message m) {
+    queue.push_back(encode_frame(std::move(m)));
+    if (connected && !writing) {
+      flush();
+    }
+  }
+
+  OutFrame encode_frame(Message m) {
+    OutFrame out;
+    uint16_t flags = 0;
+    if (shm) {
+      std::string table = place_in_segments(m, out.fds);
+      if (!table.empty()) {
+        flags |= kFlagSharedMemory;
+        m.buffers.emplace_back(std::move(table));
+      }
+    }
+    std::vector<std::string_view> views;
+    views.reserve(m.buffers.size());
+    for (const auto& b : m.buffers) {
+      views.push_back(b.view());
+      out.total += b.size();
+    }
+    out.head = encode_head({m.type, flags, m.id, m.metadata, views});
+    out.total += out.head.size();
+    out.buffers = std::move(m.buffers);
+    return out;
+  }
+
+  // Writes queued frames until done or the socket is full.
+  void flush() {
+    while (!queue.empty() && !closed) {
+      std::array<iovec, kMaxIov> iov{};
+      size_t n = 0;
+      std::vector<int>* fds = nullptr;
+      size_t skip = front_sent;
+      auto add = [&](const char* p, size_t len) {
+        if (skip >= len) {
+          skip -= len;
+          return;
+        }
+        if (n < kMaxIov) {
+          iov[n++] = {const_cast<char*>(p + skip), len - skip};
+        }
+        skip = 0;
+      };
+      for (size_t q = 0; q < queue.size() && n < kMaxIov; ++q) {
+        OutFrame& f = queue[q];
+        if (!f.fds.empty()) {
+          // Descriptors ride with their frame's first byte: it starts a
+          // sendmsg of its own.
+          if (q > 0) {
+            break;
+          }
+          fds = &f.fds;
+        }
+        add(f.head.data(), f.head.size());
+        for (const auto& b : f.buffers) {
+          add(b.data(), b.size());
+        }
+      }
+      msghdr msg{};
+      msg.msg_iov = iov.data();
+      msg.msg_iovlen = n;
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)>
+          control{};
+      if (fds != nullptr) {
+        size_t bytes = fds->size() * sizeof(int);
+        msg.msg_control = control.data();
+        msg.msg_controllen = CMSG_SPACE(bytes);
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(bytes);
+        std::memcpy(CMSG_DATA(c), fds->data(), bytes);
+      }
+      ssize_t k = ::sendmsg(
+          socket.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k < 0) {
+        int e = errno;
+        if (e == EINTR) {
+          continue;
+        }
+        if (e == EAGAIN || e == EWOULDBLOCK) {
+          wait_writable();
+          return;
+        }
+        fail("write failed: " + errno_text(e));
+        return;
+      }
+      if (fds != nullptr) {
+        fds->clear();
+      }
+      auto left = static_cast<size_t>(k);
+      while (left > 0) {
+        size_t rest = queue.front().total - front_sent;
+        if (left < rest) {
+          front_sent += left;
+          break;
+        }
+        left -= rest;
+        queue.pop_front();
+        front_sent = 0;
+      }
+    }
+    if (queue.empty() && close_after_flush) {
+      fail("refused the peer");
+    }
+  }
+
+  void wait_writable() {
+    writing = true;
+    socket.async_wait(
+        Socket::wait_write,
+        [self = shared_from_this()](const asio::error_code& ec) {
+          if (self->closed) {
+            return;
+          }
+          self->writing = false;
+          if (ec) {
+            self->fail("write failed: " + ec.message());
+            return;
+          }
+          self->flush();
+        });
+  }
+
+  void fail(const std::string& reason) {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    asio::error_code ignored;
+    socket.shutdown(Socket::shutdown_both, ignored);
+    socket.close(ignored);
+    queue.clear();
+    owner.connection_failed(*this, reason);
+  }
+
+  Transport::Impl& owner;
+  Socket socket;
+  const bool outgoing;
+  // A Unix socket to a process of this host (tcp otherwise).
+  bool local;
+  // Shared-memory buffers agreed in the handshake.
+  bool shm = false;
+  int peer_id = -1;
+  bool connected = false;
+  bool handshaken = false;
+  bool closed = false;
+  bool writing = false;  // Waiting for the socket to take more.
+  bool close_after_flush = false;
+  FrameDecoder decoder;
+  std::vector<char> read_buf;
+  std::deque<OutFrame> queue;
+  size_t front_sent = 0;  // Bytes of queue.front() written.
+  // Descriptors received, not yet claimed by a frame's table.
+  std::deque<int> received_fds;
+  shm::SendSegments segments;
+  shm::Mappings mappings;
+  // The peer's segments leased to buffers here, and releases to send.
+  std::unordered_set<uint64_t> leased;
+  std::vector<uint64_t> releases;
+  // Outgoing only: ids of the calls waiting on this connection.
+  std::unordered_set<uint64_t> calls;
+};
+
+Lease::~Lease() {
+  if (auto t = transport.lock()) {
+    asio::post(t->io, [conn = conn, segment = segment] {
+      if (auto c = conn.lock()) {
+        c->release_later(segment);
+      }
+    });
+  }
+}
+
+std::string Transport::Impl::peer_label(int id) const {
+  if (id < 0) {
+    return "a peer before its handshake";
+  }
+  auto it = peers.find(id);
+  if (it == peers.end()) {
+    return "worker " + std::to_string(id);
+  }
+  return "worker '" + it->second.name + "' (id " + std::to_string(id) + ", " +
+         it->second.host + ":" + std::to_string(it->second.port) + ")";
+}
+
+void Transport::Impl::adopt(Socket socket, bool local) {
+  auto conn =
+      std::make_shared<Connection>(*this, std::move(socket), false, local);
+  incoming.insert(conn);
+  conn->start();
+}
+
+void Transport::Impl::start_accept() {
+  acceptor.async_accept([this](const asio::error_code& ec, tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) {
+      return;
+    }
+    asio::error_code ep_ec;
+    auto endpoint = s.local_endpoint(ep_ec);
+    if (!ec && !ep_ec) {
+      auto protocol = endpoint.protocol();
+      adopt(
+          Socket(
+              io,
+              asio::generic::stream_protocol(
+                  protocol.family(), protocol.protocol()),
+              s.release()),
+          false);
+    } else {
+      TIDE_LOG_WARN("[{}] accept failed: {}", options.self_name, ec.message());
+    }
+    start_accept();
+  });
+}
+
+void Transport::Impl::start_local_accept() {
+  local_acceptor.async_accept(
+      [this](
+          const asio::error_code& ec, asio::local::stream_protocol::socket s) {
+        if (ec == asio::error::operation_aborted ||
+            !local_acceptor.is_open()) {
+          return;
+        }
+        if (!ec) {
+          adopt(
+              Socket(io, asio::generic::stream_protocol(AF_UNIX, 0), s.release()),
+              true);
+        } else {
+          TIDE_LOG_WARN(
+              "[{}] accept failed: {}", options.self_name, ec.message());
+        }
+        start_local_accept();
+      });
+}
+
+std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
+  if (auto it = outgoing.find(to); it != outgoing.end()) {
+    return it->second;
+  }
+  auto peer = peers.find(to);
+  if (peer == peers.end()) {
+    throw InvalidArgument("no worker with id " + std::to_string(to));
+  }
+  bool local = options.shared_memory && !peer->second.local_name.empty() &&
+               peer->second.host_key == host_key;
+  auto conn = std::make_shared<Connection>(*this, Socket(io), true, local);
+  conn->peer_id = to;
+  outgoing[to] = conn;
+  Message hello{MessageType::kHandshake, 0, {}, {}};
+  hello.metadata = encode_meta(
+      options.self_id,
+      options.self_name,
+      local ? kFeatureSharedMemory : uint32_t{0},
+      options.token);
+  // Queued now, written once connected; requests queue behind it.
+  conn->send(std::move(hello));
+  if (!local) {
+    connect_tcp(conn);
+    return conn;
+  }
+  std::string name = std::string(1, '\0') + peer->second.local_name;
+  Endpoint ep{asio::local::stream_protocol::endpoint(name)};
+  conn->socket.async_connect(ep, [this, conn](const asio::error_code& e) {
+    if (conn->closed) {
+      return;
+    }
+    if (!e) {
+      conn->start();
+      return;
+    }
+    // The name is per network namespace and host: a peer that shares our
+    // key but not our namespace view (or that is gone) is reached by TCP.
+    TIDE_LOG_DEBUG(
+        "[{}] no local socket to {} ({}); using TCP",
+        options.self_name,
+        peer_label(conn->peer_id),
+        e.message());
+    asio::error_code ignored;
+    conn->socket.close(ignored);
+    conn->local = false;
+    // The handshake (first in the queue, unsent) must not offer shared
+    // memory over TCP.
+    Message hello{MessageType::kHandshake, 0, {}, {}};
+    hello.metadata = encode_meta(
+        options.self_id, options.self_name, uint32_t{0}, options.token);
+    conn->queue.front() = conn->encode_frame(std::move(hello));
+    connect_tcp(conn);
+  });
+  return conn;
+}
+
+void Transport::Impl::connect_tcp(const std::shared_ptr<Connection>& conn) {
+  const PeerAddress& peer = peers.at(conn->peer_id);
+  asio::error_code ec;
+  auto address = asio::ip::make_address(peer.host, ec);
+  std::vector<Endpoint> endpoints;
+  if (!ec) {
+    endpoints.emplace_back(tcp::endpoint(address, peer.port));
+  } else {
+    tcp::resolver resolver(io);
+    for (const auto& r :
+         resolver.resolve(peer.host, std::to_string(peer.port), ec)) {
+      endpoints.emplace_back(r.endpoint());
+    }
+    if (endpoints.empty()) {
+      // Failed on the next turn of the loop, like any connect error.
+      asio::post(io, [conn, what = ec.message(), host = peer.host] {
+        conn->fail("cannot resolve '" + host + "': " + what);
+      });
+      return;
+    }
+  }
+  asio::async_connect(
+      conn->socket, endpoints, [conn](const asio::error_code& e, const Endpoint&) {
+        if (conn->closed) {
+          return;
+        }
+        if (e) {
+          conn->fail("connect failed: " + e.message());
+          return;
+        }
+        conn->start();
+      });
+}
+
+void Transport::Impl::start_call_on_loop(
+    uint64_t id, int to, std::chrono::milliseconds timeout, Payload args) {
+  auto it = pending.find(id);
+  if (it == pending.end()) {
+    return;
+  }
+  try {
+    if (stopped) {
+      throw NetworkError("rpc agent '" + options.self_name + "' is shut down");
+    }
+    auto conn = connect_on_loop(to);
+    conn->calls.insert(id);
+    it->second.timer = std::make_unique<asio::steady_timer>(io, timeout);
+    it->second.timer->async_wait(
+        [this, id, timeout](const asio::error_code& ec) {
+          if (ec) {
+            return;
+          }
+          auto p = pending.find(id);
+          if (p == pending.end()) {
+            return;
+          }
+          std::string what = p->second.fn + "() on " +
+                             peer_label(p->second.peer) + " timed out after " +
+                             std::to_string(timeout.count()) + " ms";
+          finish_call(
+              id, std::nullopt, std::make_exception_ptr(TimeoutError(what)));
+        });
+    conn->send(payload_message(
+        MessageType::kRequest,
+        id,
+        encode_meta(it->second.fn, static_cast<int64_t>(timeout.count())),
+        std::move(args)));
+  } catch (...) {
+    finish_call(id, std::nullopt, std::current_exception());
+  }
+}
+
+void Transport::Impl::finish_call(
+    uint64_t id, std::optional<Payload> value, std::exception_ptr error) {
+  auto it = pending.find(id);
+  if (it == pending.end()) {
+    return;  // Timed out or failed already: a late reply is dropped.
+  }
+  Pending p = std::move(it->second);
+  pending.erase(it);
+  if (p.timer) {
+    p.timer->cancel();
+  }
+  if (auto c = outgoing.find(p.peer); c != outgoing.end()) {
+    c->second->calls.erase(id);
+  }
+  pending_count.fetch_sub(1);
+  if (error) {
+    p.promise.set_exception(std::move(error));
+  } else {
+    p.promise.set_value(std::move(*value));
+  }
+}
+
+void Transport::Impl::connection_failed(
+    Connection& conn, const std::string& reason) {
+  auto self = conn.shared_from_this();  // Keep it alive through the erase.
+  if (!conn.outgoing) {
+    incoming.erase(self);
+    TIDE_LOG_DEBUG(
+        "[{}] connection from {} closed: {}",
+        options.self_name,
+        peer_label(conn.peer_id),
+        reason);
+    return;
+  }
+  if (auto it = outgoing.find(conn.peer_id);
+      it != outgoing.end() && it->second == self) {
+    outgoing.erase(it);
+  }
+  std::vector<uint64_t> ids(conn.calls.begin(), conn.calls.end());
+  conn.calls.clear();
+  for (uint64_t id : ids) {
+    auto p = pending.find(id);
+    if (p == pending.end()) {
+      continue;
+    }
+    std::string what = p->second.fn + "() on " + peer_label(conn.peer_id) +
+                       " failed: " + reason;
+    finish_call(id, std::nullopt, std::make_exception_ptr(NetworkError(what)));
+  }
+}
+
+void Transport::Impl::stop_on_loop() {
+  if (stopped) {
+    return;
+  }
+  stopped = true;
+  asio::error_code ignored;
+  acceptor.close(ignored);
+  local_acceptor.close(ignored);
+  auto out = outgoing;
+  for (auto& [id, conn] : out) {
+    conn->fail("the rpc agent shut down");
+  }
+  auto in = incoming;
+  for (const auto& conn : in) {
+    conn->fail("the rpc agent shut down");
+  }
+  std::vector<uint64_t> ids;
+  for (const auto& [id, p] : pending) {
+    ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    finish_call(
+        id,
+        std::nullopt,
+        std::make_exception_ptr(NetworkError(
+            "rpc agent '" + options.self_name + "' is shut down")));
+  }
+  work.reset();
+}
+
+Transport::Transport(TransportOptions options, RequestHandler on_request)
+    : impl_(std::make_shared<Impl>(std::move(options), std::move(on_request))) {
+  Impl& impl = *impl_;
+  const std::string& listen_host = impl.options.listen_host;
+  asio::error_code ec;
+  auto address = asio::ip::make_address(listen_host, ec);
+  if (ec) {
+    throw InvalidArgument(
+        "rpc listen address '" + listen_host + "' is not an IP address");
+  }
+  tcp::endpoint ep(address, 0);
+  impl.acceptor.open(ep.protocol(), ec);
+  if (!ec) {
+    impl.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    impl.acceptor.bind(ep, ec);
+  }
+  if (!ec) {
+    impl.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  }
+  if (ec) {
+    throw NetworkError(
+        "rpc agent cannot listen on " + listen_host + ": " + ec.message());
+  }
+  impl.port = impl.acceptor.local_endpoint().port();
+  impl.start_accept();
+  if (impl.options.shared_memory) {
+    std::string name = "tide-rpc-" + std::to_string(::getpid()) + "-" +
+                       random_hex(8);
+    asio::local::stream_protocol::endpoint local(std::string(1, '\0') + name);
+    impl.local_acceptor.open(local.protocol(), ec);
+    if (!ec) {
+      impl.local_acceptor.bind(local, ec);
+    }
+    if (!ec) {
+      impl.local_acceptor.listen(
+          asio::socket_base::max_listen_connections, ec);
+    }
+    if (ec) {
+      // TCP still works: peers of this host connect over it.
+      TIDE_LOG_WARN(
+          "[{}] no local socket for shared memory ({}); using TCP only",
+          impl.options.self_name,
+          ec.message());
+      impl.local_acceptor.close(ec);
+    } else {
+      impl.local_name = name;
+      impl.start_local_accept();
+    }
+  }
+  impl.thread = std::jthread([&impl] {
+    try {
+      impl.io.run();
+    } catch (const std::exception& e) {
+      TIDE_LOG_ERROR(
+          "[{}] rpc I/O loop died: {}", impl.options.self_name, e.what());
+    }
+  });
+}
+
+Transport::~Transport() {
+  shutdown();
+  join();
+}
+
+uint16_t Transport::port() const {
+  return impl_->port;
+}
+
+const std::string& Transport::local_name() const {
+  return impl_->local_name;
+}
+
+void Transport::set_peers(std::vector<PeerAddress> peers) {
+  auto done = std::make_shared<Promise<void>>();
+  asio::post(impl_->io, [impl = impl_.get(), peers = std::move(peers), done] {
+    for (auto& p : peers) {
+      impl->peers[p.id] = p;
+    }
+    done->set_value();
+  });
+  done->get_future().wait(std::chrono::seconds(60));
+}
+
+Future<Payload> Transport::call(
+    int to, std::string fn, std::chrono::milliseconds timeout, Payload args) {
+  Promise<Payload> promise;
+  Future<Payload> future = promise.get_future();
+  if (impl_->stopping.load()) {
+    promise.set_error(NetworkError(
+        "rpc agent '" + impl_->options.self_name + "' is shut down"));
+    return future;
+  }
+  uint64_t id = impl_->next_id.fetch_add(1);
+  impl_->pending_count.fetch_add(1);
+  asio::post(
+      impl_->io,
+      [impl = impl_.get(),
+       id,
+       to,
+       timeout,
+       fn = std::move(fn),
+       args = std::move(args),
+       promise = std::move(promise)]() mutable {
+        impl->pending.emplace(
+            id, Impl::Pending{std::move(promise), to, std::move(fn), nullptr});
+        impl->start_call_on_loop(id, to, timeout, std::move(args));
+      });
+  return future;
+}
+
+size_t Transport::pending_calls() const {
+  return impl_->pending_count.load();
+}
+
+std::string Transport::connection_kind(int to) {
+  auto done = std::make_shared<Promise<std::string>>();
+  asio::post(impl_->io, [impl = impl_.get(), to, done] {
+    auto it = impl->outgoing.find(to);
+    done->set_value(
+        it == impl->outgoing.end() ? ""
+        : it->second->local        ? "shm"
+                                   : "tcp");
+  });
+  return done->get_future().wait(std::chrono::seconds(60));
+}
+
+Transport::Stats Transport::stats() const {
+  return Stats{
+      impl_->buffers_via_shm.load(),
+      impl_->bytes_via_shm.load(),
+      impl_->segments.load()};
+}
+
+void Transport::shutdown() {
+  if (impl_->stopping.exchange(true)) {
+    return;
+  }
+  asio::post(impl_->io, [impl = impl_.get()] { impl->stop_on_loop(); });
+}
+
+void Transport::join() {
+  if (impl_->thread.joinable()) {
+    impl_->thread.join();
+  }
+}
+
+}  // namespace tide::rpc::detail
