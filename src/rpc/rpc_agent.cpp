@@ -2,6 +2,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -164,6 +166,44 @@ struct RpcAgent::Impl {
   std::map<std::string, detail::Handler> handlers;  // Guarded by it.
 
   std::unique_ptr<asio::thread_pool> pool;
+
+  // Functions to run, and the pool's tasks that run them. A burst of calls
+  // wakes one thread, which runs them one after another; another thread is
+  // woken only when every running one is inside a function (which may
+  // block), up to the pool's size. One task per call would wake a thread
+  // per call.
+  struct Runs {
+    std::mutex mutex;
+    std::deque<std::function<void()>> queue;
+    int runners = 0;  // Tasks posted to the pool, not yet finished.
+    int busy = 0;     // Runners inside a function.
+  };
+  Runs runs;
+
+  void run_on_pool(std::function<void()> fn) {
+    std::unique_lock lock(runs.mutex);
+    runs.queue.push_back(std::move(fn));
+    if (runs.runners > runs.busy ||
+        runs.runners == options.num_worker_threads) {
+      return;  // A runner will take it.
+    }
+    ++runs.runners;
+    lock.unlock();
+    asio::post(*pool, [this] {
+      std::unique_lock lock(runs.mutex);
+      while (!runs.queue.empty()) {
+        auto next = std::move(runs.queue.front());
+        runs.queue.pop_front();
+        ++runs.busy;
+        lock.unlock();
+        next();
+        next = nullptr;
+        lock.lock();
+        --runs.busy;
+      }
+      --runs.runners;
+    });
+  }
   std::unique_ptr<detail::Transport> transport;
 
   // Functions running here. Shared: an async function may complete after
@@ -229,8 +269,7 @@ struct RpcAgent::Impl {
       { std::lock_guard lock(a->idle_mutex); }
       a->idle_cv.notify_all();
     });
-    asio::post(
-        *pool,
+    run_on_pool(
         [this, fn = std::move(fn), args = std::move(args), promise]() mutable {
           try {
             detail::Handler h = find_handler(fn);

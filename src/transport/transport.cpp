@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 #include <typeinfo>
@@ -140,6 +141,46 @@ std::string random_hex(size_t bytes) {
   return out;
 }
 
+// memcpy, in two halves on two threads when large: one core's copy does not
+// use all of the memory bandwidth (the copy is the shared-memory transport's
+// one cost per byte).
+void copy_in_parallel(char* to, const char* from, size_t n) {
+  constexpr size_t kSplitAbove = size_t{8} << 20;
+  if (n < kSplitAbove) {
+    std::memcpy(to, from, n);
+    return;
+  }
+  size_t half = n / 2;
+  std::jthread other([=] { std::memcpy(to + half, from + half, n - half); });
+  std::memcpy(to, from, half);
+}
+
+// Runs the loop until it runs out of work. After handling something it
+// keeps polling (yielding the core to anything runnable) for kSpin before it
+// sleeps in epoll: a reply on one host comes back sooner than a sleeping core
+// wakes up, and a core that has just seen work is likely to see more.
+void run_loop(asio::io_context& io) {
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  auto last_work = std::chrono::steady_clock::now();
+  while (!io.stopped()) {
+    if (io.poll() > 0) {
+      last_work = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (io.stopped()) {
+      return;
+    }
+    if (std::chrono::steady_clock::now() - last_work < kSpin) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (io.run_one() == 0) {
+      return;
+    }
+    last_work = std::chrono::steady_clock::now();
+  }
+}
+
 }  // namespace
 
 std::string local_host_key() {
@@ -159,24 +200,45 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
         acceptor(io),
         local_acceptor(io) {}
 
-  // A call waiting for its reply. Loop only.
+  // A call waiting for its reply.
+  using Clock = std::chrono::steady_clock;
+  using Deadlines = std::multimap<Clock::time_point, uint64_t>;
+
   struct Pending {
     Promise<Payload> promise;
     int peer = 0;
     std::string fn;
-    std::unique_ptr<asio::steady_timer> timer;
+    std::chrono::milliseconds timeout{0};
+    Deadlines::iterator deadline;
   };
 
   void start_accept();
   void start_local_accept();
   void adopt(Socket socket, bool local);
+  // Opens the connection to `to`, then send_call(). Loop only.
   void start_call_on_loop(
-      uint64_t id, int to, std::chrono::milliseconds timeout, Payload args);
+      uint64_t id,
+      std::chrono::milliseconds timeout,
+      Pending call,
+      Payload args);
+  // Registers the call on `conn` with its deadline and sends it. Any
+  // thread.
+  void send_call(
+      const std::shared_ptr<Connection>& conn,
+      uint64_t id,
+      std::chrono::milliseconds timeout,
+      Pending call,
+      Payload args);
   std::shared_ptr<Connection> connect_on_loop(int to);
   void connect_tcp(const std::shared_ptr<Connection>& conn);
-  // Removes call `id` and completes it; no-op when it completed already.
-  void finish_call(
-      uint64_t id, std::optional<Payload> value, std::exception_ptr error);
+  // Removes call `id` from the books; nullopt when it completed already (a
+  // late reply, a timer that lost the race). Any thread.
+  std::optional<Pending> take_call(uint64_t id);
+  // Fails the calls whose deadline passed; arms the timer for the next.
+  // Loop only.
+  void expire_calls();
+  // Completes a call taken off the books. Any thread.
+  void complete(Pending& call, std::optional<Payload> value, std::exception_ptr error);
   void connection_failed(Connection& conn, const std::string& reason);
   void stop_on_loop();
   std::string peer_label(int id) const;
@@ -201,10 +263,20 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
 
   // Loop only.
   std::unordered_map<int, PeerAddress> peers;
-  std::unordered_map<int, std::shared_ptr<Connection>> outgoing;
   std::unordered_set<std::shared_ptr<Connection>> incoming;
+
+  // The books of calls: a caller's thread registers and sends its call on an
+  // open connection itself; the loop opens connections, completes calls and
+  // fails them. Guarded by calls_mutex, with each Connection::calls.
+  std::mutex calls_mutex;
+  std::unordered_map<int, std::shared_ptr<Connection>> outgoing;
   std::unordered_map<uint64_t, Pending> pending;
+  // One timer for every call: the deadlines in order, and when the timer is
+  // set to fire (max: not set).
+  Deadlines deadlines;
+  Clock::time_point timer_at = Clock::time_point::max();
   bool stopped = false;
+  asio::steady_timer deadline_timer{io};  // Loop only.
 };
 
 // A received buffer in a segment: while it lives, the segment is the
@@ -257,8 +329,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
           &one,
           sizeof one);
     }
-    connected = true;
-    flush();
+    {
+      std::unique_lock lock(wmutex);
+      connected = true;
+      flush(lock);
+    }
     wait_readable();
   }
 
@@ -360,8 +435,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   }
 
   void on_frame(Frame frame) {
-    if (close_after_flush) {
-      return;  // Refused: what the peer sent after its handshake is moot.
+    if (refused) {
+      return;  // What the peer sent after its refused handshake is moot.
     }
     if (!handshaken) {
       expect_handshake(frame);
@@ -404,6 +479,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
             name + ")");
       }
       handshaken = true;
+      std::lock_guard lock(wmutex);
       shm = local && (features & kFeatureSharedMemory) != 0;
       return;
     }
@@ -426,20 +502,24 @@ struct Connection : std::enable_shared_from_this<Connection> {
               "' requires the group's token (RpcBackendOptions::token or "
               "TIDE_RPC_TOKEN) and " +
               (token.empty() ? "none was presented" : "this one is wrong")));
-      send(std::move(refusal));
+      refused = true;
+      std::unique_lock lock(wmutex);
       close_after_flush = true;
-      flush();
+      queue.push_back(encode_frame(std::move(refusal)));
+      flush(lock);
       return;
     }
     handshaken = true;
     peer_id = id;
-    shm = local && (features & kFeatureSharedMemory) != 0;
+    bool agreed = local && (features & kFeatureSharedMemory) != 0;
     Message ack{MessageType::kHandshakeAck, 0, {}, {}};
     ack.metadata = encode_meta(
         owner.options.self_id,
         owner.options.self_name,
-        shm ? kFeatureSharedMemory : uint32_t{0});
+        agreed ? kFeatureSharedMemory : uint32_t{0});
     send(std::move(ack));
+    std::lock_guard lock(wmutex);
+    shm = agreed;
   }
 
   // The frame's buffers after the first (left in the frame: a payload's
@@ -528,6 +608,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void on_release(Frame& frame) {
     Decoder d(frame.metadata);
     auto [ids] = decode_args<std::tuple<std::vector<uint64_t>>>(d, "release");
+    std::lock_guard lock(wmutex);
     for (uint64_t id : ids) {
       if (!segments.release(id)) {
         throw ProtocolError(
@@ -558,21 +639,25 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   void on_reply(Frame& frame) {
     switch (frame.type) {
-      case MessageType::kResponse:
-        owner.finish_call(frame.id, take_payload(frame), nullptr);
+      case MessageType::kResponse: {
+        Payload p = take_payload(frame);
+        if (auto call = owner.take_call(frame.id)) {
+          owner.complete(*call, std::move(p), nullptr);
+        }
         return;
+      }
       case MessageType::kError: {
         Decoder d(frame.metadata);
         auto [type, message] =
             decode_args<std::tuple<std::string, std::string>>(d, "error");
-        auto it = owner.pending.find(frame.id);
-        std::string fn = it == owner.pending.end() ? "?" : it->second.fn;
-        owner.finish_call(
-            frame.id,
-            std::nullopt,
-            std::make_exception_ptr(RemoteError(
-                fn + "() on " + owner.peer_label(peer_id) + " raised " + type +
-                ": " + message)));
+        if (auto call = owner.take_call(frame.id)) {
+          owner.complete(
+              *call,
+              std::nullopt,
+              std::make_exception_ptr(RemoteError(
+                  call->fn + "() on " + owner.peer_label(peer_id) +
+                  " raised " + type + ": " + message)));
+        }
         return;
       }
       default:
@@ -607,30 +692,26 @@ struct Connection : std::enable_shared_from_this<Connection> {
     std::weak_ptr<Connection> weak = weak_from_this();
     // An async function may complete after the transport is gone.
     std::weak_ptr<Transport::Impl> transport = owner.weak_from_this();
+    // Completes on a worker thread (or inline here), which sends the reply
+    // itself: no hop through the loop.
     result.on_complete([weak, transport, id](const Future<Payload>& f) {
       auto alive = transport.lock();
-      if (!alive) {
-        return;
+      auto self = weak.lock();
+      if (!alive || !self) {
+        return;  // The caller is gone; so is its interest in the reply.
       }
-      // Completes on a worker thread (or inline here): reply on the loop.
-      asio::post(alive->io, [weak, id, f] {
-        auto self = weak.lock();
-        if (!self || self->closed) {
-          return;  // The caller is gone; so is its interest in the reply.
-        }
-        if (auto error = f.error()) {
-          auto [type, message] = describe(error);
-          Message reply{MessageType::kError, id, {}, {}};
-          reply.metadata = encode_meta(type, message);
-          self->send(std::move(reply));
-        } else {
-          self->send(payload_message(
-              MessageType::kResponse,
-              id,
-              {},
-              f.wait(std::chrono::milliseconds(0))));
-        }
-      });
+      if (auto error = f.error()) {
+        auto [type, message] = describe(error);
+        Message reply{MessageType::kError, id, {}, {}};
+        reply.metadata = encode_meta(type, message);
+        self->send(std::move(reply));
+      } else {
+        self->send(payload_message(
+            MessageType::kResponse,
+            id,
+            {},
+            f.wait(std::chrono::milliseconds(0))));
+      }
     });
   }
 
@@ -650,15 +731,15 @@ struct Connection : std::enable_shared_from_this<Connection> {
         seg = &segments.acquire(b.size());
       } catch (const NetworkError& e) {
         TIDE_LOG_WARN(
-            "[{}] sending {} bytes to {} through the socket: {}",
+            "[{}] sending {} bytes to worker {} through the socket: {}",
             owner.options.self_name,
             b.size(),
-            owner.peer_label(peer_id),
+            peer_id,
             e.what());
         continue;
       }
       owner.segments += segments.count() - before;
-      std::memcpy(seg->base, b.data(), b.size());
+      copy_in_parallel(seg->base, b.data(), b.size());
       ShmRef ref{
           static_cast<uint32_t>(i),
           seg->peer_has_fd ? 0u : 1u,
@@ -677,13 +758,15 @@ struct Connection : std::enable_shared_from_this<Connection> {
     return table;
   }
 
-  // Queues a message; throws InvalidArgument when it is over the frame
-  // limits.
+  // Queues a message and writes what the socket takes now. Any thread;
+  // throws InvalidArgument when it is over the frame limits.
   void send(Message m) {
-    queue.push_back(encode_frame(std::move(m)));
-    if (connected && !writing) {
-      flush();
+    std::unique_lock lock(wmutex);
+    if (wclosed) {
+      return;
     }
+    queue.push_back(encode_frame(std::move(m)));
+    flush(lock);
   }
 
   OutFrame encode_frame(Message m) {
@@ -708,9 +791,17 @@ struct Connection : std::enable_shared_from_this<Connection> {
     return out;
   }
 
-  // Writes queued frames until done or the socket is full.
-  void flush() {
-    while (!queue.empty() && !closed) {
+  // Writes queued frames until none is left or the socket is full (then the
+  // loop waits for it). Any thread, holding wmutex through `lock`. One
+  // thread writes at a time, and without the lock: frames others queue
+  // meanwhile go out with its next sendmsg, so a busy connection makes few
+  // system calls.
+  void flush(std::unique_lock<std::mutex>& lock) {
+    if (flushing || writing || !connected) {
+      return;
+    }
+    flushing = true;
+    while (!queue.empty() && !wclosed) {
       std::array<iovec, kMaxIov> iov{};
       size_t n = 0;
       std::vector<int>* fds = nullptr;
@@ -755,19 +846,26 @@ struct Connection : std::enable_shared_from_this<Connection> {
         c->cmsg_len = CMSG_LEN(bytes);
         std::memcpy(CMSG_DATA(c), fds->data(), bytes);
       }
-      ssize_t k = ::sendmsg(
-          socket.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      // The frames the iovecs point into stay: others only append to the
+      // queue, and fail() leaves it to this writer.
+      int fd = socket.native_handle();
+      lock.unlock();
+      ssize_t k = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      int e = errno;
+      lock.lock();
       if (k < 0) {
-        int e = errno;
         if (e == EINTR) {
           continue;
         }
         if (e == EAGAIN || e == EWOULDBLOCK) {
-          wait_writable();
-          return;
+          writing = true;
+          asio::post(owner.io, [self = shared_from_this()] {
+            self->wait_writable();
+          });
+          break;
         }
-        fail("write failed: " + errno_text(e));
-        return;
+        fail_later("write failed: " + errno_text(e));
+        break;
       }
       if (fds != nullptr) {
         fds->clear();
@@ -784,38 +882,75 @@ struct Connection : std::enable_shared_from_this<Connection> {
         front_sent = 0;
       }
     }
-    if (queue.empty() && close_after_flush) {
-      fail("refused the peer");
+    flushing = false;
+    if (wclosed) {
+      queue.clear();
+      if (close_deferred) {
+        asio::post(owner.io, [self = shared_from_this()] {
+          self->close_socket();
+        });
+      }
+    } else if (queue.empty() && close_after_flush) {
+      fail_later("refused the peer");
     }
   }
 
+  // Loop only.
   void wait_writable() {
-    writing = true;
+    if (closed) {
+      return;
+    }
     socket.async_wait(
         Socket::wait_write,
         [self = shared_from_this()](const asio::error_code& ec) {
           if (self->closed) {
             return;
           }
-          self->writing = false;
           if (ec) {
             self->fail("write failed: " + ec.message());
             return;
           }
-          self->flush();
+          std::unique_lock lock(self->wmutex);
+          self->writing = false;
+          self->flush(lock);
         });
   }
 
+  // fail() on the loop; any thread, holding wmutex or not.
+  void fail_later(std::string reason) {
+    wclosed = true;  // Nothing more is written.
+    asio::post(owner.io, [self = shared_from_this(), reason] {
+      self->fail(reason);
+    });
+  }
+
+  // Loop only.
   void fail(const std::string& reason) {
     if (closed) {
       return;
     }
     closed = true;
+    {
+      std::lock_guard lock(wmutex);
+      wclosed = true;
+    }
+    close_socket();
+    owner.connection_failed(*this, reason);
+  }
+
+  // Closes the socket, or has the writer close it (through the loop) when
+  // one is in sendmsg: never under a writer, whose descriptor could be
+  // reused. Loop only.
+  void close_socket() {
+    std::lock_guard lock(wmutex);
     asio::error_code ignored;
     socket.shutdown(Socket::shutdown_both, ignored);
-    socket.close(ignored);
+    if (flushing) {
+      close_deferred = true;
+      return;
+    }
     queue.clear();
-    owner.connection_failed(*this, reason);
+    socket.close(ignored);
   }
 
   Transport::Impl& owner;
@@ -823,26 +958,35 @@ struct Connection : std::enable_shared_from_this<Connection> {
   const bool outgoing;
   // A Unix socket to a process of this host (tcp otherwise).
   bool local;
-  // Shared-memory buffers agreed in the handshake.
-  bool shm = false;
   int peer_id = -1;
-  bool connected = false;
   bool handshaken = false;
+  bool refused = false;
   bool closed = false;
-  bool writing = false;  // Waiting for the socket to take more.
-  bool close_after_flush = false;
   FrameDecoder decoder;
   std::vector<char> read_buf;
-  std::deque<OutFrame> queue;
-  size_t front_sent = 0;  // Bytes of queue.front() written.
   // Descriptors received, not yet claimed by a frame's table.
   std::deque<int> received_fds;
-  shm::SendSegments segments;
   shm::Mappings mappings;
+
+  // The sending side: any thread writes under wmutex (a reply goes out from
+  // the worker thread that made it), the loop waits for a full socket.
+  std::mutex wmutex;
+  // Shared-memory buffers agreed in the handshake.
+  bool shm = false;
+  bool connected = false;
+  bool wclosed = false;
+  bool writing = false;   // Waiting for the socket to take more.
+  bool flushing = false;  // A thread is writing (without the lock).
+  bool close_after_flush = false;
+  bool close_deferred = false;
+  std::deque<OutFrame> queue;
+  size_t front_sent = 0;  // Bytes of queue.front() written.
+  shm::SendSegments segments;
   // The peer's segments leased to buffers here, and releases to send.
   std::unordered_set<uint64_t> leased;
   std::vector<uint64_t> releases;
-  // Outgoing only: ids of the calls waiting on this connection.
+  // Outgoing only: ids of the calls waiting on this connection. Guarded by
+  // the transport's calls_mutex.
   std::unordered_set<uint64_t> calls;
 };
 
@@ -919,6 +1063,10 @@ void Transport::Impl::start_local_accept() {
 }
 
 std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
+  std::unique_lock lock(calls_mutex);
+  if (stopped) {
+    throw NetworkError("rpc agent '" + options.self_name + "' is shut down");
+  }
   if (auto it = outgoing.find(to); it != outgoing.end()) {
     return it->second;
   }
@@ -931,6 +1079,7 @@ std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
   auto conn = std::make_shared<Connection>(*this, Socket(io), true, local);
   conn->peer_id = to;
   outgoing[to] = conn;
+  lock.unlock();
   Message hello{MessageType::kHandshake, 0, {}, {}};
   hello.metadata = encode_meta(
       options.self_id,
@@ -968,7 +1117,10 @@ std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
     Message hello{MessageType::kHandshake, 0, {}, {}};
     hello.metadata = encode_meta(
         options.self_id, options.self_name, uint32_t{0}, options.token);
-    conn->queue.front() = conn->encode_frame(std::move(hello));
+    {
+      std::lock_guard lock(conn->wmutex);
+      conn->queue.front() = conn->encode_frame(std::move(hello));
+    }
     connect_tcp(conn);
   });
   return conn;
@@ -1009,62 +1161,121 @@ void Transport::Impl::connect_tcp(const std::shared_ptr<Connection>& conn) {
 }
 
 void Transport::Impl::start_call_on_loop(
-    uint64_t id, int to, std::chrono::milliseconds timeout, Payload args) {
-  auto it = pending.find(id);
-  if (it == pending.end()) {
+    uint64_t id,
+    std::chrono::milliseconds timeout,
+    Pending call,
+    Payload args) {
+  std::shared_ptr<Connection> conn;
+  try {
+    conn = connect_on_loop(call.peer);
+  } catch (...) {
+    complete(call, std::nullopt, std::current_exception());
     return;
   }
-  try {
-    if (stopped) {
-      throw NetworkError("rpc agent '" + options.self_name + "' is shut down");
+  send_call(conn, id, timeout, std::move(call), std::move(args));
+}
+
+void Transport::Impl::send_call(
+    const std::shared_ptr<Connection>& conn,
+    uint64_t id,
+    std::chrono::milliseconds timeout,
+    Pending call,
+    Payload args) {
+  std::string meta =
+      encode_meta(call.fn, static_cast<int64_t>(timeout.count()));
+  {
+    std::unique_lock lock(calls_mutex);
+    auto it = outgoing.find(call.peer);
+    if (stopped || it == outgoing.end() || it->second != conn) {
+      // Failed between the lookup and now: its calls were failed already.
+      lock.unlock();
+      std::string what = call.fn + "() on worker " +
+                         std::to_string(call.peer) +
+                         " failed: the connection closed";
+      complete(call, std::nullopt, std::make_exception_ptr(NetworkError(what)));
+      return;
     }
-    auto conn = connect_on_loop(to);
+    auto at = Clock::now() + timeout;
+    call.timeout = timeout;
+    call.deadline = deadlines.emplace(at, id);
+    pending.emplace(id, std::move(call));
     conn->calls.insert(id);
-    it->second.timer = std::make_unique<asio::steady_timer>(io, timeout);
-    it->second.timer->async_wait(
-        [this, id, timeout](const asio::error_code& ec) {
-          if (ec) {
-            return;
-          }
-          auto p = pending.find(id);
-          if (p == pending.end()) {
-            return;
-          }
-          std::string what = p->second.fn + "() on " +
-                             peer_label(p->second.peer) + " timed out after " +
-                             std::to_string(timeout.count()) + " ms";
-          finish_call(
-              id, std::nullopt, std::make_exception_ptr(TimeoutError(what)));
-        });
+    // Calls mostly share a timeout: a later deadline needs no new timer.
+    if (at < timer_at) {
+      timer_at = at;
+      asio::post(io, [this] { expire_calls(); });
+    }
+  }
+  try {
     conn->send(payload_message(
-        MessageType::kRequest,
-        id,
-        encode_meta(it->second.fn, static_cast<int64_t>(timeout.count())),
-        std::move(args)));
+        MessageType::kRequest, id, std::move(meta), std::move(args)));
   } catch (...) {
-    finish_call(id, std::nullopt, std::current_exception());
+    if (auto p = take_call(id)) {
+      complete(*p, std::nullopt, std::current_exception());
+    }
   }
 }
 
-void Transport::Impl::finish_call(
-    uint64_t id, std::optional<Payload> value, std::exception_ptr error) {
+void Transport::Impl::expire_calls() {
+  std::vector<uint64_t> late;
+  Clock::time_point next;
+  {
+    std::lock_guard lock(calls_mutex);
+    auto now = Clock::now();
+    for (auto it = deadlines.begin();
+         it != deadlines.end() && it->first <= now;
+         ++it) {
+      late.push_back(it->second);
+    }
+    next = deadlines.size() > late.size()
+               ? std::next(deadlines.begin(), static_cast<long>(late.size()))
+                     ->first
+               : Clock::time_point::max();
+    timer_at = next;
+  }
+  for (uint64_t id : late) {
+    if (auto p = take_call(id)) {
+      std::string what = p->fn + "() on " + peer_label(p->peer) +
+                         " timed out after " +
+                         std::to_string(p->timeout.count()) + " ms";
+      complete(*p, std::nullopt, std::make_exception_ptr(TimeoutError(what)));
+    }
+  }
+  if (next == Clock::time_point::max()) {
+    deadline_timer.cancel();
+    return;
+  }
+  deadline_timer.expires_at(next);
+  deadline_timer.async_wait([this](const asio::error_code& ec) {
+    if (!ec) {
+      expire_calls();
+    }
+  });
+}
+
+std::optional<Transport::Impl::Pending> Transport::Impl::take_call(
+    uint64_t id) {
+  std::lock_guard lock(calls_mutex);
   auto it = pending.find(id);
   if (it == pending.end()) {
-    return;  // Timed out or failed already: a late reply is dropped.
+    return std::nullopt;
   }
   Pending p = std::move(it->second);
   pending.erase(it);
-  if (p.timer) {
-    p.timer->cancel();
-  }
+  deadlines.erase(p.deadline);
   if (auto c = outgoing.find(p.peer); c != outgoing.end()) {
     c->second->calls.erase(id);
   }
+  return p;
+}
+
+void Transport::Impl::complete(
+    Pending& call, std::optional<Payload> value, std::exception_ptr error) {
   pending_count.fetch_sub(1);
   if (error) {
-    p.promise.set_exception(std::move(error));
+    call.promise.set_exception(std::move(error));
   } else {
-    p.promise.set_value(std::move(*value));
+    call.promise.set_value(std::move(*value));
   }
 }
 
@@ -1080,32 +1291,38 @@ void Transport::Impl::connection_failed(
         reason);
     return;
   }
-  if (auto it = outgoing.find(conn.peer_id);
-      it != outgoing.end() && it->second == self) {
-    outgoing.erase(it);
-  }
-  std::vector<uint64_t> ids(conn.calls.begin(), conn.calls.end());
-  conn.calls.clear();
-  for (uint64_t id : ids) {
-    auto p = pending.find(id);
-    if (p == pending.end()) {
-      continue;
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard lock(calls_mutex);
+    if (auto it = outgoing.find(conn.peer_id);
+        it != outgoing.end() && it->second == self) {
+      outgoing.erase(it);
     }
-    std::string what = p->second.fn + "() on " + peer_label(conn.peer_id) +
-                       " failed: " + reason;
-    finish_call(id, std::nullopt, std::make_exception_ptr(NetworkError(what)));
+    ids.assign(conn.calls.begin(), conn.calls.end());
+    conn.calls.clear();
+  }
+  for (uint64_t id : ids) {
+    if (auto p = take_call(id)) {
+      std::string what = p->fn + "() on " + peer_label(conn.peer_id) +
+                         " failed: " + reason;
+      complete(*p, std::nullopt, std::make_exception_ptr(NetworkError(what)));
+    }
   }
 }
 
 void Transport::Impl::stop_on_loop() {
-  if (stopped) {
-    return;
+  std::unordered_map<int, std::shared_ptr<Connection>> out;
+  {
+    std::lock_guard lock(calls_mutex);
+    if (stopped) {
+      return;
+    }
+    stopped = true;
+    out = outgoing;
   }
-  stopped = true;
   asio::error_code ignored;
   acceptor.close(ignored);
   local_acceptor.close(ignored);
-  auto out = outgoing;
   for (auto& [id, conn] : out) {
     conn->fail("the rpc agent shut down");
   }
@@ -1114,16 +1331,22 @@ void Transport::Impl::stop_on_loop() {
     conn->fail("the rpc agent shut down");
   }
   std::vector<uint64_t> ids;
-  for (const auto& [id, p] : pending) {
-    ids.push_back(id);
+  {
+    std::lock_guard lock(calls_mutex);
+    for (const auto& [id, p] : pending) {
+      ids.push_back(id);
+    }
   }
   for (uint64_t id : ids) {
-    finish_call(
-        id,
-        std::nullopt,
-        std::make_exception_ptr(NetworkError(
-            "rpc agent '" + options.self_name + "' is shut down")));
+    if (auto p = take_call(id)) {
+      complete(
+          *p,
+          std::nullopt,
+          std::make_exception_ptr(NetworkError(
+              "rpc agent '" + options.self_name + "' is shut down")));
+    }
   }
+  deadline_timer.cancel();
   work.reset();
 }
 
@@ -1178,7 +1401,7 @@ Transport::Transport(TransportOptions options, RequestHandler on_request)
   }
   impl.thread = std::jthread([&impl] {
     try {
-      impl.io.run();
+      run_loop(impl.io);
     } catch (const std::exception& e) {
       TIDE_LOG_ERROR(
           "[{}] rpc I/O loop died: {}", impl.options.self_name, e.what());
@@ -1221,18 +1444,27 @@ Future<Payload> Transport::call(
   }
   uint64_t id = impl_->next_id.fetch_add(1);
   impl_->pending_count.fetch_add(1);
+  Impl::Pending call{std::move(promise), to, std::move(fn), timeout, {}};
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(impl_->calls_mutex);
+    if (auto it = impl_->outgoing.find(to); it != impl_->outgoing.end()) {
+      conn = it->second;
+    }
+  }
+  if (conn) {
+    // Open already: sent from this thread, without waking the loop.
+    impl_->send_call(conn, id, timeout, std::move(call), std::move(args));
+    return future;
+  }
   asio::post(
       impl_->io,
       [impl = impl_.get(),
        id,
-       to,
        timeout,
-       fn = std::move(fn),
-       args = std::move(args),
-       promise = std::move(promise)]() mutable {
-        impl->pending.emplace(
-            id, Impl::Pending{std::move(promise), to, std::move(fn), nullptr});
-        impl->start_call_on_loop(id, to, timeout, std::move(args));
+       call = std::move(call),
+       args = std::move(args)]() mutable {
+        impl->start_call_on_loop(id, timeout, std::move(call), std::move(args));
       });
   return future;
 }
@@ -1244,6 +1476,7 @@ size_t Transport::pending_calls() const {
 std::string Transport::connection_kind(int to) {
   auto done = std::make_shared<Promise<std::string>>();
   asio::post(impl_->io, [impl = impl_.get(), to, done] {
+    std::lock_guard lock(impl->calls_mutex);
     auto it = impl->outgoing.find(to);
     done->set_value(
         it == impl->outgoing.end() ? ""
