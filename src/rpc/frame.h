@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tide/rpc/buffer.h"
+
 // The frame layer of tide's RPC (docs/rpc-protocol.md): pure encoding and
 // decoding, no I/O. A frame is a message type, a message id, opaque per-call
 // metadata and a list of buffers. Buffers travel after the metadata and are
@@ -135,7 +137,7 @@ struct Frame {
   uint16_t flags = 0;
   uint64_t id = 0;
   std::string metadata;
-  std::vector<std::string> buffers;
+  std::vector<Buffer> buffers;
 
   bool operator==(const Frame&) const = default;
 };
@@ -200,6 +202,22 @@ class FrameDecoder {
   // of the memory bound above.
   size_t bytes_reserved() const;
 
+  // From now on, a buffer's whole declared length is allocated when it
+  // starts (address space: pages are touched only as bytes come; large ones
+  // in huge pages), instead of growing with the bytes, which copies a large
+  // buffer several times; and window() offers it. For a peer that passed
+  // the handshake (and its token check).
+  void trust_lengths() {
+    trusted_ = true;
+  }
+
+  // Where the next bytes of the stream may be written directly, without
+  // feed(): the unfilled part of the large buffer in progress (trusted
+  // decoders only). Empty when the next bytes must be fed. After writing k
+  // bytes at its start, call commit(k).
+  std::span<char> window();
+  void commit(size_t k);
+
  private:
   enum class State { kHeader, kLengths, kMetadata, kBuffers };
 
@@ -229,6 +247,11 @@ class FrameDecoder {
   // Header, lengths, metadata and buffers declared so far.
   uint64_t declared_size_ = 0;
   size_t buffer_index_ = 0;
+  // The buffer in progress: growing with the bytes (untrusted), or
+  // allocated whole and filled (trusted).
+  std::string growing_;
+  Buffer block_;
+  uint64_t filled_ = 0;
   Frame frame_;
 
   // Stream offsets, for error messages: bytes consumed, start of frame_.
@@ -238,6 +261,7 @@ class FrameDecoder {
   // Set once the stream is malformed; reported_ once next() has thrown it.
   std::exception_ptr error_;
   bool reported_ = false;
+  bool trusted_ = false;
 };
 
 }  // namespace tide::rpc::detail

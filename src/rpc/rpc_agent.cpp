@@ -278,7 +278,7 @@ struct RpcAgent::Impl {
                   "no function '" + fn + "' on worker '" + self.name +
                   "'; registered: " + known_functions());
             }
-            Decoder d(args.data, args.buffers);
+            Decoder d(args.data.view(), args.buffers);
             Future<detail::Payload> out = h(d, fn);
             // Async functions complete later, on whatever thread completes
             // their future; this worker thread is free now.

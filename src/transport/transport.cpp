@@ -354,11 +354,25 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   void read_ready() {
     for (int turn = 0; turn < kReadsPerTurn; ++turn) {
-      iovec iov{read_buf.data(), read_buf.size()};
+      // A large buffer in progress is read into its place; what follows it
+      // into read_buf.
+      std::span<char> direct;
+      try {
+        direct = decoder.window();
+      } catch (const std::exception& e) {
+        drop(e.what());
+        return;
+      }
+      std::array<iovec, 2> iov{};
+      size_t niov = 0;
+      if (!direct.empty()) {
+        iov[niov++] = {direct.data(), direct.size()};
+      }
+      iov[niov++] = {read_buf.data(), read_buf.size()};
       alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 253)> control;
       msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
+      msg.msg_iov = iov.data();
+      msg.msg_iovlen = niov;
       if (local) {
         msg.msg_control = control.data();
         msg.msg_controllen = control.size();
@@ -401,7 +415,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
         return;
       }
       try {
-        decoder.feed(read_buf.data(), static_cast<size_t>(k));
+        size_t got = static_cast<size_t>(k);
+        size_t placed = std::min(got, direct.size());
+        if (placed > 0) {
+          decoder.commit(placed);
+        }
+        decoder.feed(read_buf.data(), got - placed);
         while (auto frame = decoder.next()) {
           on_frame(std::move(*frame));
           if (closed) {
@@ -479,6 +498,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
             name + ")");
       }
       handshaken = true;
+      decoder.trust_lengths();
       std::lock_guard lock(wmutex);
       shm = local && (features & kFeatureSharedMemory) != 0;
       return;
@@ -510,6 +530,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
       return;
     }
     handshaken = true;
+    decoder.trust_lengths();
     peer_id = id;
     bool agreed = local && (features & kFeatureSharedMemory) != 0;
     Message ack{MessageType::kHandshakeAck, 0, {}, {}};
@@ -522,9 +543,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
     shm = agreed;
   }
 
-  // The frame's buffers after the first (left in the frame: a payload's
-  // stream), the shared-memory ones placed (leased) per its table; out[0]
-  // is empty.
+  // The frame's buffers, the shared-memory ones placed (leased) per its
+  // table.
   std::vector<Buffer> take_buffers(Frame& frame) {
     std::string table;
     if ((frame.flags & kFlagSharedMemory) != 0) {
@@ -535,13 +555,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
       if (frame.buffers.empty()) {
         throw ProtocolError("a shared-memory frame without its table");
       }
-      table = std::move(frame.buffers.back());
+      table = std::string(frame.buffers.back().view());
       frame.buffers.pop_back();
     }
-    std::vector<Buffer> out(frame.buffers.size());
-    for (size_t i = 1; i < out.size(); ++i) {
-      out[i] = Buffer(std::move(frame.buffers[i]));
-    }
+    std::vector<Buffer> out = std::move(frame.buffers);
     if (table.size() % sizeof(ShmRef) != 0) {
       throw ProtocolError(
           "a shared-memory table of " + std::to_string(table.size()) +
@@ -598,7 +615,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
           " frame without its payload buffer");
     }
     Payload p;
-    p.data = std::move(frame.buffers[0]);
+    p.data = std::move(buffers[0]);
     p.buffers.assign(
         std::make_move_iterator(buffers.begin() + 1),
         std::make_move_iterator(buffers.end()));

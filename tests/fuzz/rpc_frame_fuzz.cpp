@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,13 +67,19 @@ void require_sticky(rpc::FrameDecoder& d, const std::string& error) {
 }
 
 // Decodes `stream` from chunks whose sizes come from `chunker` (whole when
-// it is empty), checking the per-feed invariants.
+// it is empty), checking the per-feed invariants. A trusted decoder
+// allocates buffers whole (no memory bound to check) and is fed through its
+// window() where it offers one.
 Decoded decode_stream(
     std::string_view stream,
     std::string_view chunker,
-    const rpc::FrameLimits& limits) {
+    const rpc::FrameLimits& limits,
+    bool trusted = false) {
   Decoded out;
   rpc::FrameDecoder d(limits);
+  if (trusted) {
+    d.trust_lengths();
+  }
   uint64_t fed = 0;
   uint64_t consumed = 0;  // bytes of the frames returned so far
   size_t c = 0;
@@ -81,8 +88,14 @@ Decoded decode_stream(
                       ? stream.size()
                       : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
     std::string_view piece = stream.substr(fed, step);
-    d.feed(piece.data(), piece.size());
     fed += piece.size();
+    if (auto w = d.window(); !w.empty()) {
+      size_t k = std::min(w.size(), piece.size());
+      std::memcpy(w.data(), piece.data(), k);
+      d.commit(k);
+      piece.remove_prefix(k);
+    }
+    d.feed(piece.data(), piece.size());
     try {
       while (auto f = d.next()) {
         std::string bytes = rpc::encode(*f, limits);
@@ -98,7 +111,9 @@ Decoded decode_stream(
       return out;
     }
     require(consumed <= fed);
-    require_bounded(d, fed - consumed, limits);
+    if (!trusted) {
+      require_bounded(d, fed - consumed, limits);
+    }
   }
   // Without an error, what is left is the start of a frame.
   require(d.mid_frame() == (consumed < stream.size()));
@@ -162,12 +177,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Decoded chunked = decode_stream(stream, chunker, limits);
   require(whole.frames == chunked.frames);
   require(whole.error == chunked.error);
+  if (!(options & 0x10)) {
+    // Whole allocations only within the small limits: a trusted decoder
+    // would take a 4 GiB claim at its word.
+    Decoded trusted = decode_stream(stream, chunker, limits, true);
+    require(whole.frames == trusted.frames);
+    require(whole.error == trusted.error);
+  }
 
   if (options & 0x08) {
     rpc::Frame f = build_frame(stream, limits);
     uint64_t wire_size =
         rpc::kFrameHeaderSize + 8 * f.buffers.size() + f.metadata.size();
-    for (const std::string& b : f.buffers) {
+    for (const tide::rpc::Buffer& b : f.buffers) {
       wire_size += b.size();
     }
     std::string bytes;

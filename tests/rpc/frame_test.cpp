@@ -1,5 +1,10 @@
 #include "rpc/frame.h"
 
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -179,7 +184,10 @@ TEST(FrameTest, SeveralFramesInOneFeedComeOutInOrder) {
 
 TEST(FrameTest, EncodeHeadThenTheBuffersIsTheWholeFrame) {
   Frame f = sample(MessageType::kAutogradForward, 3);
-  std::vector<std::string_view> views(f.buffers.begin(), f.buffers.end());
+  std::vector<std::string_view> views;
+  for (const Buffer& b : f.buffers) {
+    views.push_back(b.view());
+  }
   std::string head = encode_head(
       {.type = f.type,
        .flags = f.flags,
@@ -374,6 +382,52 @@ TEST(FrameTest, DeclaredBuffersCostAFewDozenBytesEach) {
   d.feed(bytes.data(), bytes.size());
   EXPECT_GT(d.bytes_reserved(), 0u);
   EXPECT_LE(d.bytes_reserved(), 64u * 1024);
+}
+
+// A trusted decoder takes a large buffer whole and offers the rest of it as
+// a window to read into; trust that comes mid-buffer applies from the next
+// buffer.
+TEST(FrameTest, ATrustedDecoderFillsLargeBuffersInPlace) {
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) {
+    big[i] = static_cast<char>(i * 7);
+  }
+  Frame f{
+      .type = MessageType::kResponse,
+      .id = 5,
+      .metadata = "m",
+      .buffers = {"head", big, "", big.substr(0, 70000)}};
+  std::string wire = encode(f) + encode(sample(MessageType::kRequest, 6));
+
+  FrameDecoder d;
+  // Untrusted: the first 100 bytes of the large buffer grow a string.
+  size_t head = wire.find(big.substr(0, 64));
+  d.feed(wire.data(), head + 100);
+  EXPECT_TRUE(d.window().empty());
+  d.trust_lengths();
+  EXPECT_TRUE(d.window().empty());  // This buffer stays as it started.
+  size_t at = head + 100;
+  std::vector<Frame> got;
+  while (at < wire.size()) {
+    std::span<char> w = d.window();
+    size_t n = std::min<size_t>(wire.size() - at, 100000);
+    if (!w.empty()) {
+      n = std::min(n, w.size());
+      std::memcpy(w.data(), wire.data() + at, n);
+      d.commit(n);
+    } else {
+      d.feed(wire.data() + at, n);
+    }
+    at += n;
+    while (auto frame = d.next()) {
+      got.push_back(std::move(*frame));
+    }
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], f);
+  EXPECT_EQ(got[1], sample(MessageType::kRequest, 6));
+  // The large buffers are aligned for any element type.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(got[0].buffers[3].data()) % 64, 0u);
 }
 
 TEST(FrameTest, EncoderRefusesWhatThePeerWouldReject) {

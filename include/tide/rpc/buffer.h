@@ -21,12 +21,14 @@ class Buffer {
  public:
   Buffer() = default;
   // Takes the string's bytes; no copy.
-  explicit Buffer(std::string bytes) {
+  Buffer(std::string bytes) {  // NOLINT(google-explicit-constructor)
     auto s = std::make_shared<std::string>(std::move(bytes));
     data_ = s->data();
     size_ = s->size();
     owner_ = std::move(s);
   }
+  Buffer(const char* text)  // NOLINT(google-explicit-constructor)
+      : Buffer(std::string(text)) {}
   // `size` bytes at `data`, valid while `owner` lives.
   Buffer(std::shared_ptr<void> owner, void* data, size_t size)
       : owner_(std::move(owner)), data_(static_cast<char*>(data)), size_(size) {}
@@ -39,6 +41,13 @@ class Buffer {
   }
   std::string_view view() const {
     return {data_, size_};
+  }
+  operator std::string_view() const {  // NOLINT(google-explicit-constructor)
+    return view();
+  }
+  // Equal bytes.
+  bool operator==(const Buffer& other) const {
+    return view() == other.view();
   }
   // What keeps data() valid; shared by every copy.
   const std::shared_ptr<void>& owner() const {

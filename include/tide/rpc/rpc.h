@@ -78,7 +78,7 @@ namespace detail {
 
 // An encoded value (argument pack or result) and its out-of-band buffers.
 struct Payload {
-  std::string data;
+  Buffer data;
   std::vector<Buffer> buffers;
 };
 
@@ -96,8 +96,10 @@ struct IsFuture<Future<T>> : std::true_type {
 template <typename T>
 Payload encode_value(const T& value) {
   Payload p;
-  Encoder e(p.data, &p.buffers);
+  std::string data;
+  Encoder e(data, &p.buffers);
   encode(e, value);
+  p.data = Buffer(std::move(data));
   return p;
 }
 
@@ -137,8 +139,10 @@ Handler make_handler(F fn) {
 template <typename... A>
 Payload encode_call(const A&... args) {
   Payload p;
-  Encoder e(p.data, &p.buffers);
+  std::string data;
+  Encoder e(data, &p.buffers);
   encode_args(e, args...);
+  p.data = Buffer(std::move(data));
   return p;
 }
 
@@ -146,7 +150,7 @@ template <typename R>
 Future<R> decode_reply(Future<Payload> reply, std::string fn) {
   return reply.then([fn = std::move(fn)](const Payload& p) -> R {
     if constexpr (!std::is_void_v<R>) {
-      Decoder d(p.data, p.buffers);
+      Decoder d(p.data.view(), p.buffers);
       return decode_result<R>(d, fn);
     }
   });

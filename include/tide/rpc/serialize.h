@@ -165,9 +165,6 @@ class Encoder {
     buffers_->push_back(std::move(data));
     return buffers_->size() - 1;
   }
-  size_t add_buffer(std::string data) {
-    return add_buffer(Buffer(std::move(data)));
-  }
 
   // The wire primitives, for codecs.
   void write_tag(Tag t) {
