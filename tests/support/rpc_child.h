@@ -6,5 +6,7 @@
 namespace tide::test {
 
 void run_rpc_child_if_requested();
+// The same for tests/rpc/transport_test.cpp's children.
+void run_rpc_transport_child_if_requested();
 
 }  // namespace tide::test

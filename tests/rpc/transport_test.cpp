@@ -1,0 +1,417 @@
+// The RPC transport: the choice of shared memory or TCP per pair, tokens,
+// malformed shared-memory frames, graceful shutdown across processes, and
+// two network-namespace hosts.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tide/common/error.h"
+#include "tide/rpc/rpc.h"
+#include "tide/store/tcp_store.h"
+
+#include "rpc/frame.h"
+#include "support/netns.h"
+#include "support/rpc_child.h"
+#include "support/subprocess.h"
+#include "transport/transport.h"
+
+namespace tide::rpc {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+// Bytes that travel out of band, as a tensor's do.
+struct Blob {
+  Buffer bytes;
+
+  void serialize(Encoder& e) const {
+    encode(e, static_cast<uint64_t>(e.add_buffer(bytes)));
+  }
+  static Blob deserialize(Decoder& d) {
+    return {d.buffer(decode<uint64_t>(d))};
+  }
+};
+
+Blob make_blob(size_t n, int seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) {
+    s[i] = static_cast<char>(seed + 13 * i);
+  }
+  return {Buffer(std::move(s))};
+}
+
+TIDE_RPC_FUNCTION(echo_blob, [](Blob b) { return b; });
+
+std::shared_ptr<store::Store> store_client(uint16_t port) {
+  return std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+      .host = "127.0.0.1", .port = port, .timeout = 30s});
+}
+
+class TransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<store::TcpStore>(store::TcpStoreOptions{
+        .host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 30s});
+  }
+
+  // One agent per entry of `options`, started together.
+  std::vector<std::unique_ptr<RpcAgent>> group(
+      const std::vector<RpcBackendOptions>& options) {
+    std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
+    int n = static_cast<int>(options.size());
+    for (int r = 0; r < n; ++r) {
+      starting.push_back(std::async(std::launch::async, [&, r] {
+        return std::make_unique<RpcAgent>(
+            std::string(1, static_cast<char>('a' + r)),
+            r,
+            n,
+            options[r],
+            store_client(server_->port()));
+      }));
+    }
+    std::vector<std::unique_ptr<RpcAgent>> agents;
+    for (auto& s : starting) {
+      agents.push_back(s.get());
+    }
+    return agents;
+  }
+
+  std::unique_ptr<store::TcpStore> server_;
+};
+
+TEST_F(TransportTest, OneHostUsesSharedMemoryForLargeBuffers) {
+  auto agents = group({{}, {}});
+  EXPECT_EQ(agents[0]->transport_to("b"), "");
+  Blob small = make_blob(1000, 1);
+  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", small).bytes, small.bytes);
+  EXPECT_EQ(agents[0]->transport_to("b"), "shm");
+  EXPECT_EQ(agents[0]->transport_stats().buffers_via_shm, 0u);
+  Blob large = make_blob(3 << 20, 2);
+  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+  auto stats = agents[0]->transport_stats();
+  EXPECT_EQ(stats.buffers_via_shm, 1u);
+  EXPECT_EQ(stats.bytes_via_shm, uint64_t{3} << 20);
+  EXPECT_EQ(stats.segments, 1u);
+  // b answered through a segment of its own.
+  EXPECT_EQ(agents[1]->transport_stats().buffers_via_shm, 1u);
+}
+
+TEST_F(TransportTest, TcpOnlyWhenAsked) {
+  RpcBackendOptions tcp;
+  tcp.transports = {"tcp"};
+  auto agents = group({tcp, {}});
+  Blob large = make_blob(3 << 20, 3);
+  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+  EXPECT_EQ(agents[0]->transport_to("b"), "tcp");
+  EXPECT_EQ(agents[0]->transport_stats().buffers_via_shm, 0u);
+  // b takes shared memory, but a does not offer it: b's calls to a go by
+  // TCP too (a has no local socket).
+  EXPECT_EQ(agents[1]->rpc_sync<Blob>("a", "echo_blob", large).bytes, large.bytes);
+  EXPECT_EQ(agents[1]->transport_to("a"), "tcp");
+}
+
+TEST_F(TransportTest, BadTransportListsAreRefused) {
+  auto store = store_client(server_->port());
+  RpcBackendOptions shm_only;
+  shm_only.transports = {"shm"};
+  try {
+    RpcAgent agent("a", 0, 1, shm_only, store);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("must include tcp"));
+  }
+  RpcBackendOptions unknown;
+  unknown.transports = {"ib", "tcp"};
+  try {
+    RpcAgent agent("a", 0, 1, unknown, store);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unknown rpc transport 'ib'"));
+  }
+}
+
+TEST_F(TransportTest, ATokenRefusesWorkersWithoutIt) {
+  // a and b take the token from the environment; c has another.
+  ::setenv("TIDE_RPC_TOKEN", "s3cret", 1);
+  RpcBackendOptions wrong;
+  wrong.token = "guess";
+  auto agents = group({{}, {}, wrong});
+  ::unsetenv("TIDE_RPC_TOKEN");
+  agents[1]->register_function("add", [](int64_t x, int64_t y) { return x + y; });
+  try {
+    agents[2]->rpc_sync<int64_t>("b", "add", 1, 2);
+    FAIL() << "expected NetworkError";
+  } catch (const NetworkError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("requires the group's token"));
+    EXPECT_THAT(e.what(), HasSubstr("this one is wrong"));
+  }
+  EXPECT_EQ(agents[0]->rpc_sync<int64_t>("b", "add", 1, 2), 3);
+  for (auto& a : agents) {
+    a->shutdown(false);
+  }
+}
+
+// A raw client on b's Unix socket, through its handshake.
+class RawLocalPeer {
+ public:
+  explicit RawLocalPeer(const std::string& name) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());
+    auto len = static_cast<socklen_t>(
+        offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      throw std::runtime_error("RawLocalPeer: connect failed");
+    }
+    std::string meta;
+    Encoder e(meta);
+    encode_args(
+        e, 0, std::string("a"), detail::kFeatureSharedMemory, std::string());
+    send(detail::encode(
+        {.type = detail::MessageType::kHandshake, .metadata = meta}));
+    // The ack.
+    detail::FrameDecoder d;
+    std::array<char, 4096> buf{};
+    while (true) {
+      ssize_t k = ::recv(fd_, buf.data(), buf.size(), 0);
+      if (k <= 0) {
+        throw std::runtime_error("RawLocalPeer: no handshake ack");
+      }
+      d.feed(buf.data(), static_cast<size_t>(k));
+      if (auto f = d.next()) {
+        if (f->type != detail::MessageType::kHandshakeAck) {
+          throw std::runtime_error("RawLocalPeer: not an ack");
+        }
+        return;
+      }
+    }
+  }
+  ~RawLocalPeer() {
+    ::close(fd_);
+  }
+
+  // Sends bytes, and `fd` with them when not -1.
+  void send(const std::string& bytes, int fd = -1) {
+    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+    if (fd >= 0) {
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    ASSERT_EQ(::sendmsg(fd_, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+
+  // True when the peer closes the connection within `timeout`.
+  bool closed_within(std::chrono::milliseconds timeout) {
+    pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
+    std::array<char, 4096> buf{};
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (::poll(&p, 1, 100) > 0) {
+        ssize_t k = ::recv(fd_, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno == ECONNRESET)) {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A request whose one 1 MiB buffer is said to be in a segment: `table`
+// bytes of references follow the (empty) buffer.
+std::string shm_request(const std::string& table) {
+  std::string meta;
+  Encoder e(meta);
+  encode_args(e, std::string("echo_blob"), int64_t{1000});
+  std::string args;
+  std::vector<Buffer> buffers;
+  Encoder a(args, &buffers);
+  encode_args(a, Blob{});  // refers to buffer 1
+  detail::Frame f{
+      .type = detail::MessageType::kRequest,
+      .flags = detail::kFlagSharedMemory,
+      .id = 1,
+      .metadata = meta,
+      .buffers = {args, "", table}};
+  return detail::encode(f);
+}
+
+std::string shm_ref(uint32_t has_fd, uint64_t segment_size) {
+  std::string out;
+  auto put = [&](auto v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  };
+  put(uint32_t{1});  // buffer index
+  put(has_fd);
+  put(uint64_t{7});  // segment id
+  put(segment_size);
+  put(uint64_t{1} << 20);  // length
+  return out;
+}
+
+TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
+  auto agents = group({{}, {}});
+  std::string entry = store_client(server_->port())->get("rpc/workers/1");
+  Decoder d(entry);
+  auto [name, id, host, port, host_key, local_name] = decode_args<
+      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
+      d, "entry");
+  ASSERT_FALSE(local_name.empty());
+
+  // A descriptor the frame says comes, but does not.
+  {
+    RawLocalPeer peer(local_name);
+    peer.send(shm_request(shm_ref(1, 1 << 20)));
+    EXPECT_TRUE(peer.closed_within(10s));
+  }
+  // A memfd that is not sealed: the sender could shrink it under us.
+  {
+    int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
+    ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+    RawLocalPeer peer(local_name);
+    peer.send(shm_request(shm_ref(1, 1 << 20)), fd);
+    ::close(fd);
+    EXPECT_TRUE(peer.closed_within(10s));
+  }
+  // A segment never passed, and a table that is not whole entries.
+  for (const std::string& table :
+       {shm_ref(0, 1 << 20), shm_ref(0, 1 << 20).substr(0, 31)}) {
+    RawLocalPeer peer(local_name);
+    peer.send(shm_request(table));
+    EXPECT_TRUE(peer.closed_within(10s));
+  }
+  Blob large = make_blob(2 << 20, 4);
+  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+}
+
+// The peer is this binary again (run_rpc_transport_child_if_requested),
+// shutting down gracefully while calls to it are still running.
+TEST_F(TransportTest, GracefulShutdownWaitsForCallsInFlightAcrossProcesses) {
+  test::Subprocess child(
+      {"/proc/self/exe"},
+      {.env = {{"TIDE_RPC_GRACEFUL_CHILD", std::to_string(server_->port())}}});
+  RpcAgent parent("parent", 0, 2, {}, store_client(server_->port()));
+  ASSERT_EQ(child.read_line(30s), "ready");
+  std::vector<Future<int64_t>> calls;
+  for (int64_t i = 0; i < 20; ++i) {
+    calls.push_back(parent.rpc_async<int64_t>("child", "work", int64_t{50}, i));
+  }
+  // The child is in its own graceful shutdown already; ours waits for the
+  // 20 calls, then both leave together.
+  parent.shutdown(true);
+  for (int64_t i = 0; i < 20; ++i) {
+    ASSERT_TRUE(calls[i].ready()) << i;
+    EXPECT_EQ(calls[i].wait(0ms), 2 * i);
+  }
+  EXPECT_EQ(child.read_line(30s), "shut down");
+  EXPECT_EQ(child.wait(30s), 0);
+}
+
+// Two hosts in network namespaces: no shared Unix socket, so TCP.
+TEST(RpcNetnsTest, TwoHostsTalkOverTcp) {
+  std::string why;
+  if (!test::NetnsHosts::available(&why)) {
+    GTEST_SKIP() << "network namespaces are not available here (" << why
+                 << ")";
+  }
+  test::NetnsHosts hosts(2);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string init = "tcp://" + hosts.addr(0) + ":29400";
+  std::vector<std::unique_ptr<test::Subprocess>> ranks;
+  for (int r : {1, 0}) {
+    auto argv = hosts.exec_prefix(r);
+    argv.push_back(self);
+    ranks.push_back(std::make_unique<test::Subprocess>(
+        argv,
+        test::SubprocessOptions{
+            .env = {
+                {"TIDE_RPC_NETNS_CHILD",
+                 std::to_string(r) + " " + init + " " + hosts.addr(r)}}}));
+  }
+  EXPECT_EQ(ranks[1]->read_line(60s), "transport=tcp blob=ok");
+  for (auto& r : ranks) {
+    EXPECT_EQ(r->wait(60s), 0);
+  }
+}
+
+}  // namespace
+}  // namespace tide::rpc
+
+namespace tide::test {
+
+void run_rpc_transport_child_if_requested() {
+  using namespace std::chrono_literals;
+  if (const char* port = std::getenv("TIDE_RPC_GRACEFUL_CHILD")) {
+    rpc::RpcAgent agent(
+        "child",
+        1,
+        2,
+        {},
+        rpc::store_client(static_cast<uint16_t>(std::atoi(port))));
+    agent.register_function("work", [](int64_t ms, int64_t v) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));  // The work.
+      return 2 * v;
+    });
+    std::printf("ready\n");
+    std::fflush(stdout);
+    agent.shutdown(true);
+    std::printf("shut down\n");
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  if (const char* spec = std::getenv("TIDE_RPC_NETNS_CHILD")) {
+    int rank = 0;
+    std::array<char, 256> init{};
+    std::array<char, 64> host{};
+    if (std::sscanf(spec, "%d %255s %63s", &rank, init.data(), host.data()) !=
+        3) {
+      std::_Exit(2);
+    }
+    rpc::RpcBackendOptions o;
+    o.init_method = init.data();
+    o.listen_host = host.data();
+    rpc::RpcAgent agent(rank == 0 ? "driver" : "server", rank, 2, o);
+    if (rank == 0) {
+      rpc::Blob large = rpc::make_blob(3 << 20, 5);
+      bool same =
+          agent.rpc_sync<rpc::Blob>("server", "echo_blob", large).bytes ==
+          large.bytes;
+      std::printf(
+          "transport=%s blob=%s\n",
+          agent.transport_to("server").c_str(),
+          same ? "ok" : "differs");
+      std::fflush(stdout);
+    }
+    agent.shutdown(true);
+    std::_Exit(0);
+  }
+}
+
+}  // namespace tide::test
