@@ -7,46 +7,51 @@
 //           build/examples/rpc_parameter_server
 //
 // The model is a least-squares fit: minimise |w - target|^2, so each
-// gradient is 2 (w - target) and the weights converge to the target.
-#include <cmath>
+// gradient is 2 (w - target) and the weights converge to the target. The
+// weights and gradients are at::Tensors (tide/rpc/tensor.h): they travel as
+// their bytes, through shared memory between processes of one host.
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+
 #include "tide/rpc/rpc.h"
+#include "tide/rpc/tensor.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 namespace rpc = tide::rpc;
 
-constexpr int kDim = 4;
 constexpr int kSteps = 50;
-const std::vector<double> kTarget{1.0, -2.0, 3.0, 0.5};
+
+at::Tensor target() {
+  return at::tensor(std::vector<double>{1.0, -2.0, 3.0, 0.5}, at::kDouble);
+}
 
 // The parameter server's state (used on rank 0 only).
 std::mutex g_mutex;
-std::vector<double> g_weights(kDim, 0.0);
+at::Tensor g_weights = at::zeros({4}, at::kDouble);
 int64_t g_updates = 0;
 
-std::vector<double> get_weights() {
+at::Tensor get_weights() {
   std::lock_guard lock(g_mutex);
-  return g_weights;
+  return g_weights.clone();  // A snapshot: the update below is in place.
 }
 
 // Applies one trainer's gradient; returns the number of updates so far.
-int64_t push_gradient(std::vector<double> grad, double lr) {
+int64_t push_gradient(at::Tensor grad, double lr) {
   std::lock_guard lock(g_mutex);
-  if (grad.size() != g_weights.size()) {
+  if (grad.sizes() != g_weights.sizes()) {
     throw std::invalid_argument(
-        "gradient has " + std::to_string(grad.size()) + " values, want " +
-        std::to_string(g_weights.size()));
+        "gradient has " + std::to_string(grad.numel()) + " values, want " +
+        std::to_string(g_weights.numel()));
   }
-  for (size_t i = 0; i < grad.size(); ++i) {
-    g_weights[i] -= lr * grad[i];
-  }
+  g_weights.sub_(grad.mul(lr));
   return ++g_updates;
 }
 
@@ -69,13 +74,10 @@ int env_int(const char* name) {
 }
 
 void train(int rank) {
+  at::Tensor goal = target();
   for (int step = 0; step < kSteps; ++step) {
-    auto w = rpc::rpc_sync<std::vector<double>>("ps", "get_weights");
-    std::vector<double> grad(kDim);
-    for (int i = 0; i < kDim; ++i) {
-      grad[static_cast<size_t>(i)] =
-          2 * (w[static_cast<size_t>(i)] - kTarget[static_cast<size_t>(i)]);
-    }
+    auto w = rpc::rpc_sync<at::Tensor>("ps", "get_weights");
+    at::Tensor grad = w.sub(goal).mul(2);
     rpc::rpc_sync<int64_t>("ps", "push_gradient", grad, 0.05);
   }
   if (rank == 1) {
@@ -107,22 +109,18 @@ int main() {
   // Waits until every worker is done (the ps serves until then).
   rpc::shutdown();
   if (rank == 0) {
-    double loss = 0;
-    for (int i = 0; i < kDim; ++i) {
-      double d =
-          g_weights[static_cast<size_t>(i)] - kTarget[static_cast<size_t>(i)];
-      loss += d * d;
-    }
+    double loss = g_weights.sub(target()).pow(2).sum().item().toDouble();
+    auto w = g_weights.accessor<double, 1>();
     std::printf(
         "ps: %lld updates from %d trainers, loss %.2e, weights %.3f %.3f "
         "%.3f %.3f\n",
         static_cast<long long>(g_updates),
         world - 1,
         loss,
-        g_weights[0],
-        g_weights[1],
-        g_weights[2],
-        g_weights[3]);
+        w[0],
+        w[1],
+        w[2],
+        w[3]);
     return loss < 1e-3 ? 0 : 1;
   }
   return 0;

@@ -207,7 +207,12 @@ std::string encode(const Frame& frame, const FrameLimits& limits) {
   return out;
 }
 
-FrameDecoder::FrameDecoder(const FrameLimits& limits) : limits_(limits) {}
+FrameDecoder::FrameDecoder(const FrameLimits& limits)
+    : limits_(limits), rest_(limits) {}
+
+FrameDecoder::FrameDecoder(
+    const FrameLimits& limits, const FrameLimits& first_frame)
+    : limits_(first_frame), rest_(limits) {}
 
 void FrameDecoder::feed(const char* data, size_t n) {
   if (error_) {
@@ -513,6 +518,7 @@ Frame FrameDecoder::take_frame() {
   header_have_ = 0;
   length_have_ = 0;
   state_ = State::kHeader;
+  limits_ = rest_;
   return std::exchange(frame_, Frame{});
 }
 

@@ -184,6 +184,9 @@ std::string encode(const Frame& frame, const FrameLimits& limits = {});
 class FrameDecoder {
  public:
   explicit FrameDecoder(const FrameLimits& limits = {});
+  // With tighter limits for the first frame (a handshake, before the peer
+  // is known), then `limits`.
+  FrameDecoder(const FrameLimits& limits, const FrameLimits& first_frame);
 
   // Consumes n bytes of the stream. Does not block and keeps no pointer into
   // `data`. Throws the decoder's error once next() has reported it.
@@ -233,7 +236,8 @@ class FrameDecoder {
   Frame take_frame();
   void fail(std::string message);
 
-  FrameLimits limits_;
+  FrameLimits limits_;  // Those of the frame in progress.
+  FrameLimits rest_;    // Those of the frames after it.
 
   // The frame in progress.
   State state_ = State::kHeader;

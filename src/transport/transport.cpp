@@ -44,6 +44,16 @@ constexpr size_t kMaxIov = 128;
 // takes at most 253 per message.
 constexpr size_t kMaxFdsPerFrame = 64;
 constexpr size_t kReadBuffer = 256 * 1024;
+// A handshake (or its refusal) is a few names: a peer not yet known sends
+// no more before it is.
+constexpr FrameLimits kHandshakeLimits{
+    .max_metadata = 64 * 1024,
+    .max_buffers = 0,
+    .max_buffer = 0,
+    .max_frame = 128 * 1024};
+// The peer's segments one connection maps, at most: what it may have in
+// flight towards us.
+constexpr uint64_t kMaxMappedBytes = uint64_t{16} << 30;
 // Reads before another connection gets the loop.
 constexpr int kReadsPerTurn = 32;
 
@@ -86,6 +96,15 @@ std::string encode_meta(const A&... args) {
   std::string out;
   Encoder e(out);
   encode_args(e, args...);
+  return out;
+}
+
+std::vector<std::string_view> views_of(const std::vector<Buffer>& buffers) {
+  std::vector<std::string_view> out;
+  out.reserve(buffers.size());
+  for (const auto& b : buffers) {
+    out.push_back(b.view());
+  }
   return out;
 }
 
@@ -163,21 +182,27 @@ void run_loop(asio::io_context& io) {
   constexpr auto kSpin = std::chrono::microseconds(50);
   auto last_work = std::chrono::steady_clock::now();
   while (!io.stopped()) {
-    if (io.poll() > 0) {
+    try {
+      if (io.poll() > 0) {
+        last_work = std::chrono::steady_clock::now();
+        continue;
+      }
+      if (io.stopped()) {
+        return;
+      }
+      if (std::chrono::steady_clock::now() - last_work < kSpin) {
+        std::this_thread::yield();
+        continue;
+      }
+      if (io.run_one() == 0) {
+        return;
+      }
       last_work = std::chrono::steady_clock::now();
-      continue;
+    } catch (const std::exception& e) {
+      // A handler threw (the loop's own catch what they expect): log it and
+      // serve on.
+      TIDE_LOG_ERROR("rpc I/O loop: a handler threw: {}", e.what());
     }
-    if (io.stopped()) {
-      return;
-    }
-    if (std::chrono::steady_clock::now() - last_work < kSpin) {
-      std::this_thread::yield();
-      continue;
-    }
-    if (io.run_one() == 0) {
-      return;
-    }
-    last_work = std::chrono::steady_clock::now();
   }
 }
 
@@ -308,6 +333,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
         socket(std::move(socket)),
         outgoing(outgoing),
         local(local),
+        decoder(FrameLimits{}, kHandshakeLimits),
         read_buf(kReadBuffer) {}
 
   ~Connection() {
@@ -402,9 +428,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
           }
         }
       }
-      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-        drop("protocol error: the peer passed more descriptors than a frame "
-             "may carry");
+      if ((msg.msg_flags & MSG_CTRUNC) != 0 ||
+          received_fds.size() > kMaxFdsPerFrame ||
+          (!handshaken && !received_fds.empty())) {
+        drop("protocol error: the peer passed descriptors it may not pass");
         return;
       }
       if (k == 0) {
@@ -426,6 +453,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
           if (closed) {
             return;
           }
+        }
+        // Descriptors come with their frame's first byte: between frames
+        // none may be left over.
+        if (!decoder.mid_frame() && !received_fds.empty()) {
+          throw ProtocolError("descriptors that no frame's table claimed");
         }
       } catch (const ProtocolError& e) {
         drop(std::string("protocol error: ") + e.what());
@@ -576,7 +608,20 @@ struct Connection : std::enable_shared_from_this<Connection> {
             " that cannot take one");
       }
       std::shared_ptr<shm::Mapping> mapping;
+      if (ref.segment_size != shm::segment_size_for(ref.length) ||
+          ref.length > FrameLimits{}.max_buffer) {
+        throw ProtocolError(
+            "a shared-memory reference to a segment of " +
+            std::to_string(ref.segment_size) + " bytes for " +
+            std::to_string(ref.length) +
+            " (segments are the power of two that fits, 1 MiB at least)");
+      }
       if (ref.has_fd != 0) {
+        if (mapped_bytes + ref.segment_size > kMaxMappedBytes) {
+          throw ProtocolError(
+              "the peer's shared-memory segments would pass " +
+              std::to_string(kMaxMappedBytes >> 30) + " GiB");
+        }
         if (received_fds.empty()) {
           throw ProtocolError(
               "a shared-memory reference whose descriptor did not come");
@@ -584,7 +629,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
         int fd = received_fds.front();
         received_fds.pop_front();
         mapping = std::make_shared<shm::Mapping>(fd, ref.segment_size);
-        mappings[ref.segment] = mapping;
+        if (!mappings.emplace(ref.segment, mapping).second) {
+          throw ProtocolError(
+              "the peer passed shared-memory segment " +
+              std::to_string(ref.segment) + " twice");
+        }
+        mapped_bytes += ref.segment_size;
       } else if (auto it = mappings.find(ref.segment); it != mappings.end()) {
         mapping = it->second;
       } else {
@@ -717,17 +767,25 @@ struct Connection : std::enable_shared_from_this<Connection> {
       if (!alive || !self) {
         return;  // The caller is gone; so is its interest in the reply.
       }
-      if (auto error = f.error()) {
+      auto send_error = [&](const std::exception_ptr& error) {
         auto [type, message] = describe(error);
         Message reply{MessageType::kError, id, {}, {}};
         reply.metadata = encode_meta(type, message);
         self->send(std::move(reply));
-      } else {
+      };
+      if (auto error = f.error()) {
+        send_error(error);
+        return;
+      }
+      try {
         self->send(payload_message(
             MessageType::kResponse,
             id,
             {},
             f.wait(std::chrono::milliseconds(0))));
+      } catch (...) {
+        // A result the frame limits refuse: the caller hears why.
+        send_error(std::current_exception());
       }
     });
   }
@@ -789,20 +847,26 @@ struct Connection : std::enable_shared_from_this<Connection> {
   OutFrame encode_frame(Message m) {
     OutFrame out;
     uint16_t flags = 0;
-    if (shm) {
+    // Room for the table, and within the limits as it is (encode_head
+    // throws): a frame the limits refuse must not take segments.
+    bool large = std::any_of(
+        m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
+        m.buffers.end(),
+        [](const Buffer& b) { return b.size() >= kShmThreshold; });
+    if (shm && large && m.buffers.size() < FrameLimits{}.max_buffers &&
+        !encode_head({m.type, 0, m.id, m.metadata, views_of(m.buffers)})
+             .empty()) {
       std::string table = place_in_segments(m, out.fds);
       if (!table.empty()) {
         flags |= kFlagSharedMemory;
         m.buffers.emplace_back(std::move(table));
       }
     }
-    std::vector<std::string_view> views;
-    views.reserve(m.buffers.size());
     for (const auto& b : m.buffers) {
-      views.push_back(b.view());
       out.total += b.size();
     }
-    out.head = encode_head({m.type, flags, m.id, m.metadata, views});
+    out.head =
+        encode_head({m.type, flags, m.id, m.metadata, views_of(m.buffers)});
     out.total += out.head.size();
     out.buffers = std::move(m.buffers);
     return out;
@@ -933,7 +997,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
         });
   }
 
-  // fail() on the loop; any thread, holding wmutex or not.
+  // fail() on the loop; any thread, holding wmutex.
   void fail_later(std::string reason) {
     wclosed = true;  // Nothing more is written.
     asio::post(owner.io, [self = shared_from_this(), reason] {
@@ -984,6 +1048,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Descriptors received, not yet claimed by a frame's table.
   std::deque<int> received_fds;
   shm::Mappings mappings;
+  uint64_t mapped_bytes = 0;
 
   // The sending side: any thread writes under wmutex (a reply goes out from
   // the worker thread that made it), the loop waits for a full socket.
@@ -1095,16 +1160,17 @@ std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
                peer->second.host_key == host_key;
   auto conn = std::make_shared<Connection>(*this, Socket(io), true, local);
   conn->peer_id = to;
-  outgoing[to] = conn;
-  lock.unlock();
   Message hello{MessageType::kHandshake, 0, {}, {}};
   hello.metadata = encode_meta(
       options.self_id,
       options.self_name,
       local ? kFeatureSharedMemory : uint32_t{0},
       options.token);
-  // Queued now, written once connected; requests queue behind it.
+  // Queued first, written once connected; the requests of callers that find
+  // the connection in `outgoing` (from now on) queue behind it.
   conn->send(std::move(hello));
+  outgoing[to] = conn;
+  lock.unlock();
   if (!local) {
     connect_tcp(conn);
     return conn;
@@ -1212,7 +1278,11 @@ void Transport::Impl::send_call(
       complete(call, std::nullopt, std::make_exception_ptr(NetworkError(what)));
       return;
     }
-    auto at = Clock::now() + timeout;
+    // A timeout past any useful horizon (milliseconds::max()) never fires.
+    auto now = Clock::now();
+    auto at = timeout < std::chrono::hours(24 * 365 * 100)
+                  ? now + timeout
+                  : Clock::time_point::max();
     call.timeout = timeout;
     call.deadline = deadlines.emplace(at, id);
     pending.emplace(id, std::move(call));
@@ -1289,10 +1359,20 @@ std::optional<Transport::Impl::Pending> Transport::Impl::take_call(
 void Transport::Impl::complete(
     Pending& call, std::optional<Payload> value, std::exception_ptr error) {
   pending_count.fetch_sub(1);
-  if (error) {
-    call.promise.set_exception(std::move(error));
-  } else {
-    call.promise.set_value(std::move(*value));
+  // Continuations run here, on whatever thread completes the call: one that
+  // throws must not take the I/O thread (or a reader) down with it.
+  try {
+    if (error) {
+      call.promise.set_exception(std::move(error));
+    } else {
+      call.promise.set_value(std::move(*value));
+    }
+  } catch (const std::exception& e) {
+    TIDE_LOG_ERROR(
+        "[{}] a continuation of {}() threw: {}", options.self_name, call.fn, e.what());
+  } catch (...) {
+    TIDE_LOG_ERROR(
+        "[{}] a continuation of {}() threw", options.self_name, call.fn);
   }
 }
 
@@ -1464,25 +1544,36 @@ Future<Payload> Transport::call(
   Impl::Pending call{std::move(promise), to, std::move(fn), timeout, {}};
   std::shared_ptr<Connection> conn;
   {
-    std::lock_guard lock(impl_->calls_mutex);
+    std::unique_lock lock(impl_->calls_mutex);
+    if (impl_->stopped) {
+      lock.unlock();
+      impl_->complete(
+          call,
+          std::nullopt,
+          std::make_exception_ptr(NetworkError(
+              "rpc agent '" + impl_->options.self_name + "' is shut down")));
+      return future;
+    }
     if (auto it = impl_->outgoing.find(to); it != impl_->outgoing.end()) {
       conn = it->second;
+    } else {
+      // Posted under the lock, before stop_on_loop() can mark the transport
+      // stopped: the loop runs it (and fails it if stopping by then).
+      asio::post(
+          impl_->io,
+          [impl = impl_.get(),
+           id,
+           timeout,
+           call = std::move(call),
+           args = std::move(args)]() mutable {
+            impl->start_call_on_loop(
+                id, timeout, std::move(call), std::move(args));
+          });
+      return future;
     }
   }
-  if (conn) {
-    // Open already: sent from this thread, without waking the loop.
-    impl_->send_call(conn, id, timeout, std::move(call), std::move(args));
-    return future;
-  }
-  asio::post(
-      impl_->io,
-      [impl = impl_.get(),
-       id,
-       timeout,
-       call = std::move(call),
-       args = std::move(args)]() mutable {
-        impl->start_call_on_loop(id, timeout, std::move(call), std::move(args));
-      });
+  // Open already: sent from this thread, without waking the loop.
+  impl_->send_call(conn, id, timeout, std::move(call), std::move(args));
   return future;
 }
 

@@ -161,6 +161,22 @@ TEST(TensorCodecTest, MalformedTensorsFailClearly) {
   }
   EXPECT_THAT(decode_error(big), HasSubstr("strides reaching 3001"));
 
+  // A shape whose byte count wraps around 2^64: 2^61 + 1 float64s would
+  // be 8 bytes.
+  Encoded wraps;
+  {
+    Encoder w(wraps.stream, &wraps.buffers);
+    w.write_tag(Tag::kTensor);
+    w.write_fixed<uint8_t>(1);
+    detail::write_string(w, "float64");
+    w.write_fixed<uint8_t>(0);
+    w.write_varint(1);
+    w.write_varint((uint64_t{1} << 61) + 1);
+    w.write_varint(1);
+    w.write_varint(w.add_buffer(std::string(8, '\0')));
+  }
+  EXPECT_THAT(decode_error(wraps), HasSubstr("tensor shape overflows"));
+
   Encoded dtype = encode_one(at::rand({1}));
   dtype.stream.replace(dtype.stream.find("float32"), 7, "float99");
   EXPECT_THAT(decode_error(dtype), HasSubstr("unknown dtype 'float99'"));

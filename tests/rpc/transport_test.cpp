@@ -24,6 +24,7 @@
 
 #include "rpc/frame.h"
 #include "support/netns.h"
+#include "support/raw_client.h"
 #include "support/rpc_child.h"
 #include "support/subprocess.h"
 #include "transport/transport.h"
@@ -168,7 +169,9 @@ TEST_F(TransportTest, ATokenRefusesWorkersWithoutIt) {
 // A raw client on b's Unix socket, through its handshake.
 class RawLocalPeer {
  public:
-  explicit RawLocalPeer(const std::string& name) {
+  // Throws std::runtime_error when b refuses the handshake (sent with `fd`
+  // when not -1).
+  explicit RawLocalPeer(const std::string& name, int fd = -1) {
     fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
@@ -182,8 +185,10 @@ class RawLocalPeer {
     Encoder e(meta);
     encode_args(
         e, 0, std::string("a"), detail::kFeatureSharedMemory, std::string());
-    send(detail::encode(
-        {.type = detail::MessageType::kHandshake, .metadata = meta}));
+    send(
+        detail::encode(
+            {.type = detail::MessageType::kHandshake, .metadata = meta}),
+        fd);
     // The ack.
     detail::FrameDecoder d;
     std::array<char, 4096> buf{};
@@ -300,15 +305,104 @@ TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
     ::close(fd);
     EXPECT_TRUE(peer.closed_within(10s));
   }
-  // A segment never passed, and a table that is not whole entries.
+  // A descriptor with the handshake, before the peer is known.
+  {
+    int fd = ::memfd_create("early", MFD_CLOEXEC);
+    EXPECT_THROW(RawLocalPeer(local_name, fd), std::runtime_error);
+    ::close(fd);
+  }
+  // A segment never passed, one of a size that does not fit the length, and
+  // a table that is not whole entries.
   for (const std::string& table :
-       {shm_ref(0, 1 << 20), shm_ref(0, 1 << 20).substr(0, 31)}) {
+       {shm_ref(0, 1 << 20),
+        shm_ref(0, 2 << 20),
+        shm_ref(0, 1 << 20).substr(0, 31)}) {
     RawLocalPeer peer(local_name);
     peer.send(shm_request(table));
     EXPECT_TRUE(peer.closed_within(10s));
   }
   Blob large = make_blob(2 << 20, 4);
   EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+}
+
+TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
+  auto agents = group({{}, {}});
+  std::string entry = store_client(server_->port())->get("rpc/workers/1");
+  Decoder d(entry);
+  auto [name, id, host, port, host_key, local_name] = decode_args<
+      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
+      d, "entry");
+  std::string meta;
+  Encoder e(meta);
+  encode_args(e, 0, std::string("a"), uint32_t{0}, std::string());
+  test::RawClient raw(static_cast<uint16_t>(port));
+  // A stranger's first frame may not bring a gigabyte: the buffer's length
+  // alone ends the connection.
+  std::string hello = detail::encode(
+      {.type = detail::MessageType::kHandshake,
+       .metadata = meta,
+       .buffers = {"x"}});
+  ASSERT_TRUE(raw.send(hello));
+  EXPECT_TRUE(raw.closed_within(10s));
+  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", make_blob(10, 1)).bytes,
+            make_blob(10, 1).bytes);
+}
+
+// Replies complete call futures on the I/O thread; a continuation that
+// throws there must not end it.
+TEST(TransportLoopTest, AThrowingContinuationLeavesTheLoopServing) {
+  std::mutex mutex;
+  std::vector<Promise<detail::Payload>> held;  // Guarded by mutex.
+  detail::Transport server(
+      {.self_id = 1, .self_name = "server"},
+      [&](int, std::string fn, detail::Payload args) {
+        if (fn != "hold") {
+          return Future<detail::Payload>::make_ready(std::move(args));
+        }
+        std::lock_guard lock(mutex);
+        held.emplace_back();
+        return held.back().get_future();
+      });
+  detail::Transport client(
+      {.self_id = 0, .self_name = "client"},
+      [](int, std::string, detail::Payload) {
+        return Future<detail::Payload>::make_failed(
+            std::make_exception_ptr(std::runtime_error("no calls here")));
+      });
+  client.set_peers({{1,
+                     "server",
+                     "127.0.0.1",
+                     server.port(),
+                     detail::local_host_key(),
+                     server.local_name()}});
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 3; ++i) {
+    client.call(1, "hold", 10s, detail::encode_call(i))
+        .on_complete([&](const Future<detail::Payload>&) {
+          ++ran;
+          throw std::runtime_error("a careless continuation");
+        });
+  }
+  // Completed only once the continuations are in place: they run on the
+  // client's I/O thread, when the replies come.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (true) {
+    std::unique_lock lock(mutex);
+    if (held.size() == 3) {
+      for (auto& p : held) {
+        p.set_value(detail::encode_value(int64_t{1}));
+      }
+      break;
+    }
+    lock.unlock();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "calls missing";
+    std::this_thread::yield();
+  }
+  detail::Payload back =
+      client.call(1, "echo", 10s, detail::encode_call(int64_t{42})).wait(10s);
+  Decoder d(back.data.view(), back.buffers);
+  EXPECT_EQ(std::get<0>(decode_args<std::tuple<int64_t>>(d, "echo")), 42);
+  EXPECT_EQ(ran.load(), 3);
 }
 
 // The peer is this binary again (run_rpc_transport_child_if_requested),

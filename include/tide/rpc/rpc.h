@@ -14,7 +14,7 @@
 #include "tide/common/future.h"
 #include "tide/rpc/serialize.h"
 
-// tide's RPC: the counterpart of torch.distributed.rpc, without tensors yet.
+// tide's RPC: the counterpart of torch.distributed.rpc (tensors: tide/rpc/tensor.h).
 //
 //   RpcAgent agent("worker0", 0, 2, RpcBackendOptions{.init_method =
 //                                                      "tcp://10.0.0.1:29500"});
@@ -51,7 +51,9 @@ struct WorkerInfo {
   bool operator==(const WorkerInfo&) const = default;
 };
 
-enum class BackendType { kTcp };
+// tide's one backend: shared memory between processes of one host, TCP
+// between hosts (torch's is TENSORPIPE).
+enum class BackendType { kTide };
 
 struct RpcBackendOptions {
   // Threads running the functions called on this worker.

@@ -168,7 +168,11 @@ struct Codec<at::Tensor> {
     }
     const Buffer& buffer = d.buffer(d.read_varint());
     auto item = static_cast<uint64_t>(c10::elementSize(dtype->type));
-    if (buffer.size() != numel * item || (numel > 0 && reach > numel)) {
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, item, &bytes)) {
+      d.fail("tensor shape overflows");
+    }
+    if (buffer.size() != bytes || (numel > 0 && reach > numel)) {
       d.fail(
           "tensor of " + std::to_string(numel) + " " + name +
           " elements (strides reaching " + std::to_string(reach) +
