@@ -50,7 +50,8 @@ struct Args {
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
-  auto k = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  auto k =
+      static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
   return v[std::min(k, v.size() - 1)];
 }
 
@@ -137,7 +138,8 @@ void drive(RpcAgent& agent, const Args& a) {
     emit(
         kind,
         fmt::format(
-            "\"metric\":\"echo\",\"size_bytes\":{:.0f},\"rtt_ms_median\":{:.3f},"
+            "\"metric\":\"echo\",\"size_bytes\":{:.0f},\"rtt_ms_median\":{:.3f}"
+            ","
             "\"bytes_each_way_per_s\":{:.0f},\"n\":{}",
             bytes,
             med * 1e3,

@@ -437,7 +437,8 @@ Buffer allocate_received(uint64_t n) {
   void* p = std::aligned_alloc(align, size);
   if (p == nullptr) {
     throw ProtocolError(
-        "cannot allocate " + std::to_string(n) + " bytes for a received buffer");
+        "cannot allocate " + std::to_string(n) +
+        " bytes for a received buffer");
   }
   if (align == kHuge) {
     ::madvise(p, size, MADV_HUGEPAGE);
@@ -489,8 +490,8 @@ bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
 std::span<char> FrameDecoder::window() {
   constexpr uint64_t kDirectFrom = uint64_t{64} << 10;
   if (!trusted_ || error_ || state_ != State::kBuffers ||
-      buffer_index_ >= buffer_count_ ||
-      lengths_[buffer_index_] < kDirectFrom || !growing_.empty()) {
+      buffer_index_ >= buffer_count_ || lengths_[buffer_index_] < kDirectFrom ||
+      !growing_.empty()) {
     return {};
   }
   if (block_.size() == 0) {

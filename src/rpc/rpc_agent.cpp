@@ -348,8 +348,8 @@ struct RpcAgent::Impl {
     std::vector<detail::PeerAddress> peers;
     for (const auto& v : values) {
       Decoder d(v);
-      auto [name, id, host, port, host_key, local_name] = decode_args<
-          std::tuple<
+      auto [name, id, host, port, host_key, local_name] =
+          decode_args<std::tuple<
               std::string,
               int,
               std::string,

@@ -263,7 +263,8 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   // Loop only.
   void expire_calls();
   // Completes a call taken off the books. Any thread.
-  void complete(Pending& call, std::optional<Payload> value, std::exception_ptr error);
+  void complete(
+      Pending& call, std::optional<Payload> value, std::exception_ptr error);
   void connection_failed(Connection& conn, const std::string& reason);
   void stop_on_loop();
   std::string peer_label(int id) const;
@@ -349,11 +350,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
     if (!local) {
       int one = 1;
       ::setsockopt(
-          socket.native_handle(),
-          IPPROTO_TCP,
-          TCP_NODELAY,
-          &one,
-          sizeof one);
+          socket.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
     {
       std::unique_lock lock(wmutex);
@@ -403,8 +400,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
         msg.msg_control = control.data();
         msg.msg_controllen = control.size();
       }
-      ssize_t k =
-          ::recvmsg(socket.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      ssize_t k = ::recvmsg(
+          socket.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
       if (k < 0) {
         int e = errno;
         if (e == EINTR) {
@@ -603,9 +600,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
       if (ref.index == 0 || ref.index >= out.size() || placed[ref.index] ||
           out[ref.index].size() != 0) {
         throw ProtocolError(
-            "a shared-memory reference to buffer " +
-            std::to_string(ref.index) + " of " + std::to_string(out.size()) +
-            " that cannot take one");
+            "a shared-memory reference to buffer " + std::to_string(ref.index) +
+            " of " + std::to_string(out.size()) + " that cannot take one");
       }
       std::shared_ptr<shm::Mapping> mapping;
       if (ref.segment_size != shm::segment_size_for(ref.length) ||
@@ -722,8 +718,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
               *call,
               std::nullopt,
               std::make_exception_ptr(RemoteError(
-                  call->fn + "() on " + owner.peer_label(peer_id) +
-                  " raised " + type + ": " + message)));
+                  call->fn + "() on " + owner.peer_label(peer_id) + " raised " +
+                  type + ": " + message)));
         }
         return;
       }
@@ -915,8 +911,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
       msghdr msg{};
       msg.msg_iov = iov.data();
       msg.msg_iovlen = n;
-      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)>
-          control{};
+      alignas(cmsghdr)
+          std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)>
+              control{};
       if (fds != nullptr) {
         size_t bytes = fds->size() * sizeof(int);
         msg.msg_control = control.data();
@@ -940,9 +937,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
         }
         if (e == EAGAIN || e == EWOULDBLOCK) {
           writing = true;
-          asio::post(owner.io, [self = shared_from_this()] {
-            self->wait_writable();
-          });
+          asio::post(
+              owner.io, [self = shared_from_this()] { self->wait_writable(); });
           break;
         }
         fail_later("write failed: " + errno_text(e));
@@ -967,9 +963,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
     if (wclosed) {
       queue.clear();
       if (close_deferred) {
-        asio::post(owner.io, [self = shared_from_this()] {
-          self->close_socket();
-        });
+        asio::post(
+            owner.io, [self = shared_from_this()] { self->close_socket(); });
       }
     } else if (queue.empty() && close_after_flush) {
       fail_later("refused the peer");
@@ -1000,9 +995,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // fail() on the loop; any thread, holding wmutex.
   void fail_later(std::string reason) {
     wclosed = true;  // Nothing more is written.
-    asio::post(owner.io, [self = shared_from_this(), reason] {
-      self->fail(reason);
-    });
+    asio::post(
+        owner.io, [self = shared_from_this(), reason] { self->fail(reason); });
   }
 
   // Loop only.
@@ -1125,23 +1119,21 @@ void Transport::Impl::start_accept() {
 }
 
 void Transport::Impl::start_local_accept() {
-  local_acceptor.async_accept(
-      [this](
-          const asio::error_code& ec, asio::local::stream_protocol::socket s) {
-        if (ec == asio::error::operation_aborted ||
-            !local_acceptor.is_open()) {
-          return;
-        }
-        if (!ec) {
-          adopt(
-              Socket(io, asio::generic::stream_protocol(AF_UNIX, 0), s.release()),
-              true);
-        } else {
-          TIDE_LOG_WARN(
-              "[{}] accept failed: {}", options.self_name, ec.message());
-        }
-        start_local_accept();
-      });
+  local_acceptor.async_accept([this](
+                                  const asio::error_code& ec,
+                                  asio::local::stream_protocol::socket s) {
+    if (ec == asio::error::operation_aborted || !local_acceptor.is_open()) {
+      return;
+    }
+    if (!ec) {
+      adopt(
+          Socket(io, asio::generic::stream_protocol(AF_UNIX, 0), s.release()),
+          true);
+    } else {
+      TIDE_LOG_WARN("[{}] accept failed: {}", options.self_name, ec.message());
+    }
+    start_local_accept();
+  });
 }
 
 std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
@@ -1231,7 +1223,9 @@ void Transport::Impl::connect_tcp(const std::shared_ptr<Connection>& conn) {
     }
   }
   asio::async_connect(
-      conn->socket, endpoints, [conn](const asio::error_code& e, const Endpoint&) {
+      conn->socket,
+      endpoints,
+      [conn](const asio::error_code& e, const Endpoint&) {
         if (conn->closed) {
           return;
         }
@@ -1272,8 +1266,7 @@ void Transport::Impl::send_call(
     if (stopped || it == outgoing.end() || it->second != conn) {
       // Failed between the lookup and now: its calls were failed already.
       lock.unlock();
-      std::string what = call.fn + "() on worker " +
-                         std::to_string(call.peer) +
+      std::string what = call.fn + "() on worker " + std::to_string(call.peer) +
                          " failed: the connection closed";
       complete(call, std::nullopt, std::make_exception_ptr(NetworkError(what)));
       return;
@@ -1309,8 +1302,7 @@ void Transport::Impl::expire_calls() {
   {
     std::lock_guard lock(calls_mutex);
     auto now = Clock::now();
-    for (auto it = deadlines.begin();
-         it != deadlines.end() && it->first <= now;
+    for (auto it = deadlines.begin(); it != deadlines.end() && it->first <= now;
          ++it) {
       late.push_back(it->second);
     }
@@ -1369,7 +1361,10 @@ void Transport::Impl::complete(
     }
   } catch (const std::exception& e) {
     TIDE_LOG_ERROR(
-        "[{}] a continuation of {}() threw: {}", options.self_name, call.fn, e.what());
+        "[{}] a continuation of {}() threw: {}",
+        options.self_name,
+        call.fn,
+        e.what());
   } catch (...) {
     TIDE_LOG_ERROR(
         "[{}] a continuation of {}() threw", options.self_name, call.fn);
@@ -1400,8 +1395,8 @@ void Transport::Impl::connection_failed(
   }
   for (uint64_t id : ids) {
     if (auto p = take_call(id)) {
-      std::string what = p->fn + "() on " + peer_label(conn.peer_id) +
-                         " failed: " + reason;
+      std::string what =
+          p->fn + "() on " + peer_label(conn.peer_id) + " failed: " + reason;
       complete(*p, std::nullopt, std::make_exception_ptr(NetworkError(what)));
     }
   }
@@ -1473,16 +1468,15 @@ Transport::Transport(TransportOptions options, RequestHandler on_request)
   impl.port = impl.acceptor.local_endpoint().port();
   impl.start_accept();
   if (impl.options.shared_memory) {
-    std::string name = "tide-rpc-" + std::to_string(::getpid()) + "-" +
-                       random_hex(8);
+    std::string name =
+        "tide-rpc-" + std::to_string(::getpid()) + "-" + random_hex(8);
     asio::local::stream_protocol::endpoint local(std::string(1, '\0') + name);
     impl.local_acceptor.open(local.protocol(), ec);
     if (!ec) {
       impl.local_acceptor.bind(local, ec);
     }
     if (!ec) {
-      impl.local_acceptor.listen(
-          asio::socket_base::max_listen_connections, ec);
+      impl.local_acceptor.listen(asio::socket_base::max_listen_connections, ec);
     }
     if (ec) {
       // TCP still works: peers of this host connect over it.

@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>

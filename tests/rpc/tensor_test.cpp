@@ -69,8 +69,17 @@ std::string decode_error(const Encoded& in) {
 
 TEST(TensorCodecTest, KeepsDtypeShapeValuesAndRequiresGrad) {
   for (auto dtype :
-       {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt,
-        at::kShort, at::kChar, at::kByte, at::kBool, at::kComplexFloat}) {
+       {at::kFloat,
+        at::kDouble,
+        at::kHalf,
+        at::kBFloat16,
+        at::kLong,
+        at::kInt,
+        at::kShort,
+        at::kChar,
+        at::kByte,
+        at::kBool,
+        at::kComplexFloat}) {
     at::Tensor t = at::arange(24).remainder(3).to(dtype).reshape({2, 3, 4});
     at::Tensor r = round_trip(t);
     EXPECT_EQ(r.scalar_type(), dtype);
@@ -227,9 +236,8 @@ class TensorRpcTest : public ::testing::TestWithParam<std::string> {
 
   static RpcBackendOptions options(const std::string& transports) {
     RpcBackendOptions o;
-    o.transports =
-        transports == "tcp" ? std::vector<std::string>{"tcp"}
-                            : std::vector<std::string>{"shm", "tcp"};
+    o.transports = transports == "tcp" ? std::vector<std::string>{"tcp"}
+                                       : std::vector<std::string>{"shm", "tcp"};
     return o;
   }
 
@@ -293,7 +301,8 @@ TEST_P(TensorRpcTest, ManyTensorsInFlight) {
   std::vector<at::Tensor> sent;
   std::vector<Future<double>> sums;
   for (int i = 0; i < 64; ++i) {
-    sent.push_back(at::full({i % 2 == 0 ? 100 : 300000}, double(i), at::kDouble));
+    sent.push_back(
+        at::full({i % 2 == 0 ? 100 : 300000}, double(i), at::kDouble));
     sums.push_back(agent_->rpc_async<double>("server", "sum", sent.back()));
   }
   for (int i = 0; i < 64; ++i) {

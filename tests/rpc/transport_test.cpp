@@ -1,6 +1,8 @@
 // The RPC transport: the choice of shared memory or TCP per pair, tokens,
 // malformed shared-memory frames, graceful shutdown across processes, and
 // two network-namespace hosts.
+#include "transport/transport.h"
+
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -27,7 +29,6 @@
 #include "support/raw_client.h"
 #include "support/rpc_child.h"
 #include "support/subprocess.h"
-#include "transport/transport.h"
 
 namespace tide::rpc {
 namespace {
@@ -98,11 +99,13 @@ TEST_F(TransportTest, OneHostUsesSharedMemoryForLargeBuffers) {
   auto agents = group({{}, {}});
   EXPECT_EQ(agents[0]->transport_to("b"), "");
   Blob small = make_blob(1000, 1);
-  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", small).bytes, small.bytes);
+  EXPECT_EQ(
+      agents[0]->rpc_sync<Blob>("b", "echo_blob", small).bytes, small.bytes);
   EXPECT_EQ(agents[0]->transport_to("b"), "shm");
   EXPECT_EQ(agents[0]->transport_stats().buffers_via_shm, 0u);
   Blob large = make_blob(3 << 20, 2);
-  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+  EXPECT_EQ(
+      agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
   auto stats = agents[0]->transport_stats();
   EXPECT_EQ(stats.buffers_via_shm, 1u);
   EXPECT_EQ(stats.bytes_via_shm, uint64_t{3} << 20);
@@ -116,12 +119,14 @@ TEST_F(TransportTest, TcpOnlyWhenAsked) {
   tcp.transports = {"tcp"};
   auto agents = group({tcp, {}});
   Blob large = make_blob(3 << 20, 3);
-  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+  EXPECT_EQ(
+      agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
   EXPECT_EQ(agents[0]->transport_to("b"), "tcp");
   EXPECT_EQ(agents[0]->transport_stats().buffers_via_shm, 0u);
   // b takes shared memory, but a does not offer it: b's calls to a go by
   // TCP too (a has no local socket).
-  EXPECT_EQ(agents[1]->rpc_sync<Blob>("a", "echo_blob", large).bytes, large.bytes);
+  EXPECT_EQ(
+      agents[1]->rpc_sync<Blob>("a", "echo_blob", large).bytes, large.bytes);
   EXPECT_EQ(agents[1]->transport_to("a"), "tcp");
 }
 
@@ -152,7 +157,8 @@ TEST_F(TransportTest, ATokenRefusesWorkersWithoutIt) {
   wrong.token = "guess";
   auto agents = group({{}, {}, wrong});
   ::unsetenv("TIDE_RPC_TOKEN");
-  agents[1]->register_function("add", [](int64_t x, int64_t y) { return x + y; });
+  agents[1]->register_function(
+      "add", [](int64_t x, int64_t y) { return x + y; });
   try {
     agents[2]->rpc_sync<int64_t>("b", "add", 1, 2);
     FAIL() << "expected NetworkError";
@@ -178,7 +184,8 @@ class RawLocalPeer {
     std::memcpy(addr.sun_path + 1, name.data(), name.size());
     auto len = static_cast<socklen_t>(
         offsetof(sockaddr_un, sun_path) + 1 + name.size());
-    if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (fd_ < 0 ||
+        ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       throw std::runtime_error("RawLocalPeer: connect failed");
     }
     std::string meta;
@@ -226,7 +233,8 @@ class RawLocalPeer {
       c->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
     }
-    ASSERT_EQ(::sendmsg(fd_, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(
+        ::sendmsg(fd_, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
   }
 
   // True when the peer closes the connection within `timeout`.
@@ -322,7 +330,8 @@ TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
     EXPECT_TRUE(peer.closed_within(10s));
   }
   Blob large = make_blob(2 << 20, 4);
-  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+  EXPECT_EQ(
+      agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
 }
 
 TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
@@ -344,8 +353,9 @@ TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
        .buffers = {"x"}});
   ASSERT_TRUE(raw.send(hello));
   EXPECT_TRUE(raw.closed_within(10s));
-  EXPECT_EQ(agents[0]->rpc_sync<Blob>("b", "echo_blob", make_blob(10, 1)).bytes,
-            make_blob(10, 1).bytes);
+  EXPECT_EQ(
+      agents[0]->rpc_sync<Blob>("b", "echo_blob", make_blob(10, 1)).bytes,
+      make_blob(10, 1).bytes);
 }
 
 // Replies complete call futures on the I/O thread; a continuation that
@@ -369,12 +379,13 @@ TEST(TransportLoopTest, AThrowingContinuationLeavesTheLoopServing) {
         return Future<detail::Payload>::make_failed(
             std::make_exception_ptr(std::runtime_error("no calls here")));
       });
-  client.set_peers({{1,
-                     "server",
-                     "127.0.0.1",
-                     server.port(),
-                     detail::local_host_key(),
-                     server.local_name()}});
+  client.set_peers(
+      {{1,
+        "server",
+        "127.0.0.1",
+        server.port(),
+        detail::local_host_key(),
+        server.local_name()}});
   std::atomic<int> ran{0};
   for (int i = 0; i < 3; ++i) {
     client.call(1, "hold", 10s, detail::encode_call(i))
@@ -432,8 +443,7 @@ TEST_F(TransportTest, GracefulShutdownWaitsForCallsInFlightAcrossProcesses) {
 TEST(RpcNetnsTest, TwoHostsTalkOverTcp) {
   std::string why;
   if (!test::NetnsHosts::available(&why)) {
-    GTEST_SKIP() << "network namespaces are not available here (" << why
-                 << ")";
+    GTEST_SKIP() << "network namespaces are not available here (" << why << ")";
   }
   test::NetnsHosts hosts(2);
   std::string self = std::filesystem::read_symlink("/proc/self/exe");

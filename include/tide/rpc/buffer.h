@@ -31,7 +31,9 @@ class Buffer {
       : Buffer(std::string(text)) {}
   // `size` bytes at `data`, valid while `owner` lives.
   Buffer(std::shared_ptr<void> owner, void* data, size_t size)
-      : owner_(std::move(owner)), data_(static_cast<char*>(data)), size_(size) {}
+      : owner_(std::move(owner)),
+        data_(static_cast<char*>(data)),
+        size_(size) {}
 
   char* data() const {
     return data_;

@@ -14,7 +14,8 @@
 #include "tide/common/future.h"
 #include "tide/rpc/serialize.h"
 
-// tide's RPC: the counterpart of torch.distributed.rpc (tensors: tide/rpc/tensor.h).
+// tide's RPC: the counterpart of torch.distributed.rpc (tensors:
+// tide/rpc/tensor.h).
 //
 //   RpcAgent agent("worker0", 0, 2, RpcBackendOptions{.init_method =
 //                                                      "tcp://10.0.0.1:29500"});

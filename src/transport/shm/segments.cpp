@@ -65,8 +65,7 @@ Segment& SendSegments::acquire(size_t n) {
   uint64_t id = next_id_++;
   bytes_ += size;
   in_use_[id] = true;
-  return segments_[id] =
-             Segment{id, fd, static_cast<char*>(base), size, false};
+  return segments_[id] = Segment{id, fd, static_cast<char*>(base), size, false};
 }
 
 bool SendSegments::release(uint64_t id) {
@@ -93,8 +92,8 @@ Mapping::Mapping(int fd, size_t size) : size_(size) {
         "of the " +
         std::to_string(size) + " bytes it claims");
   }
-  void* base =
-      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* base = ::mmap(
+      nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   std::string why = base == MAP_FAILED ? errno_text() : "";
   ::close(fd);
   if (base == MAP_FAILED) {
