@@ -58,6 +58,22 @@ at::Tensor round_trip(const at::Tensor& t) {
   return decode_one<at::Tensor>(encode_one(t));
 }
 
+// A one-dimensional tensor as a sender could write it, whatever it says.
+Encoded raw_vector(
+    const std::string& dtype, uint64_t size, uint64_t stride, size_t bytes) {
+  Encoded out;
+  Encoder w(out.stream, &out.buffers);
+  w.write_tag(Tag::kTensor);
+  w.write_fixed<uint8_t>(1);
+  detail::write_string(w, dtype);
+  w.write_fixed<uint8_t>(0);
+  w.write_varint(1);
+  w.write_varint(size);
+  w.write_varint(stride);
+  w.write_varint(w.add_buffer(std::string(bytes, '\0')));
+  return out;
+}
+
 std::string decode_error(const Encoded& in) {
   try {
     decode_one<at::Tensor>(in);
@@ -156,35 +172,14 @@ TEST(TensorCodecTest, MalformedTensorsFailClearly) {
                 "match its buffer of 12 bytes"));
 
   // Strides that reach past the buffer.
-  Encoded big;
-  {
-    Encoder w(big.stream, &big.buffers);
-    w.write_tag(Tag::kTensor);
-    w.write_fixed<uint8_t>(1);
-    detail::write_string(w, "float32");
-    w.write_fixed<uint8_t>(0);
-    w.write_varint(1);
-    w.write_varint(4);
-    w.write_varint(1000);
-    w.write_varint(w.add_buffer(std::string(16, '\0')));
-  }
-  EXPECT_THAT(decode_error(big), HasSubstr("strides reaching 3001"));
-
+  EXPECT_THAT(
+      decode_error(raw_vector("float32", 4, 1000, 16)),
+      HasSubstr("strides reaching 3001"));
   // A shape whose byte count wraps around 2^64: 2^61 + 1 float64s would
   // be 8 bytes.
-  Encoded wraps;
-  {
-    Encoder w(wraps.stream, &wraps.buffers);
-    w.write_tag(Tag::kTensor);
-    w.write_fixed<uint8_t>(1);
-    detail::write_string(w, "float64");
-    w.write_fixed<uint8_t>(0);
-    w.write_varint(1);
-    w.write_varint((uint64_t{1} << 61) + 1);
-    w.write_varint(1);
-    w.write_varint(w.add_buffer(std::string(8, '\0')));
-  }
-  EXPECT_THAT(decode_error(wraps), HasSubstr("tensor shape overflows"));
+  EXPECT_THAT(
+      decode_error(raw_vector("float64", (uint64_t{1} << 61) + 1, 1, 8)),
+      HasSubstr("tensor shape overflows"));
 
   Encoded dtype = encode_one(at::rand({1}));
   dtype.stream.replace(dtype.stream.find("float32"), 7, "float99");

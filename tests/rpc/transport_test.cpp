@@ -92,6 +92,22 @@ class TransportTest : public ::testing::Test {
     return agents;
   }
 
+  // What worker `rank` published in the store.
+  detail::PeerAddress published(int rank) {
+    std::string entry =
+        store_client(server_->port())->get("rpc/workers/" + std::to_string(rank));
+    Decoder d(entry);
+    auto [name, id, host, port, host_key, local_name] = decode_args<std::tuple<
+        std::string,
+        int,
+        std::string,
+        int,
+        std::string,
+        std::string>>(d, "entry");
+    return {
+        id, name, host, static_cast<uint16_t>(port), host_key, local_name};
+  }
+
   std::unique_ptr<store::TcpStore> server_;
 };
 
@@ -291,11 +307,7 @@ std::string shm_ref(uint32_t has_fd, uint64_t segment_size) {
 
 TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
   auto agents = group({{}, {}});
-  std::string entry = store_client(server_->port())->get("rpc/workers/1");
-  Decoder d(entry);
-  auto [name, id, host, port, host_key, local_name] = decode_args<
-      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
-      d, "entry");
+  std::string local_name = published(1).local_name;
   ASSERT_FALSE(local_name.empty());
 
   // A descriptor the frame says comes, but does not.
@@ -336,15 +348,11 @@ TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
 
 TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
   auto agents = group({{}, {}});
-  std::string entry = store_client(server_->port())->get("rpc/workers/1");
-  Decoder d(entry);
-  auto [name, id, host, port, host_key, local_name] = decode_args<
-      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
-      d, "entry");
+  uint16_t port = published(1).port;
   std::string meta;
   Encoder e(meta);
   encode_args(e, 0, std::string("a"), uint32_t{0}, std::string());
-  test::RawClient raw(static_cast<uint16_t>(port));
+  test::RawClient raw(port);
   // A stranger's first frame may not bring a gigabyte: the buffer's length
   // alone ends the connection.
   std::string hello = detail::encode(
