@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
@@ -191,15 +192,29 @@ struct RpcAgent::Impl {
     lock.unlock();
     asio::post(*pool, [this] {
       std::unique_lock lock(runs.mutex);
-      while (!runs.queue.empty()) {
-        auto next = std::move(runs.queue.front());
-        runs.queue.pop_front();
-        ++runs.busy;
+      auto idle_since = std::chrono::steady_clock::now();
+      for (;;) {
+        if (!runs.queue.empty()) {
+          auto next = std::move(runs.queue.front());
+          runs.queue.pop_front();
+          ++runs.busy;
+          lock.unlock();
+          next();
+          next = nullptr;
+          lock.lock();
+          --runs.busy;
+          idle_since = std::chrono::steady_clock::now();
+          continue;
+        }
+        // Calls come in streams: waiting a moment for the next is cheaper
+        // than waking a thread for it.
+        if (std::chrono::steady_clock::now() - idle_since >
+            std::chrono::microseconds(50)) {
+          break;
+        }
         lock.unlock();
-        next();
-        next = nullptr;
+        std::this_thread::yield();
         lock.lock();
-        --runs.busy;
       }
       --runs.runners;
     });
