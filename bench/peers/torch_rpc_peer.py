@@ -80,6 +80,10 @@ def echo(t):
     return t
 
 
+def echo_clone(t):
+    return t.clone()
+
+
 def p99(xs):
     xs = sorted(xs)
     return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
@@ -130,19 +134,19 @@ def measure_async(head, window, calls, warmup):
          calls=calls)
 
 
-def measure_echo(head, size, reps):
+def measure_echo(head, size, reps, fn=echo, metric="echo"):
     sent = torch.rand(size // 4, dtype=torch.float32)
     for _ in range(ECHO_WARMUP):
-        got = rpc.rpc_sync(SERVER, echo, args=(sent,))
+        got = rpc.rpc_sync(SERVER, fn, args=(sent,))
     if not torch.equal(got, sent):
         raise RuntimeError(f"the echo of a {size}-byte tensor came back different")
     rtts = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        rpc.rpc_sync(SERVER, echo, args=(sent,))
+        rpc.rpc_sync(SERVER, fn, args=(sent,))
         rtts.append(time.perf_counter() - t0)
     median = statistics.median(rtts)
-    emit(head, metric="echo", size_bytes=size, rtt_ms_median=round(median * 1e3, 3),
+    emit(head, metric=metric, size_bytes=size, rtt_ms_median=round(median * 1e3, 3),
          bytes_each_way_per_s=round(size / median, 1), n=reps)
 
 
@@ -158,6 +162,10 @@ def drive(a):
         measure_async(head, window, calls, a.warmup)
     for size, reps in ECHO_SIZES:
         measure_echo(head, size, reps)
+    # The server returns a new tensor (a copy of what came), not the one it
+    # received.
+    for size, reps in ECHO_SIZES:
+        measure_echo(head, size, reps, echo_clone, "echo_clone")
 
 
 def die_with(parent):

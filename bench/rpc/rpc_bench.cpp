@@ -7,6 +7,9 @@
 //   echo               rpc_sync of a float32 tensor returned as is (1 MiB,
 //                      64 MiB): round trip, bytes each way per second
 //                      (= tensor bytes / round trip, as torch's side)
+//   echo_clone         the same, the server returning a copy (t.clone()):
+//                      a returned input goes back to its owner's shared
+//                      memory without a copy, a new tensor does not
 //
 // Without --rank it starts rank 1 itself (this binary again) on 127.0.0.1;
 // with --rank each rank is started apart (run.sh puts them in two network
@@ -118,33 +121,37 @@ void drive(RpcAgent& agent, const Args& a) {
             errors.load()));
   }
 
-  for (auto [mib, reps] : {std::pair{1, 200}, std::pair{64, 12}}) {
-    at::Tensor t = at::rand({int64_t{mib} << 18});
-    at::Tensor back;
-    for (int i = 0; i < 3; ++i) {
-      back = agent.rpc_sync<at::Tensor>(to, "echo", t);
+  // echo returns the tensor it received; echo_clone a new one (a copy).
+  for (std::string fn : {"echo", "echo_clone"}) {
+    for (auto [mib, reps] : {std::pair{1, 200}, std::pair{64, 12}}) {
+      at::Tensor t = at::rand({int64_t{mib} << 18});
+      at::Tensor back;
+      for (int i = 0; i < 3; ++i) {
+        back = agent.rpc_sync<at::Tensor>(to, fn, t);
+      }
+      if (!at::equal(back, t)) {
+        throw std::runtime_error("the echoed tensor differs from the one sent");
+      }
+      std::vector<double> rtt;
+      for (int i = 0; i < reps; ++i) {
+        int64_t t0 = bench::mono_ns();
+        back = agent.rpc_sync<at::Tensor>(to, fn, t);
+        rtt.push_back(static_cast<double>(bench::mono_ns() - t0) / 1e9);
+      }
+      double bytes = static_cast<double>(t.numel()) * 4;
+      double med = bench::median(rtt);
+      emit(
+          kind,
+          fmt::format(
+              "\"metric\":\"{}\",\"size_bytes\":{:.0f},"
+              "\"rtt_ms_median\":{:.3f},\"bytes_each_way_per_s\":{:.0f},"
+              "\"n\":{}",
+              fn,
+              bytes,
+              med * 1e3,
+              bytes / med,
+              reps));
     }
-    if (!at::equal(back, t)) {
-      throw std::runtime_error("the echoed tensor differs from the one sent");
-    }
-    std::vector<double> rtt;
-    for (int i = 0; i < reps; ++i) {
-      int64_t t0 = bench::mono_ns();
-      back = agent.rpc_sync<at::Tensor>(to, "echo", t);
-      rtt.push_back(static_cast<double>(bench::mono_ns() - t0) / 1e9);
-    }
-    double bytes = static_cast<double>(t.numel()) * 4;
-    double med = bench::median(rtt);
-    emit(
-        kind,
-        fmt::format(
-            "\"metric\":\"echo\",\"size_bytes\":{:.0f},\"rtt_ms_median\":{:.3f}"
-            ","
-            "\"bytes_each_way_per_s\":{:.0f},\"n\":{}",
-            bytes,
-            med * 1e3,
-            bytes / med,
-            reps));
   }
 }
 
@@ -168,6 +175,7 @@ int run_rank(const Args& a) {
 // has them when the first call comes.
 TIDE_RPC_FUNCTION(noop, [](int64_t) {});
 TIDE_RPC_FUNCTION(echo, [](at::Tensor t) { return t; });
+TIDE_RPC_FUNCTION(echo_clone, [](at::Tensor t) { return t.clone(); });
 
 uint16_t free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -50,6 +50,8 @@ ROWS = (
     Row("rpc_async no-op, 256 outstanding", "async_calls_per_s", "per_s", "value", window=256),
     Row("echo 1 MiB tensor, each way (RTT)", "echo", "echo", size_bytes=MIB),
     Row("echo 64 MiB tensor, each way (RTT)", "echo", "echo", size_bytes=64 * MIB),
+    Row("echo 1 MiB, a new tensor back (clone)", "echo_clone", "echo", size_bytes=MIB),
+    Row("echo 64 MiB, a new tensor back (clone)", "echo_clone", "echo", size_bytes=64 * MIB),
 )
 
 

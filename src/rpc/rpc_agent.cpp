@@ -541,7 +541,7 @@ std::string RpcAgent::transport_to(const std::string& name) const {
 
 RpcAgent::TransportStats RpcAgent::transport_stats() const {
   auto s = impl_->transport->stats();
-  return {s.buffers_via_shm, s.bytes_via_shm, s.segments};
+  return {s.buffers_via_shm, s.bytes_via_shm, s.segments, s.buffers_returned};
 }
 
 void RpcAgent::shutdown(bool graceful) {

@@ -58,11 +58,17 @@ constexpr uint64_t kMaxMappedBytes = uint64_t{16} << 30;
 constexpr int kReadsPerTurn = 32;
 
 // One entry of a frame's shared-memory table: buffer `index` is `length`
-// bytes at the start of segment `segment` (`segment_size` bytes), whose
-// descriptor comes with this frame when has_fd is 1.
+// bytes at the start of segment `segment` (`segment_size` bytes), which is
+// the sender's (passed before, or with this frame) or the receiver's own
+// (a buffer it sent, sent back as it was).
+enum SegmentKind : uint32_t {
+  kSendersKnown = 0,
+  kSendersWithFd = 1,
+  kReceivers = 2,
+};
 struct ShmRef {
   uint32_t index = 0;
-  uint32_t has_fd = 0;
+  uint32_t kind = kSendersKnown;
   uint64_t segment = 0;
   uint64_t segment_size = 0;
   uint64_t length = 0;
@@ -286,6 +292,7 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   std::atomic<uint64_t> buffers_via_shm{0};
   std::atomic<uint64_t> bytes_via_shm{0};
   std::atomic<uint64_t> segments{0};
+  std::atomic<uint64_t> buffers_returned{0};
 
   // Loop only.
   std::unordered_map<int, PeerAddress> peers;
@@ -322,6 +329,28 @@ struct Lease {
   Lease& operator=(const Lease&) = delete;
 
   std::shared_ptr<shm::Mapping> mapping;
+  std::weak_ptr<Transport::Impl> transport;
+  std::weak_ptr<Connection> conn;
+  uint64_t segment = 0;
+};
+
+// A buffer of this side's that the peer sent back in one of our segments:
+// the segment stays in use while the buffer lives.
+struct OwnHold {
+  OwnHold(
+      std::shared_ptr<char> memory,
+      std::weak_ptr<Transport::Impl> transport,
+      std::weak_ptr<Connection> conn,
+      uint64_t segment)
+      : memory(std::move(memory)),
+        transport(std::move(transport)),
+        conn(std::move(conn)),
+        segment(segment) {}
+  ~OwnHold();
+  OwnHold(const OwnHold&) = delete;
+  OwnHold& operator=(const OwnHold&) = delete;
+
+  std::shared_ptr<char> memory;
   std::weak_ptr<Transport::Impl> transport;
   std::weak_ptr<Connection> conn;
   uint64_t segment = 0;
@@ -603,6 +632,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
             "a shared-memory reference to buffer " + std::to_string(ref.index) +
             " of " + std::to_string(out.size()) + " that cannot take one");
       }
+      if (ref.kind == kReceivers) {
+        out[ref.index] = own_segment(ref);
+        placed[ref.index] = true;
+        continue;
+      }
       std::shared_ptr<shm::Mapping> mapping;
       if (ref.segment_size != shm::segment_size_for(ref.length) ||
           ref.length > FrameLimits{}.max_buffer) {
@@ -612,7 +646,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
             std::to_string(ref.length) +
             " (segments are the power of two that fits, 1 MiB at least)");
       }
-      if (ref.has_fd != 0) {
+      std::lock_guard lock(wmutex);
+      if (ref.kind == kSendersWithFd) {
         if (mapped_bytes + ref.segment_size > kMaxMappedBytes) {
           throw ProtocolError(
               "the peer's shared-memory segments would pass " +
@@ -631,7 +666,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
               std::to_string(ref.segment) + " twice");
         }
         mapped_bytes += ref.segment_size;
-      } else if (auto it = mappings.find(ref.segment); it != mappings.end()) {
+      } else if (auto it = mappings.find(ref.segment);
+                 ref.kind == kSendersKnown && it != mappings.end()) {
         mapping = it->second;
       } else {
         throw ProtocolError(
@@ -651,6 +687,38 @@ struct Connection : std::enable_shared_from_this<Connection> {
       placed[ref.index] = true;
     }
     return out;
+  }
+
+  // A buffer the peer sent back in a segment of ours (kReceivers).
+  Buffer own_segment(const ShmRef& ref) {
+    std::lock_guard lock(wmutex);
+    shm::Segment* seg = segments.hold_local(ref.segment);
+    if (seg == nullptr || ref.segment_size != seg->size ||
+        ref.length > seg->size) {
+      if (seg != nullptr) {
+        segments.drop_local(ref.segment);
+      }
+      throw ProtocolError(
+          "a reference to shared-memory segment " +
+          std::to_string(ref.segment) +
+          " of this side's, which the peer does not hold or that does not "
+          "fit");
+    }
+    auto hold = std::make_shared<OwnHold>(
+        seg->memory, owner.weak_from_this(), weak_from_this(), ref.segment);
+    return Buffer(hold, seg->base, ref.length);
+  }
+
+  // The peer's segment that `b` is (a buffer received from the peer, sent
+  // back whole), if any. Holds wmutex.
+  std::optional<std::pair<uint64_t, size_t>> returned_segment(const Buffer& b) {
+    for (uint64_t id : leased) {
+      const auto& m = mappings.at(id);
+      if (b.data() == m->base() && b.size() <= m->size()) {
+        return std::pair{id, m->size()};
+      }
+    }
+    return std::nullopt;
   }
 
   Payload take_payload(Frame& frame) {
@@ -683,8 +751,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   // A lease on the peer's segment `id` ended: tell the peer, batched.
   void release_later(uint64_t id) {
-    if (closed || leased.erase(id) == 0) {
-      return;
+    {
+      std::lock_guard lock(wmutex);
+      if (closed || leased.erase(id) == 0) {
+        return;
+      }
     }
     releases.push_back(id);
     if (releases.size() > 1) {
@@ -796,6 +867,19 @@ struct Connection : std::enable_shared_from_this<Connection> {
       if (b.size() < kShmThreshold || fds.size() == kMaxFdsPerFrame) {
         continue;
       }
+      if (auto back = returned_segment(b)) {
+        // The peer's own bytes, unchanged or changed in place: no copy.
+        ShmRef ref{
+            static_cast<uint32_t>(i),
+            kReceivers,
+            back->first,
+            back->second,
+            b.size()};
+        table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
+        owner.buffers_returned += 1;
+        b = Buffer();
+        continue;
+      }
       shm::Segment* seg = nullptr;
       size_t before = segments.count();
       try {
@@ -813,7 +897,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
       copy_in_parallel(seg->base, b.data(), b.size());
       ShmRef ref{
           static_cast<uint32_t>(i),
-          seg->peer_has_fd ? 0u : 1u,
+          seg->peer_has_fd ? kSendersKnown : kSendersWithFd,
           seg->id,
           seg->size,
           b.size()};
@@ -1041,7 +1125,6 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::vector<char> read_buf;
   // Descriptors received, not yet claimed by a frame's table.
   std::deque<int> received_fds;
-  shm::Mappings mappings;
   uint64_t mapped_bytes = 0;
 
   // The sending side: any thread writes under wmutex (a reply goes out from
@@ -1058,13 +1141,28 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::deque<OutFrame> queue;
   size_t front_sent = 0;  // Bytes of queue.front() written.
   shm::SendSegments segments;
-  // The peer's segments leased to buffers here, and releases to send.
+  // The peer's segments mapped here, and those leased to buffers here
+  // (a sender looks for the buffers it sends back among them).
+  shm::Mappings mappings;
   std::unordered_set<uint64_t> leased;
+  // Releases to send (loop only).
   std::vector<uint64_t> releases;
   // Outgoing only: ids of the calls waiting on this connection. Guarded by
   // the transport's calls_mutex.
   std::unordered_set<uint64_t> calls;
 };
+
+OwnHold::~OwnHold() {
+  // Through the loop: this may run under the connection's lock.
+  if (auto t = transport.lock()) {
+    asio::post(t->io, [conn = conn, segment = segment] {
+      if (auto c = conn.lock()) {
+        std::lock_guard lock(c->wmutex);
+        c->segments.drop_local(segment);
+      }
+    });
+  }
+}
 
 Lease::~Lease() {
   if (auto t = transport.lock()) {
@@ -1592,7 +1690,8 @@ Transport::Stats Transport::stats() const {
   return Stats{
       impl_->buffers_via_shm.load(),
       impl_->bytes_via_shm.load(),
-      impl_->segments.load()};
+      impl_->segments.load(),
+      impl_->buffers_returned.load()};
 }
 
 void Transport::shutdown() {

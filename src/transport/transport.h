@@ -111,6 +111,9 @@ class Transport {
     uint64_t buffers_via_shm = 0;
     uint64_t bytes_via_shm = 0;
     uint64_t segments = 0;  // created by this side
+    // Buffers received in the peer's segments and sent back whole, as
+    // references to them (no copy).
+    uint64_t buffers_returned = 0;
   };
   Stats stats() const;
 

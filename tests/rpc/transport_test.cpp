@@ -94,8 +94,8 @@ class TransportTest : public ::testing::Test {
 
   // What worker `rank` published in the store.
   detail::PeerAddress published(int rank) {
-    std::string entry =
-        store_client(server_->port())->get("rpc/workers/" + std::to_string(rank));
+    std::string entry = store_client(server_->port())
+                            ->get("rpc/workers/" + std::to_string(rank));
     Decoder d(entry);
     auto [name, id, host, port, host_key, local_name] = decode_args<std::tuple<
         std::string,
@@ -104,8 +104,7 @@ class TransportTest : public ::testing::Test {
         int,
         std::string,
         std::string>>(d, "entry");
-    return {
-        id, name, host, static_cast<uint16_t>(port), host_key, local_name};
+    return {id, name, host, static_cast<uint16_t>(port), host_key, local_name};
   }
 
   std::unique_ptr<store::TcpStore> server_;
@@ -126,8 +125,10 @@ TEST_F(TransportTest, OneHostUsesSharedMemoryForLargeBuffers) {
   EXPECT_EQ(stats.buffers_via_shm, 1u);
   EXPECT_EQ(stats.bytes_via_shm, uint64_t{3} << 20);
   EXPECT_EQ(stats.segments, 1u);
-  // b answered through a segment of its own.
-  EXPECT_EQ(agents[1]->transport_stats().buffers_via_shm, 1u);
+  // b sent the bytes back in a's own segment: no copy, no segment of b's.
+  EXPECT_EQ(agents[1]->transport_stats().buffers_via_shm, 0u);
+  EXPECT_EQ(agents[1]->transport_stats().buffers_returned, 1u);
+  EXPECT_EQ(agents[1]->transport_stats().segments, 0u);
 }
 
 TEST_F(TransportTest, TcpOnlyWhenAsked) {
@@ -292,13 +293,15 @@ std::string shm_request(const std::string& table) {
   return detail::encode(f);
 }
 
-std::string shm_ref(uint32_t has_fd, uint64_t segment_size) {
+// kind: 0 the sender's segment, passed before; 1 passed with this frame;
+// 2 the receiver's own.
+std::string shm_ref(uint32_t kind, uint64_t segment_size) {
   std::string out;
   auto put = [&](auto v) {
     out.append(reinterpret_cast<const char*>(&v), sizeof v);
   };
   put(uint32_t{1});  // buffer index
-  put(has_fd);
+  put(kind);
   put(uint64_t{7});  // segment id
   put(segment_size);
   put(uint64_t{1} << 20);  // length
@@ -331,11 +334,12 @@ TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
     EXPECT_THROW(RawLocalPeer(local_name, fd), std::runtime_error);
     ::close(fd);
   }
-  // A segment never passed, one of a size that does not fit the length, and
-  // a table that is not whole entries.
+  // A segment never passed, one of a size that does not fit the length, one
+  // of b's that b never sent, and a table that is not whole entries.
   for (const std::string& table :
        {shm_ref(0, 1 << 20),
         shm_ref(0, 2 << 20),
+        shm_ref(2, 1 << 20),
         shm_ref(0, 1 << 20).substr(0, 31)}) {
     RawLocalPeer peer(local_name);
     peer.send(shm_request(table));

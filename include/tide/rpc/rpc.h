@@ -267,11 +267,13 @@ class RpcAgent {
   std::string transport_to(const std::string& name) const;
 
   // Buffers this worker sent through shared memory, and the segments it
-  // made for them.
+  // made for them; buffers it received that way and sent back whole (a
+  // returned tensor), which travel as references to the peer's segment.
   struct TransportStats {
     uint64_t buffers_via_shm = 0;
     uint64_t bytes_via_shm = 0;
     uint64_t segments = 0;
+    uint64_t buffers_returned = 0;
   };
   TransportStats transport_stats() const;
 

@@ -30,7 +30,6 @@ size_t segment_size_for(size_t n) {
 
 SendSegments::~SendSegments() {
   for (auto& [id, s] : segments_) {
-    ::munmap(s.base, s.size);
     ::close(s.fd);
   }
 }
@@ -41,7 +40,7 @@ Segment& SendSegments::acquire(size_t n) {
       it != free_.end() && it->first == size) {
     uint64_t id = it->second;
     free_.erase(it);
-    in_use_[id] = true;
+    in_use_[id].peer = true;
     return segments_.at(id);
   }
   int fd = ::memfd_create("tide-rpc", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -64,18 +63,45 @@ Segment& SendSegments::acquire(size_t n) {
   }
   uint64_t id = next_id_++;
   bytes_ += size;
-  in_use_[id] = true;
-  return segments_[id] = Segment{id, fd, static_cast<char*>(base), size, false};
+  in_use_[id].peer = true;
+  std::shared_ptr<char> memory(
+      static_cast<char*>(base), [size](char* p) { ::munmap(p, size); });
+  return segments_[id] = Segment{
+             id, fd, static_cast<char*>(base), size, std::move(memory), false};
 }
 
 bool SendSegments::release(uint64_t id) {
   auto it = in_use_.find(id);
-  if (it == in_use_.end() || !it->second) {
+  if (it == in_use_.end() || !it->second.peer) {
     return false;
   }
-  it->second = false;
-  free_.emplace(segments_.at(id).size, id);
+  it->second.peer = false;
+  free_if_unused(id, it->second);
   return true;
+}
+
+Segment* SendSegments::hold_local(uint64_t id) {
+  auto it = in_use_.find(id);
+  if (it == in_use_.end() || !it->second.peer) {
+    return nullptr;
+  }
+  ++it->second.local;
+  return &segments_.at(id);
+}
+
+void SendSegments::drop_local(uint64_t id) {
+  auto it = in_use_.find(id);
+  if (it == in_use_.end() || it->second.local == 0) {
+    return;
+  }
+  --it->second.local;
+  free_if_unused(id, it->second);
+}
+
+void SendSegments::free_if_unused(uint64_t id, const Use& use) {
+  if (!use.peer && use.local == 0) {
+    free_.emplace(segments_.at(id).size, id);
+  }
 }
 
 Mapping::Mapping(int fd, size_t size) : size_(size) {

@@ -29,6 +29,9 @@ struct Segment {
   int fd = -1;
   char* base = nullptr;
   size_t size = 0;
+  // The mapping: unmapped when the last holder (the pool, or a buffer that
+  // lives in the segment) lets go.
+  std::shared_ptr<char> memory;
   // The peer has the descriptor (it was passed with an earlier frame).
   bool peer_has_fd = false;
 };
@@ -42,13 +45,19 @@ class SendSegments {
   SendSegments(const SendSegments&) = delete;
   SendSegments& operator=(const SendSegments&) = delete;
 
-  // A free segment of at least n bytes, marked in use; a new one when none
-  // is free. Throws NetworkError when the memory cannot be had (the caller
-  // then sends the bytes through the socket).
+  // A free segment of at least n bytes, held by the peer; a new one when
+  // none is free. Throws NetworkError when the memory cannot be had (the
+  // caller then sends the bytes through the socket).
   Segment& acquire(size_t n);
-  // The peer is done with segment `id`; returns false for an id that is
-  // not in use (a confused peer).
+  // The peer is done with segment `id`; returns false for an id the peer
+  // does not hold (a confused peer).
   bool release(uint64_t id);
+
+  // The peer sent segment `id` back (a buffer it received in it, returned
+  // as it was): this side holds it too until drop_local(), and it stays in
+  // use until both are done. Null when the peer does not hold `id`.
+  Segment* hold_local(uint64_t id);
+  void drop_local(uint64_t id);
 
   // Segments created, and their bytes; for stats.
   size_t count() const {
@@ -61,7 +70,14 @@ class SendSegments {
  private:
   std::unordered_map<uint64_t, Segment> segments_;
   std::multimap<size_t, uint64_t> free_;  // size -> id
-  std::unordered_map<uint64_t, bool> in_use_;
+  // Who uses a segment: the peer (until its release), and buffers of this
+  // side that the peer sent back in it. Free when neither.
+  struct Use {
+    bool peer = false;
+    int local = 0;
+  };
+  void free_if_unused(uint64_t id, const Use& use);
+  std::unordered_map<uint64_t, Use> in_use_;
   uint64_t next_id_ = 1;
   size_t bytes_ = 0;
 };
