@@ -312,48 +312,31 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   asio::steady_timer deadline_timer{io};  // Loop only.
 };
 
-// A received buffer in a segment: while it lives, the segment is the
-// receiver's; when it dies, the sender may reuse the segment.
-struct Lease {
-  Lease(
-      std::shared_ptr<shm::Mapping> mapping,
+// A received buffer that lives in a shared-memory segment, which is the
+// peer's (a lease: when the buffer dies, the peer may reuse the segment) or
+// this side's own, sent back by the peer (reused here once the peer's
+// release has come too).
+struct SegmentUse {
+  SegmentUse(
+      std::shared_ptr<void> memory,
       std::weak_ptr<Transport::Impl> transport,
       std::weak_ptr<Connection> conn,
-      uint64_t segment)
-      : mapping(std::move(mapping)),
-        transport(std::move(transport)),
-        conn(std::move(conn)),
-        segment(segment) {}
-  ~Lease();
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-
-  std::shared_ptr<shm::Mapping> mapping;
-  std::weak_ptr<Transport::Impl> transport;
-  std::weak_ptr<Connection> conn;
-  uint64_t segment = 0;
-};
-
-// A buffer of this side's that the peer sent back in one of our segments:
-// the segment stays in use while the buffer lives.
-struct OwnHold {
-  OwnHold(
-      std::shared_ptr<char> memory,
-      std::weak_ptr<Transport::Impl> transport,
-      std::weak_ptr<Connection> conn,
-      uint64_t segment)
+      uint64_t segment,
+      bool own)
       : memory(std::move(memory)),
         transport(std::move(transport)),
         conn(std::move(conn)),
-        segment(segment) {}
-  ~OwnHold();
-  OwnHold(const OwnHold&) = delete;
-  OwnHold& operator=(const OwnHold&) = delete;
+        segment(segment),
+        own(own) {}
+  ~SegmentUse();
+  SegmentUse(const SegmentUse&) = delete;
+  SegmentUse& operator=(const SegmentUse&) = delete;
 
-  std::shared_ptr<char> memory;
+  std::shared_ptr<void> memory;  // Keeps the mapping.
   std::weak_ptr<Transport::Impl> transport;
   std::weak_ptr<Connection> conn;
   uint64_t segment = 0;
+  bool own = false;
 };
 
 // One connection, either way, over TCP or a Unix socket. Loop only.
@@ -681,8 +664,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
             std::to_string(ref.segment) +
             " that does not fit it or that is still in use");
       }
-      auto lease = std::make_shared<Lease>(
-          mapping, owner.weak_from_this(), weak_from_this(), ref.segment);
+      auto lease = std::make_shared<SegmentUse>(
+          mapping,
+          owner.weak_from_this(),
+          weak_from_this(),
+          ref.segment,
+          false);
       out[ref.index] = Buffer(lease, mapping->base(), ref.length);
       placed[ref.index] = true;
     }
@@ -704,8 +691,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
           " of this side's, which the peer does not hold or that does not "
           "fit");
     }
-    auto hold = std::make_shared<OwnHold>(
-        seg->memory, owner.weak_from_this(), weak_from_this(), ref.segment);
+    auto hold = std::make_shared<SegmentUse>(
+        seg->memory,
+        owner.weak_from_this(),
+        weak_from_this(),
+        ref.segment,
+        true);
     return Buffer(hold, seg->base, ref.length);
   }
 
@@ -749,14 +740,18 @@ struct Connection : std::enable_shared_from_this<Connection> {
     }
   }
 
-  // A lease on the peer's segment `id` ended: tell the peer, batched.
-  void release_later(uint64_t id) {
-    {
-      std::lock_guard lock(wmutex);
-      if (closed || leased.erase(id) == 0) {
-        return;
-      }
+  // A buffer in segment `id` died (SegmentUse). Loop only.
+  void segment_done(uint64_t id, bool own) {
+    std::lock_guard lock(wmutex);
+    if (own) {
+      segments.drop_local(id);
+    } else if (!closed && leased.erase(id) > 0) {
+      release_later(id);
     }
+  }
+
+  // Tells the peer it may reuse its segment `id`, batched. Loop only.
+  void release_later(uint64_t id) {
     releases.push_back(id);
     if (releases.size() > 1) {
       return;  // A send is scheduled already.
@@ -1152,23 +1147,13 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::unordered_set<uint64_t> calls;
 };
 
-OwnHold::~OwnHold() {
-  // Through the loop: this may run under the connection's lock.
+SegmentUse::~SegmentUse() {
+  // Through the loop: this may run anywhere, even under the connection's
+  // lock.
   if (auto t = transport.lock()) {
-    asio::post(t->io, [conn = conn, segment = segment] {
+    asio::post(t->io, [conn = conn, segment = segment, own = own] {
       if (auto c = conn.lock()) {
-        std::lock_guard lock(c->wmutex);
-        c->segments.drop_local(segment);
-      }
-    });
-  }
-}
-
-Lease::~Lease() {
-  if (auto t = transport.lock()) {
-    asio::post(t->io, [conn = conn, segment = segment] {
-      if (auto c = conn.lock()) {
-        c->release_later(segment);
+        c->segment_done(segment, own);
       }
     });
   }
