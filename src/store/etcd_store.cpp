@@ -9,6 +9,7 @@
 #include "tide/common/error.h"
 
 #include "rendezvous/etcd_client.h"
+#include "store/keys.h"
 #include "store/kv_map.h"
 
 namespace tide::store {
@@ -100,20 +101,12 @@ EtcdStore::EtcdStore(
 EtcdStore::~EtcdStore() = default;
 
 std::string EtcdStore::full(std::string_view key) const {
-  std::string k;
-  k.reserve(prefix_.size() + key.size());
-  k.append(prefix_).append(key);
-  return k;
+  return detail::with_prefix(prefix_, key);
 }
 
 std::vector<std::string> EtcdStore::full(
     const std::vector<std::string>& keys) const {
-  std::vector<std::string> out;
-  out.reserve(keys.size());
-  for (const auto& k : keys) {
-    out.push_back(full(k));
-  }
-  return out;
+  return detail::with_prefix(prefix_, keys);
 }
 
 std::vector<std::string> EtcdStore::read_when_present(

@@ -2,11 +2,14 @@
 
 #include "tide/common/error.h"
 
+#include "store/keys.h"
+
 namespace tide::store {
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
     : Store(store ? store->timeout() : kDefaultTimeout),
       prefix_(std::move(prefix)),
+      scope_(prefix_ + "/"),
       store_(std::move(store)) {
   if (!store_) {
     throw InvalidArgument("PrefixStore(\"" + prefix_ + "\"): store is null");
@@ -14,20 +17,12 @@ PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
 }
 
 std::string PrefixStore::full(std::string_view key) const {
-  std::string k;
-  k.reserve(prefix_.size() + 1 + key.size());
-  k.append(prefix_).append("/").append(key);
-  return k;
+  return detail::with_prefix(scope_, key);
 }
 
 std::vector<std::string> PrefixStore::full(
     const std::vector<std::string>& keys) const {
-  std::vector<std::string> out;
-  out.reserve(keys.size());
-  for (const auto& k : keys) {
-    out.push_back(full(k));
-  }
-  return out;
+  return detail::with_prefix(scope_, keys);
 }
 
 void PrefixStore::set(std::string_view key, std::string_view value) {

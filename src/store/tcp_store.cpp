@@ -19,6 +19,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
+#include "store/keys.h"
 #include "store/kv_map.h"
 #include "store/wire.h"
 
@@ -330,20 +331,12 @@ uint16_t TcpStore::port() const {
 }
 
 std::string TcpStore::wire_key(std::string_view key) const {
-  std::string k;
-  k.reserve(key.size() + 1);
-  k.append("/").append(key);
-  return k;
+  return detail::with_prefix("/", key);
 }
 
 std::vector<std::string> TcpStore::wire_keys(
     const std::vector<std::string>& keys) const {
-  std::vector<std::string> out;
-  out.reserve(keys.size());
-  for (const auto& k : keys) {
-    out.push_back(wire_key(k));
-  }
-  return out;
+  return detail::with_prefix("/", keys);
 }
 
 void TcpStore::set(std::string_view key, std::string_view value) {

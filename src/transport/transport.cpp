@@ -922,15 +922,15 @@ struct Connection : std::enable_shared_from_this<Connection> {
   OutFrame encode_frame(Message m) {
     OutFrame out;
     uint16_t flags = 0;
-    // Room for the table, and within the limits as it is (encode_head
-    // throws): a frame the limits refuse must not take segments.
     bool large = std::any_of(
         m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
         m.buffers.end(),
         [](const Buffer& b) { return b.size() >= kShmThreshold; });
-    if (shm && large && m.buffers.size() < FrameLimits{}.max_buffers &&
-        !encode_head({m.type, 0, m.id, m.metadata, views_of(m.buffers)})
-             .empty()) {
+    // With room for the table.
+    if (shm && large && m.buffers.size() < FrameLimits{}.max_buffers) {
+      // Checked against the limits as it is first (encode_head throws): a
+      // frame the limits refuse must not take segments.
+      (void)encode_head({m.type, 0, m.id, m.metadata, views_of(m.buffers)});
       std::string table = place_in_segments(m, out.fds);
       if (!table.empty()) {
         flags |= kFlagSharedMemory;

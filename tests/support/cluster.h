@@ -17,6 +17,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -194,11 +195,16 @@ class Cluster {
   std::string log_;
 };
 
-// The starts' ranks are exactly 0..world-1.
-inline void expect_ranks(const std::vector<Start>& starts, int world) {
+// The starts' ranks are exactly 0..world-1, and none is on agent `gone`
+// (when given).
+inline void expect_ranks(
+    const std::vector<Start>& starts, int world, std::string_view gone = {}) {
   std::set<int> ranks;
   for (const auto& s : starts) {
     ranks.insert(s.rank);
+    if (!gone.empty()) {
+      EXPECT_NE(s.agent, gone);
+    }
   }
   EXPECT_EQ(ranks.size(), static_cast<size_t>(world));
   if (!ranks.empty()) {

@@ -48,6 +48,7 @@ class PrefixStore : public Store {
   std::vector<std::string> full(const std::vector<std::string>& keys) const;
 
   const std::string prefix_;
+  const std::string scope_;  // prefix_ + "/"
   const std::shared_ptr<Store> store_;
 };
 
