@@ -125,11 +125,11 @@ std::string encode_head(
     throw InvalidArgument(
         "cannot encode message type " + hex(type) + ": not a MessageType");
   }
-  std::string what = describe(frame.id, frame.type);
+  auto what = [&] { return describe(frame.id, frame.type); };
   size_t max_metadata = std::min<size_t>(limits.max_metadata, UINT32_MAX);
   if (frame.metadata.size() > max_metadata) {
     throw InvalidArgument(
-        "cannot send " + what + ": its metadata is " +
+        "cannot send " + what() + ": its metadata is " +
         std::to_string(frame.metadata.size()) + " bytes, over the limit of " +
         std::to_string(max_metadata) +
         " (FrameLimits::max_metadata); put payloads in buffers");
@@ -138,7 +138,7 @@ std::string encode_head(
   size_t max_buffers = std::min<size_t>(limits.max_buffers, UINT32_MAX);
   if (count > max_buffers) {
     throw InvalidArgument(
-        "cannot send " + what + ": it has " + std::to_string(count) +
+        "cannot send " + what() + ": it has " + std::to_string(count) +
         " buffers, over the limit of " + std::to_string(max_buffers) +
         " (FrameLimits::max_buffers)");
   }
@@ -146,7 +146,7 @@ std::string encode_head(
       kFrameHeaderSize + kLengthSize * count + frame.metadata.size();
   auto over_total = [&] {
     return InvalidArgument(
-        "cannot send " + what + ": it is more than the limit of " +
+        "cannot send " + what() + ": it is more than the limit of " +
         std::to_string(limits.max_frame) + " bytes (FrameLimits::max_frame)");
   };
   if (head_size > limits.max_frame) {
@@ -157,7 +157,7 @@ std::string encode_head(
     uint64_t len = frame.buffers[i].size();
     if (len > limits.max_buffer) {
       throw InvalidArgument(
-          "cannot send " + what + ": buffer " + std::to_string(i) + " is " +
+          "cannot send " + what() + ": buffer " + std::to_string(i) + " is " +
           std::to_string(len) + " bytes, over the limit of " +
           std::to_string(limits.max_buffer) + " (FrameLimits::max_buffer)");
     }
@@ -387,10 +387,10 @@ bool FrameDecoder::read_lengths(const char*& data, size_t& n) {
     }
     length_have_ = 0;
     uint64_t len = get<uint64_t>(length_bytes_.data());
-    std::string what = describe(frame_.id, frame_.type);
+    auto what = [this] { return describe(frame_.id, frame_.type); };
     if (len > limits_.max_buffer) {
       fail(
-          what + " declares buffer " + std::to_string(lengths_.size()) +
+          what() + " declares buffer " + std::to_string(lengths_.size()) +
           " of " + std::to_string(len) + " bytes; the limit is " +
           std::to_string(limits_.max_buffer) + " (FrameLimits::max_buffer)");
       return false;
@@ -398,7 +398,7 @@ bool FrameDecoder::read_lengths(const char*& data, size_t& n) {
     // declared_size_ <= max_frame here, so the subtraction cannot wrap.
     if (len > limits_.max_frame - declared_size_) {
       fail(
-          what + " declares more than " + std::to_string(limits_.max_frame) +
+          what() + " declares more than " + std::to_string(limits_.max_frame) +
           " bytes in all, the limit (FrameLimits::max_frame)");
       return false;
     }

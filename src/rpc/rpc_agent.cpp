@@ -176,6 +176,9 @@ struct RpcAgent::Impl {
   struct Runs {
     std::mutex mutex;
     std::deque<std::function<void()>> queue;
+    // queue.size(), readable without the mutex: a waiting runner watches it
+    // instead of taking the lock over and over from under the I/O thread.
+    std::atomic<size_t> queued{0};
     int runners = 0;  // Tasks posted to the pool, not yet finished.
     int busy = 0;     // Runners inside a function.
   };
@@ -184,6 +187,7 @@ struct RpcAgent::Impl {
   void run_on_pool(std::function<void()> fn) {
     std::unique_lock lock(runs.mutex);
     runs.queue.push_back(std::move(fn));
+    runs.queued.store(runs.queue.size(), std::memory_order_release);
     if (runs.runners > runs.busy ||
         runs.runners == options.num_worker_threads) {
       return;  // A runner will take it.
@@ -192,29 +196,33 @@ struct RpcAgent::Impl {
     lock.unlock();
     asio::post(*pool, [this] {
       std::unique_lock lock(runs.mutex);
-      auto idle_since = std::chrono::steady_clock::now();
+      bool waited = false;
       for (;;) {
         if (!runs.queue.empty()) {
           auto next = std::move(runs.queue.front());
           runs.queue.pop_front();
+          runs.queued.store(runs.queue.size(), std::memory_order_relaxed);
           ++runs.busy;
           lock.unlock();
           next();
           next = nullptr;
           lock.lock();
           --runs.busy;
-          idle_since = std::chrono::steady_clock::now();
+          waited = false;
           continue;
         }
-        // Calls come in streams: waiting a moment for the next is cheaper
-        // than waking a thread for it.
-        if (std::chrono::steady_clock::now() - idle_since >
-            std::chrono::microseconds(50)) {
+        if (waited) {
           break;
         }
+        // Calls come in streams: waiting a moment for the next is cheaper
+        // than waking a thread for it. Meanwhile this thread reads the next
+        // requests itself, when the loop is free: the one it then runs was
+        // never handed over.
         lock.unlock();
-        std::this_thread::yield();
+        transport->help(
+            [this] { return runs.queued.load(std::memory_order_acquire) > 0; });
         lock.lock();
+        waited = true;
       }
       --runs.runners;
     });
@@ -521,6 +529,10 @@ Future<detail::Payload> RpcAgent::call(
   int id = get_worker_info(to).id;
   return impl_->transport->call(
       id, fn, effective_timeout(timeout), std::move(args));
+}
+
+void RpcAgent::help_until(const std::function<bool()>& done) {
+  impl_->transport->help(done);
 }
 
 milliseconds RpcAgent::effective_timeout(milliseconds timeout) const {

@@ -18,6 +18,7 @@
 #include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include <asio.hpp>
 
@@ -180,36 +181,20 @@ void copy_in_parallel(char* to, const char* from, size_t n) {
   std::memcpy(to, from, half);
 }
 
-// Runs the loop until it runs out of work. After handling something it
-// keeps polling (yielding the core to anything runnable) for kSpin before it
-// sleeps in epoll: a reply on one host comes back sooner than a sleeping core
-// wakes up, and a core that has just seen work is likely to see more.
-void run_loop(asio::io_context& io) {
-  constexpr auto kSpin = std::chrono::microseconds(50);
-  auto last_work = std::chrono::steady_clock::now();
-  while (!io.stopped()) {
-    try {
-      if (io.poll() > 0) {
-        last_work = std::chrono::steady_clock::now();
-        continue;
-      }
-      if (io.stopped()) {
-        return;
-      }
-      if (std::chrono::steady_clock::now() - last_work < kSpin) {
-        std::this_thread::yield();
-        continue;
-      }
-      if (io.run_one() == 0) {
-        return;
-      }
-      last_work = std::chrono::steady_clock::now();
-    } catch (const std::exception& e) {
-      // A handler threw (the loop's own catch what they expect): log it and
-      // serve on.
-      TIDE_LOG_ERROR("rpc I/O loop: a handler threw: {}", e.what());
-    }
-  }
+// How long the loop, or a thread helping it, keeps polling after its last
+// work before it sleeps: a reply on one host comes back sooner than a
+// sleeping core wakes up, and a core that has just seen work is likely to
+// see more.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// Set on a thread while it runs the loop's handlers (the I/O thread always):
+// help() there would wait on itself.
+thread_local bool t_in_loop = false;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -274,6 +259,13 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   void connection_failed(Connection& conn, const std::string& reason);
   void stop_on_loop();
   std::string peer_label(int id) const;
+  // The I/O thread: runs the loop until it runs out of work.
+  void run_loop();
+  void help(const std::function<bool()>& done);
+  // Runs the loop's ready handlers (only the first with `one`) on this
+  // thread, which holds loop_mutex; logs a handler that threw (the loop's
+  // own catch what they expect) and serves on.
+  size_t poll_holding_loop(bool one);
 
   const TransportOptions options;
   RequestHandler on_request;
@@ -286,6 +278,12 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   asio::local::stream_protocol::acceptor local_acceptor;
   uint16_t port = 0;
   std::jthread thread;
+  // Who runs the loop's handlers: the I/O thread, or a thread that waits
+  // for the loop (help()). One at a time, whoever holds it.
+  std::mutex loop_mutex;
+  std::atomic<int> helpers{0};             // Threads in help().
+  std::atomic<bool> loop_sleeping{false};  // The I/O thread waits in epoll.
+  std::atomic<int64_t> last_work_ns{0};    // When a handler last ran.
   std::atomic<bool> stopping{false};
   std::atomic<size_t> pending_count{0};
   std::atomic<uint64_t> next_id{1};
@@ -467,6 +465,13 @@ struct Connection : std::enable_shared_from_this<Connection> {
         // none may be left over.
         if (!decoder.mid_frame() && !received_fds.empty()) {
           throw ProtocolError("descriptors that no frame's table claimed");
+        }
+        // A read short of what was offered took all there was: wait instead
+        // of asking again only to hear EAGAIN. (Arming the wait rechecks
+        // readiness, so bytes that came meanwhile are not missed.)
+        if (got < direct.size() + read_buf.size()) {
+          wait_readable();
+          return;
         }
       } catch (const ProtocolError& e) {
         drop(std::string("protocol error: ") + e.what());
@@ -1485,6 +1490,97 @@ void Transport::Impl::connection_failed(
   }
 }
 
+size_t Transport::Impl::poll_holding_loop(bool one) {
+  bool was_in_loop = std::exchange(t_in_loop, true);
+  size_t n = 1;
+  try {
+    n = one ? io.poll_one() : io.poll();
+  } catch (const std::exception& e) {
+    TIDE_LOG_ERROR("rpc I/O loop: a handler threw: {}", e.what());
+  }
+  t_in_loop = was_in_loop;
+  if (n > 0) {
+    last_work_ns.store(now_ns(), std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// The I/O thread polls while work is recent (yielding the core to anything
+// runnable between polls), then sleeps in epoll. While another thread helps,
+// it stands aside: two pollers would only take turns.
+void Transport::Impl::run_loop() {
+  t_in_loop = true;
+  auto recent = [this] {
+    return now_ns() - last_work_ns.load(std::memory_order_relaxed) <
+           std::chrono::nanoseconds(kSpin).count();
+  };
+  while (!io.stopped()) {
+    if (helpers.load(std::memory_order_relaxed) > 0 && recent()) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::unique_lock loop(loop_mutex);
+    if (poll_holding_loop(false) > 0) {
+      continue;
+    }
+    if (io.stopped()) {
+      return;
+    }
+    if (recent()) {
+      loop.unlock();
+      std::this_thread::yield();
+      continue;
+    }
+    loop_sleeping.store(true);
+    size_t ran = 0;
+    try {
+      ran = io.run_one();
+    } catch (const std::exception& e) {
+      TIDE_LOG_ERROR("rpc I/O loop: a handler threw: {}", e.what());
+      ran = 1;
+    }
+    loop_sleeping.store(false);
+    if (ran == 0) {
+      return;  // Out of work: shut down.
+    }
+    last_work_ns.store(now_ns(), std::memory_order_relaxed);
+  }
+}
+
+// A waiting thread runs the loop's handlers itself while no one else does:
+// the reply it waits for is then read and completed here, with no hand-off
+// to the I/O thread and back. It stops when done() holds, after kSpin
+// without work, or when the I/O thread sleeps in epoll (holding the loop;
+// it will take what comes).
+void Transport::Impl::help(const std::function<bool()>& done) {
+  if (t_in_loop) {
+    return;
+  }
+  helpers.fetch_add(1);
+  auto last = std::chrono::steady_clock::now();
+  while (!done() && !io.stopped() &&
+         std::chrono::steady_clock::now() - last < kSpin) {
+    std::unique_lock loop(loop_mutex, std::try_to_lock);
+    if (!loop.owns_lock()) {
+      if (loop_sleeping.load()) {
+        break;
+      }
+      std::this_thread::yield();
+      continue;
+    }
+    // One handler at a time: done() may hold after any, and the I/O thread
+    // takes the rest when this one leaves (a runner has a function to run).
+    size_t ran = poll_holding_loop(true);
+    loop.unlock();
+    if (ran > 0) {
+      last = std::chrono::steady_clock::now();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  helpers.fetch_sub(1);
+}
+
 void Transport::Impl::stop_on_loop() {
   std::unordered_map<int, std::shared_ptr<Connection>> out;
   {
@@ -1573,14 +1669,7 @@ Transport::Transport(TransportOptions options, RequestHandler on_request)
       impl.start_local_accept();
     }
   }
-  impl.thread = std::jthread([&impl] {
-    try {
-      run_loop(impl.io);
-    } catch (const std::exception& e) {
-      TIDE_LOG_ERROR(
-          "[{}] rpc I/O loop died: {}", impl.options.self_name, e.what());
-    }
-  });
+  impl.thread = std::jthread([&impl] { impl.run_loop(); });
 }
 
 Transport::~Transport() {
@@ -1677,6 +1766,10 @@ Transport::Stats Transport::stats() const {
       impl_->bytes_via_shm.load(),
       impl_->segments.load(),
       impl_->buffers_returned.load()};
+}
+
+void Transport::help(const std::function<bool()>& done) {
+  impl_->help(done);
 }
 
 void Transport::shutdown() {

@@ -35,8 +35,10 @@
 // names is empty in the frame. The caller sends its requests right after its
 // handshake, without waiting for the ack.
 //
-// Threading: one I/O thread owns every socket, connection, segment and
-// pending call; public methods post to it.
+// Threading: the loop's handlers own every socket, connection, segment and
+// pending call; public methods post to it. They run on the I/O thread, or
+// on a thread that lends itself to the loop while it waits (help()), one
+// thread at a time.
 namespace tide::rpc::detail {
 
 constexpr uint16_t kFlagSharedMemory = 1;
@@ -116,6 +118,13 @@ class Transport {
     uint64_t buffers_returned = 0;
   };
   Stats stats() const;
+
+  // Lends this thread to the I/O loop while it would otherwise wait: runs
+  // the loop's ready handlers here (replies, requests, completions of other
+  // futures and their continuations) until done() holds or nothing came for
+  // a while, then returns; the caller then blocks as it would have. Does
+  // nothing on a thread inside a handler. Thread safe.
+  void help(const std::function<bool()>& done);
 
   // Closes everything; pending calls fail with NetworkError. Asynchronous,
   // idempotent.

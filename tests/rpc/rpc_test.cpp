@@ -323,6 +323,52 @@ TEST_F(RpcTest, ThousandCallsInFlight) {
   EXPECT_EQ(agents[0]->num_pending_calls(), 0u);
 }
 
+// Threads waiting in rpc_sync, and pool threads waiting for requests, run
+// the I/O loop's handlers themselves (one thread at a time): many waiting
+// callers, a burst of async calls with continuations and functions that call
+// on must each still get their own reply.
+TEST_F(RpcTest, ManyWaitingThreadsShareTheLoop) {
+  auto agents = group({"a", "b", "c"});
+  agents[2]->register_function("add", add);
+  RpcAgent& b = *agents[1];
+  b.register_function("add", add);
+  b.register_function("add_via_c", [&b](int64_t x, int64_t y) {
+    return b.rpc_sync<int64_t>("c", "add", x, y);
+  });
+  RpcAgent& a = *agents[0];
+  std::atomic<int64_t> async_sum{0};
+  std::vector<Future<void>> async_calls;
+  for (int64_t i = 0; i < 500; ++i) {
+    async_calls.push_back(
+        a.rpc_async<int64_t>(i % 2 ? "b" : "c", "add", i, 1)
+            .then([&](const int64_t& v) { async_sum.fetch_add(v); }));
+  }
+  constexpr int kThreads = 4;
+  constexpr int64_t kCalls = 200;
+  std::vector<int64_t> wrong(kThreads, 0);
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int64_t i = 0; i < kCalls; ++i) {
+        const char* fn = i % 3 == 0 ? "add_via_c" : "add";
+        const char* to = i % 3 == 1 ? "c" : "b";
+        if (a.rpc_sync<int64_t>(to, fn, i, int64_t{t}) != i + t) {
+          ++wrong[static_cast<size_t>(t)];
+        }
+      }
+    });
+  }
+  for (auto& c : callers) {
+    c.join();
+  }
+  for (auto& f : async_calls) {
+    f.wait(30s);
+  }
+  EXPECT_THAT(wrong, ::testing::Each(0));
+  EXPECT_EQ(async_sum.load(), 500 * 499 / 2 + 500);
+  EXPECT_EQ(a.num_pending_calls(), 0u);
+}
+
 TEST_F(RpcTest, GracefulShutdownCompletesCallsInFlight) {
   auto agents = group({"caller", "callee"});
   Promise<void> release;

@@ -241,6 +241,7 @@ class RpcAgent {
       std::chrono::milliseconds timeout,
       const A&... args) {
     Future<R> f = rpc_async<R>(to, fn, timeout, args...);
+    help_until([&f] { return f.ready(); });
     // The call's own timer completes f; this bound only guards against a
     // lost completion.
     return f.wait(effective_timeout(timeout) + std::chrono::seconds(30));
@@ -288,6 +289,9 @@ class RpcAgent {
       detail::Payload args);
   std::chrono::milliseconds effective_timeout(
       std::chrono::milliseconds timeout) const;
+  // While a reply is near, this thread reads it itself (the transport's
+  // help()) instead of being woken for it.
+  void help_until(const std::function<bool()>& done);
 
   std::unique_ptr<Impl> impl_;
 };
