@@ -2,10 +2,13 @@
 // runs it next to rpc_bench and torch): what one TCP connection and one memcpy
 // do on this machine, with nothing on top.
 //
-//   phys pingpong [--iters 20000] [--size 64] [--warmup 2000] [ENDS]
+//   phys pingpong [--iters 20000] [--size 64] [--warmup 2000] [--poll] [ENDS]
 //       Round trips of a --size message over one TCP_NODELAY connection: the
 //       connecting end writes it, the listening end reads it whole and writes
-//       it back. Median and p99 (nearest rank) in microseconds.
+//       it back. Median and p99 (nearest rank) in microseconds. With --poll
+//       both ends wait for bytes by polling the socket (non-blocking reads in
+//       a loop) instead of sleeping in read: the round trip with no wake-up
+//       in it, each end busy on a core of its own.
 //   phys bulk [--mib 1024] [ENDS]
 //       The connecting end writes --mib MiB in 1 MiB writes, the listening end
 //       reads them all and answers one byte; bytes / (first write -> answer).
@@ -25,7 +28,7 @@
 //
 // The measuring end prints one JSON line on stdout:
 //   {"impl":"phys","metric":"tcp_pingpong_us","median":..,"p99":..,"n":..,
-//    "size":..}
+//    "size":..,"wait":"sleep"|"poll"}
 //   {"impl":"phys","metric":"tcp_bytes_per_s","value":..,"bytes":..}
 //   {"impl":"phys","metric":"memcpy_bytes_per_s","value":..,"bytes":..,"n":..}
 // The listening end prints nothing. Errors go to stderr; the exit status is 1
@@ -86,6 +89,7 @@ struct Options {
   int iters = 20000;            // pingpong: measured round trips
   int warmup = 2000;            // pingpong: round trips before measuring
   size_t size = 64;             // pingpong: message bytes
+  bool poll = false;            // pingpong: both ends poll, never sleep
   std::optional<size_t> mib;    // bulk: 1024; memcpy: 64
   int reps = 20;                // memcpy: measured copies
   std::string listen;           // HOST:PORT, or empty
@@ -256,13 +260,28 @@ void write_all(int fd, const void* data, size_t n) {
 }
 
 // False if the peer closed before the first byte; throws if it closed after.
-bool read_all(int fd, void* data, size_t n) {
+// With `poll`, spins on non-blocking reads instead of sleeping in read(), and
+// gives up after timeout_s without a byte.
+bool read_all(
+    int fd, void* data, size_t n, bool poll = false, double timeout_s = 60) {
   char* p = static_cast<char*>(data);
   size_t got = 0;
+  auto last_byte = Clock::now();
+  uint32_t spins = 0;
   while (got < n) {
-    ssize_t k = ::read(fd, p + got, n - got);
+    ssize_t k = ::recv(fd, p + got, n - got, poll ? MSG_DONTWAIT : 0);
     if (k < 0 && errno == EINTR) {
       continue;
+    }
+    if (k < 0 && poll && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (++spins % 4096 == 0 &&
+          Clock::now() - last_byte > std::chrono::duration<double>(timeout_s)) {
+        throw std::runtime_error("no byte from the peer while polling");
+      }
+      continue;
+    }
+    if (k > 0) {
+      last_byte = Clock::now();
     }
     if (k < 0) {
       throw sys_error("read");
@@ -282,9 +301,10 @@ bool read_all(int fd, void* data, size_t n) {
 
 struct Header {
   uint32_t tag;
-  uint32_t reserved;
+  uint32_t flags;  // pingpong: kPollFlag
   uint64_t value;  // pingpong: message bytes; bulk: total bytes
 };
+constexpr uint32_t kPollFlag = 1;
 
 Header read_header(int fd, uint32_t expected_tag) {
   Header h{};
@@ -317,14 +337,15 @@ double p99(std::vector<double> xs) {
 
 void serve_pingpong(int fd) {
   Header h = read_header(fd, kPingTag);
+  bool poll = (h.flags & kPollFlag) != 0;
   std::vector<char> buf(h.value);
-  while (read_all(fd, buf.data(), buf.size())) {
+  while (read_all(fd, buf.data(), buf.size(), poll)) {
     write_all(fd, buf.data(), buf.size());
   }
 }
 
 void measure_pingpong(int fd, const Options& o) {
-  Header h{.tag = kPingTag, .reserved = 0, .value = o.size};
+  Header h{.tag = kPingTag, .flags = o.poll ? kPollFlag : 0u, .value = o.size};
   write_all(fd, &h, sizeof h);
   std::vector<char> buf(o.size, 'p');
   std::vector<double> rtts_us;
@@ -332,7 +353,7 @@ void measure_pingpong(int fd, const Options& o) {
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     auto t0 = Clock::now();
     write_all(fd, buf.data(), buf.size());
-    if (!read_all(fd, buf.data(), buf.size())) {
+    if (!read_all(fd, buf.data(), buf.size(), o.poll, o.timeout_s)) {
       throw std::runtime_error("the listening end closed the connection");
     }
     if (i >= o.warmup) {
@@ -342,11 +363,12 @@ void measure_pingpong(int fd, const Options& o) {
   }
   std::printf(
       "{\"impl\":\"phys\",\"metric\":\"tcp_pingpong_us\",\"median\":%.2f,"
-      "\"p99\":%.2f,\"n\":%d,\"size\":%zu}\n",
+      "\"p99\":%.2f,\"n\":%d,\"size\":%zu,\"wait\":\"%s\"}\n",
       median(rtts_us),
       p99(rtts_us),
       o.iters,
-      o.size);
+      o.size,
+      o.poll ? "poll" : "sleep");
 }
 
 void serve_bulk(int fd) {
@@ -372,7 +394,7 @@ void serve_bulk(int fd) {
 
 void measure_bulk(int fd, const Options& o) {
   uint64_t total = *o.mib * kMiB;
-  Header h{.tag = kBulkTag, .reserved = 0, .value = total};
+  Header h{.tag = kBulkTag, .flags = 0, .value = total};
   write_all(fd, &h, sizeof h);
   std::vector<char> buf(kBulkChunk, 'b');
   auto t0 = Clock::now();
@@ -488,7 +510,8 @@ void measure_memcpy(const Options& o) {
 // ---------------------------------------------------------------------------
 
 constexpr const char* kUsage =
-    "usage: phys pingpong [--iters N] [--size BYTES] [--warmup N] [ENDS]\n"
+    "usage: phys pingpong [--iters N] [--size BYTES] [--warmup N] [--poll] "
+    "[ENDS]\n"
     "       phys bulk [--mib M] [ENDS]\n"
     "       phys memcpy [--mib M] [--reps R]\n"
     "ENDS: --listen HOST:PORT | --connect HOST:PORT (default: fork, "
@@ -515,12 +538,16 @@ Options parse_options(int argc, char** argv) {
   if (o.mode != "pingpong" && o.mode != "bulk" && o.mode != "memcpy") {
     throw UsageError("unknown mode '" + o.mode + "'");
   }
-  for (int i = 2; i < argc; i += 2) {
+  for (int i = 2; i < argc; ++i) {
     std::string_view flag = argv[i];
+    if (flag == "--poll") {
+      o.poll = true;
+      continue;
+    }
     if (i + 1 >= argc) {
       throw UsageError(std::string(flag) + " needs a value");
     }
-    const char* value = argv[i + 1];
+    const char* value = argv[++i];
     if (flag == "--iters") {
       o.iters = static_cast<int>(parse_number(flag, value, 1));
     } else if (flag == "--warmup") {
@@ -553,6 +580,9 @@ Options parse_options(int argc, char** argv) {
     throw UsageError(
         "--peer-cpu is for the forked end: pingpong or bulk "
         "without --listen or --connect");
+  }
+  if (o.poll && o.mode != "pingpong") {
+    throw UsageError("--poll is for pingpong");
   }
   if (!o.mib) {
     o.mib = o.mode == "bulk" ? 1024 : 64;

@@ -5,8 +5,8 @@
 # BUILD_DIR says otherwise), then runs --reps rounds (default 3), each of:
 #
 #   phys   rpc_phys: TCP_NODELAY ping-pong of 64 B (where the scheduler puts
-#          the ends, then both on CPU 0, then on CPUs 0 and 1), one-way TCP
-#          throughput of 1 GiB, memcpy of 64 MiB
+#          the ends, then with both ends polling, then both on CPU 0, then on
+#          CPUs 0 and 1), one-way TCP throughput of 1 GiB, memcpy of 64 MiB
 #   tide   rpc_bench, both ranks on 127.0.0.1 (its choice of transport), then
 #          rpc_bench --transport tcp (TCP forced)
 #   torch  /usr/bin/python3 bench/peers/torch_rpc_peer.py (TensorPipe's choice)
@@ -238,22 +238,25 @@ host_b=10.201.0.2  # the server's (rank 1's)
 in_a=(ip netns exec "$ns_a")
 in_b=(ip netns exec "$ns_b")
 
-# phys_pair RUN REP MODE [LISTENING_CPU CONNECTING_CPU]: a TCP mode of phys
-# from namespace a (measuring) to b (listening).
+# phys_pair RUN REP "MODE [FLAGS]" [LISTENING_CPU CONNECTING_CPU]: a TCP
+# mode of phys from namespace a (measuring) to b (listening); the flags go
+# to the measuring end, which passes them on.
 phys_pair() {
-  local run="$1" rep="$2" mode="$3" pin_b=() pin_a=()
+  local run="$1" rep="$2" pin_b=() pin_a=() how=()
+  read -r -a how <<<"$3"
   if (($# == 5)); then
     pin_b=(--cpu "$4")
     pin_a=(--cpu "$5")
   fi
   next_port
-  serve "${in_b[@]}" "$phys" "$mode" --listen "$host_b:$port" "${pin_b[@]}"
+  serve "${in_b[@]}" "$phys" "${how[0]}" --listen "$host_b:$port" "${pin_b[@]}"
   collect_pair "$run" "$rep" \
-    "${in_a[@]}" "$phys" "$mode" --connect "$host_b:$port" "${pin_a[@]}"
+    "${in_a[@]}" "$phys" "${how[@]}" --connect "$host_b:$port" "${pin_a[@]}"
 }
 
 # Ping-pong also with both ends on CPU 0 and on CPUs 0 and 1: left to the
-# scheduler, it is one or the other from one run to the next.
+# scheduler, it is one or the other from one run to the next. And with both
+# ends polling (as tide's waiting threads do): no wake-up in the round trip.
 run_phys() {
   local rep="$1" two_cpus=0
   if (($(nproc) >= 2)); then
@@ -261,6 +264,7 @@ run_phys() {
   fi
   if ((netns)); then
     phys_pair phys "$rep" pingpong
+    phys_pair phys-poll "$rep" "pingpong --poll"
     phys_pair phys-1cpu "$rep" pingpong 0 0
     if ((two_cpus)); then
       phys_pair phys-2cpu "$rep" pingpong 1 0
@@ -268,6 +272,7 @@ run_phys() {
     phys_pair phys "$rep" bulk
   else
     collect phys "$rep" "$phys" pingpong
+    collect phys-poll "$rep" "$phys" pingpong --poll
     collect phys-1cpu "$rep" "$phys" pingpong --cpu 0
     if ((two_cpus)); then
       collect phys-2cpu "$rep" "$phys" pingpong --cpu 0 --peer-cpu 1

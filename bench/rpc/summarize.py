@@ -4,9 +4,9 @@
     summarize.py [FILE...]      (no FILE: stdin)
 
 Reads the lines of rpc_bench (tide), torch_rpc_peer.py (torch) and phys, each tagged by
-run.sh with "run" (phys, phys-1cpu, phys-2cpu, tide, tide-tcp, torch), "rep" and "setup"
-(local, netns); a line without "run" is placed by its "impl" (and "transport":"tcp" for
-tide).
+run.sh with "run" (phys, phys-poll, phys-1cpu, phys-2cpu, tide, tide-tcp, torch), "rep"
+and "setup" (local, netns); a line without "run" is placed by its "impl" (and
+"transport":"tcp" for tide).
 Prints one table per setup, columns
 
     metric | tide | tide (tcp) | torch | torch/tide | phys
@@ -144,8 +144,8 @@ def phys_median(records, run, metric, field):
 
 
 # Where the two ends of phys's ping-pong ran.
-PINGPONG_RUNS = (("phys", "as scheduled"), ("phys-1cpu", "on one CPU"),
-                 ("phys-2cpu", "on two CPUs"))
+PINGPONG_RUNS = (("phys", "as scheduled"), ("phys-poll", "both polling"),
+                 ("phys-1cpu", "on one CPU"), ("phys-2cpu", "on two CPUs"))
 
 
 def phys_cell(row, records):

@@ -1,6 +1,7 @@
 #include "tide/common/future.h"
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -101,6 +102,24 @@ TEST(FutureTest, DroppedPromiseFailsItsFuture) {
     return p.get_future();
   }();
   EXPECT_THROW(f.wait(milliseconds(1000)), Error);
+}
+
+TEST(FutureTest, OnlyTheLastCopyOfAPromiseFailsItsFutureWhenDropped) {
+  auto p = std::make_unique<Promise<int>>();
+  Future<int> f = p->get_future();
+  auto copy = std::make_unique<Promise<int>>(*p);
+  Promise<int> moved = std::move(*p);
+  p.reset();
+  copy.reset();
+  EXPECT_FALSE(f.ready());  // `moved` still holds it.
+  Promise<int> other;
+  Future<int> g = other.get_future();
+  other = moved;  // `other`'s own future loses its last promise.
+  EXPECT_THROW(g.wait(milliseconds(0)), Error);
+  moved = Promise<int>();
+  EXPECT_FALSE(f.ready());  // `other` holds it now.
+  EXPECT_TRUE(other.set_value(7));
+  EXPECT_EQ(f.wait(milliseconds(0)), 7);
 }
 
 TEST(FutureTest, OnCompleteSeesValueAndErrorExactlyOnce) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -51,6 +52,8 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
   std::optional<Stored<T>> value;
   std::exception_ptr error;
   std::vector<std::function<void()>> callbacks;
+  // Copies of the promise alive; the last to go fails a pending future.
+  std::atomic<size_t> promises{1};
 
   // Returns false (and changes nothing) when already complete.
   bool complete(std::optional<Stored<T>> v, std::exception_ptr e) {
@@ -72,6 +75,20 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
     return true;
   }
 
+  // The last promise went away: fails the future unless it is complete.
+  void abandon() {
+    {
+      std::lock_guard lock(mutex);
+      if (done) {
+        return;
+      }
+    }
+    complete(
+        std::nullopt,
+        std::make_exception_ptr(
+            Error("promise dropped without a result; the producer went away")));
+  }
+
   void on_complete(std::function<void()> cb) {
     {
       std::lock_guard lock(mutex);
@@ -91,9 +108,25 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
 template <typename T>
 class Promise {
  public:
-  Promise()
-      : state_(std::make_shared<detail::FutureState<T>>()),
-        abandon_(std::make_shared<Abandon>(state_)) {}
+  Promise() : state_(std::make_shared<detail::FutureState<T>>()) {}
+  Promise(const Promise& other) : state_(other.state_) {
+    if (state_) {
+      state_->promises.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  Promise(Promise&& other) noexcept = default;
+  Promise& operator=(Promise other) noexcept {
+    std::swap(state_, other.state_);
+    return *this;
+  }
+  // When the last copy of a promise goes away without completing it, its
+  // futures fail instead of waiting for nothing.
+  ~Promise() {
+    if (state_ &&
+        state_->promises.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      state_->abandon();
+    }
+  }
 
   Future<T> get_future() const {
     return Future<T>(state_);
@@ -121,24 +154,7 @@ class Promise {
   }
 
  private:
-  // When the last copy of a promise goes away without completing it, its
-  // futures fail instead of waiting for nothing.
-  struct Abandon {
-    explicit Abandon(const std::shared_ptr<detail::FutureState<T>>& s)
-        : state(s) {}
-    ~Abandon() {
-      if (auto s = state.lock()) {
-        s->complete(
-            std::nullopt,
-            std::make_exception_ptr(Error(
-                "promise dropped without a result; the producer went away")));
-      }
-    }
-    std::weak_ptr<detail::FutureState<T>> state;
-  };
-
-  std::shared_ptr<detail::FutureState<T>> state_;
-  std::shared_ptr<Abandon> abandon_;
+  std::shared_ptr<detail::FutureState<T>> state_;  // Null once moved from.
 };
 
 template <typename T>
