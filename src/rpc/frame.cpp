@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -429,8 +430,16 @@ namespace {
 
 // Storage for a received buffer of n bytes: aligned for any element type,
 // and in huge pages when large (a 64 MiB tensor takes 32 page faults, not
-// 16384).
+// 16384). A small one is one allocation with its owner.
 Buffer allocate_received(uint64_t n) {
+  constexpr size_t kSmall = 4096;
+  if (n <= kSmall) {
+    constexpr size_t kWord = sizeof(std::max_align_t);
+    auto words = std::make_shared_for_overwrite<std::max_align_t[]>(
+        std::max<size_t>(1, (n + kWord - 1) / kWord));
+    void* p = words.get();
+    return Buffer(std::move(words), p, n);
+  }
   constexpr size_t kHuge = size_t{2} << 20;
   size_t align = n >= kHuge ? kHuge : 64;
   size_t size = (n + align - 1) / align * align;

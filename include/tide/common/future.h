@@ -51,13 +51,16 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
   bool done = false;
   std::optional<Stored<T>> value;
   std::exception_ptr error;
-  std::vector<std::function<void()>> callbacks;
+  // Most futures get one continuation: it needs no vector.
+  std::function<void()> first_callback;
+  std::vector<std::function<void()>> more_callbacks;
   // Copies of the promise alive; the last to go fails a pending future.
   std::atomic<size_t> promises{1};
 
   // Returns false (and changes nothing) when already complete.
   bool complete(std::optional<Stored<T>> v, std::exception_ptr e) {
-    std::vector<std::function<void()>> to_run;
+    std::function<void()> first;
+    std::vector<std::function<void()>> more;
     {
       std::lock_guard lock(mutex);
       if (done) {
@@ -66,10 +69,14 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
       value = std::move(v);
       error = std::move(e);
       done = true;
-      to_run.swap(callbacks);
+      first.swap(first_callback);
+      more.swap(more_callbacks);
     }
     done_cv.notify_all();
-    for (auto& cb : to_run) {
+    if (first) {
+      first();
+    }
+    for (auto& cb : more) {
       cb();
     }
     return true;
@@ -93,7 +100,11 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
     {
       std::lock_guard lock(mutex);
       if (!done) {
-        callbacks.push_back(std::move(cb));
+        if (!first_callback) {
+          first_callback = std::move(cb);
+        } else {
+          more_callbacks.push_back(std::move(cb));
+        }
         return;
       }
     }
@@ -242,8 +253,9 @@ class Future {
 
   // Calls `fn(const Future<T>&)` once this future completes, with a value or
   // with an error. Runs inline if already complete.
-  void on_complete(std::function<void(const Future<T>&)> fn) const {
-    state_->on_complete([state = state_.get(), fn = std::move(fn)] {
+  template <typename F>
+  void on_complete(F fn) const {
+    state_->on_complete([state = state_.get(), fn = std::move(fn)]() mutable {
       fn(Future<T>(state->shared_from_this()));
     });
   }
