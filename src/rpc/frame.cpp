@@ -88,6 +88,10 @@ const char* message_type_name(MessageType type) {
       return "PING";
     case MessageType::kBufferRelease:
       return "BUFFER_RELEASE";
+    case MessageType::kLaneHello:
+      return "LANE_HELLO";
+    case MessageType::kBufferPart:
+      return "BUFFER_PART";
     case MessageType::kRequest:
       return "REQUEST";
     case MessageType::kResponse:
@@ -426,12 +430,9 @@ bool FrameDecoder::read_metadata(const char*& data, size_t& n) {
   return true;
 }
 
-namespace {
-
-// Storage for a received buffer of n bytes: aligned for any element type,
-// and in huge pages when large (a 64 MiB tensor takes 32 page faults, not
-// 16384). A small one is one allocation with its owner.
-Buffer allocate_received(uint64_t n) {
+// Huge pages for a large buffer: a 64 MiB tensor takes 32 page faults, not
+// 16384. A small one is one allocation with its owner.
+Buffer allocate_buffer(uint64_t n) {
   constexpr size_t kSmall = 4096;
   if (n <= kSmall) {
     constexpr size_t kWord = sizeof(std::max_align_t);
@@ -455,8 +456,6 @@ Buffer allocate_received(uint64_t n) {
   return Buffer(std::shared_ptr<void>(p, std::free), p, n);
 }
 
-}  // namespace
-
 bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
   while (buffer_index_ < buffer_count_) {
     uint64_t length = lengths_[buffer_index_];
@@ -464,7 +463,7 @@ bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
     // one is half in).
     bool whole = block_.size() > 0;
     if (!whole && growing_.empty() && trusted_ && length > 0) {
-      block_ = allocate_received(length);
+      block_ = allocate_buffer(length);
       filled_ = 0;
       whole = true;
     }
@@ -504,7 +503,7 @@ std::span<char> FrameDecoder::window() {
     return {};
   }
   if (block_.size() == 0) {
-    block_ = allocate_received(lengths_[buffer_index_]);
+    block_ = allocate_buffer(lengths_[buffer_index_]);
     filled_ = 0;
   }
   return {block_.data() + filled_, block_.size() - filled_};

@@ -82,6 +82,8 @@ enum class MessageType : uint8_t {
   kShutdownAck = 0x04,
   kPing = 0x05,
   kBufferRelease = 0x06,
+  kLaneHello = 0x07,
+  kBufferPart = 0x08,
   kRequest = 0x10,
   kResponse = 0x11,
   kError = 0x12,
@@ -94,13 +96,15 @@ enum class MessageType : uint8_t {
 };
 
 // Every MessageType, in wire order.
-constexpr std::array<MessageType, 15> kMessageTypes = {
+constexpr std::array<MessageType, 17> kMessageTypes = {
     MessageType::kHandshake,
     MessageType::kHandshakeAck,
     MessageType::kShutdownIntent,
     MessageType::kShutdownAck,
     MessageType::kPing,
     MessageType::kBufferRelease,
+    MessageType::kLaneHello,
+    MessageType::kBufferPart,
     MessageType::kRequest,
     MessageType::kResponse,
     MessageType::kError,
@@ -111,6 +115,10 @@ constexpr std::array<MessageType, 15> kMessageTypes = {
     MessageType::kAutogradForward,
     MessageType::kAutogradBackward,
 };
+
+// Storage for a received buffer of n bytes: aligned for any element type,
+// in huge pages when large. Throws ProtocolError when it cannot be had.
+Buffer allocate_buffer(uint64_t n);
 
 // "REQUEST", "RREF_FETCH", ...; "UNKNOWN" for a value not in the table.
 const char* message_type_name(MessageType type);

@@ -104,6 +104,12 @@ RpcBackendOptions with_defaults(RpcBackendOptions options) {
         "and the fallback of shm); got " +
         std::to_string(options.transports.size()) + " without it");
   }
+  if (options.tcp_lanes < 0 ||
+      options.tcp_lanes > static_cast<int>(detail::kMaxLanes)) {
+    throw InvalidArgument(
+        "tcp_lanes must be 0 to " + std::to_string(detail::kMaxLanes) +
+        "; got " + std::to_string(options.tcp_lanes));
+  }
   return options;
 }
 
@@ -466,7 +472,8 @@ RpcAgent::RpcAgent(
             impl.self.name,
             impl.options.listen_host,
             wants_shm(impl.options),
-            impl.options.token},
+            impl.options.token,
+            static_cast<size_t>(impl.options.tcp_lanes)},
         [&impl](int caller, std::string fn, detail::Payload args) {
           return impl.on_request(caller, std::move(fn), std::move(args));
         });
@@ -553,7 +560,13 @@ std::string RpcAgent::transport_to(const std::string& name) const {
 
 RpcAgent::TransportStats RpcAgent::transport_stats() const {
   auto s = impl_->transport->stats();
-  return {s.buffers_via_shm, s.bytes_via_shm, s.segments, s.buffers_returned};
+  return {
+      s.buffers_via_shm,
+      s.bytes_via_shm,
+      s.segments,
+      s.buffers_returned,
+      s.buffers_via_lanes,
+      s.bytes_via_lanes};
 }
 
 void RpcAgent::shutdown(bool graceful) {

@@ -76,6 +76,26 @@ struct ShmRef {
 };
 static_assert(sizeof(ShmRef) == 32);
 
+// An entry of a lane table (kFlagLanes): buffer `index` of the frame is the
+// transfer whose `parts` parts come on the lanes.
+struct LaneRef {
+  uint32_t index = 0;
+  uint32_t parts = 0;
+  uint64_t transfer = 0;
+  uint64_t length = 0;
+};
+static_assert(sizeof(LaneRef) == 24);
+// Bytes of transfers a connection holds before their frame takes them.
+constexpr uint64_t kMaxTransferBytes = uint64_t{16} << 30;
+// Frames waiting for their parts.
+constexpr size_t kMaxParked = 4096;
+
+// Bytes of each part of a buffer of `total` bytes cut into `parts` (the
+// last may be shorter).
+uint64_t part_size(uint64_t total, uint32_t parts) {
+  return (total + parts - 1) / parts;
+}
+
 std::string demangle(const char* name) {
   int status = 0;
   char* s = abi::__cxa_demangle(name, nullptr, nullptr, &status);
@@ -246,7 +266,13 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
       Pending call,
       Payload args);
   std::shared_ptr<Connection> connect_on_loop(int to);
-  void connect_tcp(const std::shared_ptr<Connection>& conn);
+  // Connects conn over TCP and starts it, then runs `connected`.
+  void connect_tcp(
+      const std::shared_ptr<Connection>& conn,
+      std::function<void()> connected = {});
+  // Opens options.lanes lanes beside `parent`, a TCP connection whose
+  // handshake is done. Loop only.
+  void open_lanes(const std::shared_ptr<Connection>& parent);
   // Removes call `id` from the books; nullopt when it completed already (a
   // late reply, a timer that lost the race). Any thread.
   std::optional<Pending> take_call(uint64_t id);
@@ -291,6 +317,8 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   std::atomic<uint64_t> bytes_via_shm{0};
   std::atomic<uint64_t> segments{0};
   std::atomic<uint64_t> buffers_returned{0};
+  std::atomic<uint64_t> buffers_via_lanes{0};
+  std::atomic<uint64_t> bytes_via_lanes{0};
 
   // Loop only.
   std::unordered_map<int, PeerAddress> peers;
@@ -507,15 +535,177 @@ struct Connection : std::enable_shared_from_this<Connection> {
       expect_handshake(frame);
       return;
     }
+    if (is_lane) {
+      on_part(frame);
+      return;
+    }
     if (frame.type == MessageType::kBufferRelease) {
       on_release(frame);
       return;
     }
+    if ((frame.flags & kFlagLanes) != 0 && !parts_in(frame)) {
+      if (parked.size() >= kMaxParked) {
+        throw ProtocolError(
+            "more than " + std::to_string(kMaxParked) +
+            " frames waiting for their parts");
+      }
+      parked.push_back(std::move(frame));
+      return;
+    }
+    dispatch(frame);
+  }
+
+  void dispatch(Frame& frame) {
     if (outgoing) {
       on_reply(frame);
     } else {
       on_request(frame);
     }
+  }
+
+  // The table of a kFlagLanes frame (its last buffer), checked against the
+  // frame: each entry names an empty buffer of its own past the first, of a
+  // length and part count that a sender can make.
+  static std::vector<LaneRef> lane_table(const Frame& frame) {
+    if (frame.buffers.empty() ||
+        frame.buffers.back().size() % sizeof(LaneRef) != 0) {
+      throw ProtocolError("a lanes frame without a whole table");
+    }
+    std::string_view table = frame.buffers.back().view();
+    std::vector<LaneRef> refs(table.size() / sizeof(LaneRef));
+    std::memcpy(refs.data(), table.data(), table.size());
+    size_t n = frame.buffers.size() - 1;
+    std::vector<bool> named(n, false);
+    for (const LaneRef& ref : refs) {
+      if (ref.index == 0 || ref.index >= n || named[ref.index] ||
+          frame.buffers[ref.index].size() != 0 || ref.parts == 0 ||
+          ref.parts > kMaxLanes || ref.length < kLaneThreshold ||
+          ref.length > FrameLimits{}.max_buffer) {
+        throw ProtocolError(
+            "a lane reference to buffer " + std::to_string(ref.index) + " of " +
+            std::to_string(n) + " that cannot take one");
+      }
+      named[ref.index] = true;
+    }
+    return refs;
+  }
+
+  // Whether every part of every transfer the frame's table names is here.
+  bool parts_in(const Frame& frame) const {
+    for (const LaneRef& ref : lane_table(frame)) {
+      auto it = transfers.find(ref.transfer);
+      if (it == transfers.end() || it->second.have < it->second.parts) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // A lane's frame: a part of one of its parent's transfers.
+  void on_part(Frame& frame) {
+    if (frame.type != MessageType::kBufferPart) {
+      throw ProtocolError(
+          std::string("unexpected ") + message_type_name(frame.type) +
+          " on a lane");
+    }
+    auto p = parent.lock();
+    if (p && !p->closed) {
+      p->take_part(frame);
+    }
+  }
+
+  // Copies a part into its transfer; frames whose parts are all in go on.
+  void take_part(Frame& frame) {
+    Decoder d(frame.metadata);
+    auto [index, parts, total] =
+        decode_args<std::tuple<uint32_t, uint32_t, uint64_t>>(d, "part");
+    uint64_t chunk = parts == 0 ? 0 : part_size(total, parts);
+    uint64_t at = uint64_t{index} * chunk;
+    if (parts == 0 || parts > kMaxLanes || index >= parts ||
+        total < kLaneThreshold || total > FrameLimits{}.max_buffer ||
+        frame.buffers.size() != 1 || at >= total ||
+        frame.buffers[0].size() != std::min(chunk, total - at)) {
+      throw ProtocolError(
+          "a part " + std::to_string(index) + " of " + std::to_string(parts) +
+          " of " + std::to_string(total) + " bytes that cannot be");
+    }
+    auto [it, fresh] = transfers.try_emplace(frame.id);
+    Transfer& t = it->second;
+    if (fresh) {
+      if (transfer_bytes + total > kMaxTransferBytes) {
+        transfers.erase(it);
+        throw ProtocolError(
+            "the peer's unfinished transfers would pass " +
+            std::to_string(kMaxTransferBytes >> 30) + " GiB");
+      }
+      t.buffer = allocate_buffer(total);
+      t.parts = parts;
+      t.got.assign(parts, false);
+      transfer_bytes += total;
+    } else if (t.parts != parts || t.buffer.size() != total || t.got[index]) {
+      throw ProtocolError(
+          "a part of transfer " + std::to_string(frame.id) +
+          " that does not fit its other parts");
+    }
+    std::memcpy(
+        t.buffer.data() + at, frame.buffers[0].data(), frame.buffers[0].size());
+    t.got[index] = true;
+    if (++t.have == t.parts) {
+      dispatch_parked();
+    }
+  }
+
+  void dispatch_parked() {
+    for (size_t i = 0; i < parked.size();) {
+      if (!parts_in(parked[i])) {
+        ++i;
+        continue;
+      }
+      Frame f = std::move(parked[i]);
+      parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(i));
+      dispatch(f);
+      if (closed) {
+        return;
+      }
+    }
+  }
+
+  // Server side: the first frame of an accepted socket is LANE_HELLO; it
+  // becomes a lane of the caller's connection.
+  void attach_as_lane(Frame& frame) {
+    Decoder d(frame.metadata);
+    auto [id, index, token] =
+        decode_args<std::tuple<int, uint32_t, std::string>>(d, "lane hello");
+    if (!owner.options.token.empty() &&
+        !token_equal(token, owner.options.token)) {
+      throw ProtocolError("a lane without the group's token");
+    }
+    std::shared_ptr<Connection> p;
+    for (const auto& c : owner.incoming) {
+      if (!c->is_lane && c->handshaken && !c->refused && !c->closed &&
+          !c->local && c->peer_id == id) {
+        p = c;
+      }
+    }
+    if (local || !p) {
+      throw ProtocolError(
+          "lane " + std::to_string(index) + " of worker " + std::to_string(id) +
+          ", which has no TCP connection here");
+    }
+    {
+      std::lock_guard lock(p->wmutex);
+      if (p->lanes.size() >= kMaxLanes) {
+        throw ProtocolError(
+            "more than " + std::to_string(kMaxLanes) + " lanes");
+      }
+      p->lanes.push_back(shared_from_this());
+    }
+    is_lane = true;
+    attached = true;
+    parent = p;
+    peer_id = id;
+    handshaken = true;
+    decoder.trust_lengths();
   }
 
   void expect_handshake(Frame& frame) {
@@ -524,6 +714,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
       auto [type, message] =
           decode_args<std::tuple<std::string, std::string>>(d, "refusal");
       fail("the peer refused the connection: " + message);
+      return;
+    }
+    if (!outgoing && frame.type == MessageType::kLaneHello) {
+      attach_as_lane(frame);
       return;
     }
     auto want = outgoing ? MessageType::kHandshakeAck : MessageType::kHandshake;
@@ -545,8 +739,13 @@ struct Connection : std::enable_shared_from_this<Connection> {
       }
       handshaken = true;
       decoder.trust_lengths();
-      std::lock_guard lock(wmutex);
-      shm = local && (features & kFeatureSharedMemory) != 0;
+      {
+        std::lock_guard lock(wmutex);
+        shm = local && (features & kFeatureSharedMemory) != 0;
+      }
+      if (!local && owner.options.lanes > 0) {
+        owner.open_lanes(shared_from_this());
+      }
       return;
     }
     auto [id, name, features, token] =
@@ -592,6 +791,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // The frame's buffers, the shared-memory ones placed (leased) per its
   // table.
   std::vector<Buffer> take_buffers(Frame& frame) {
+    if ((frame.flags & kFlagLanes) != 0) {
+      return take_lane_buffers(frame);
+    }
     std::string table;
     if ((frame.flags & kFlagSharedMemory) != 0) {
       if (!shm) {
@@ -677,6 +879,31 @@ struct Connection : std::enable_shared_from_this<Connection> {
           false);
       out[ref.index] = Buffer(lease, mapping->base(), ref.length);
       placed[ref.index] = true;
+    }
+    return out;
+  }
+
+  // The frame's buffers, those its lane table names taken from their
+  // finished transfers.
+  std::vector<Buffer> take_lane_buffers(Frame& frame) {
+    if ((frame.flags & kFlagSharedMemory) != 0) {
+      throw ProtocolError("a frame with both a shared-memory and a lane table");
+    }
+    std::vector<LaneRef> refs = lane_table(frame);
+    frame.buffers.pop_back();
+    std::vector<Buffer> out = std::move(frame.buffers);
+    for (const LaneRef& ref : refs) {
+      auto it = transfers.find(ref.transfer);
+      if (it == transfers.end() || it->second.have < it->second.parts ||
+          it->second.parts != ref.parts ||
+          it->second.buffer.size() != ref.length) {
+        throw ProtocolError(
+            "buffer " + std::to_string(ref.index) + " is transfer " +
+            std::to_string(ref.transfer) + ", whose parts do not make it");
+      }
+      out[ref.index] = std::move(it->second.buffer);
+      transfer_bytes -= ref.length;
+      transfers.erase(it);
     }
     return out;
   }
@@ -857,6 +1084,38 @@ struct Connection : std::enable_shared_from_this<Connection> {
     });
   }
 
+  // Cuts the buffers of m that are large enough into one part per lane and
+  // sends the parts; returns their table. Holds wmutex (a lane's is taken
+  // under it, never the other way).
+  std::string place_on_lanes(Message& m) {
+    std::string table;
+    auto parts = static_cast<uint32_t>(lanes.size());
+    for (size_t i = 1; i < m.buffers.size(); ++i) {
+      const Buffer& b = m.buffers[i];
+      if (b.size() < kLaneThreshold) {
+        continue;
+      }
+      LaneRef ref{static_cast<uint32_t>(i), parts, next_transfer++, b.size()};
+      uint64_t chunk = part_size(b.size(), parts);
+      for (uint32_t j = 0; j < parts; ++j) {
+        uint64_t at = uint64_t{j} * chunk;
+        Message part{
+            MessageType::kBufferPart,
+            ref.transfer,
+            encode_meta(j, parts, ref.length),
+            {}};
+        part.buffers.emplace_back(
+            b.owner(), b.data() + at, std::min(chunk, b.size() - at));
+        lanes[j]->send(std::move(part));
+      }
+      table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
+      owner.buffers_via_lanes.fetch_add(1, std::memory_order_relaxed);
+      owner.bytes_via_lanes.fetch_add(b.size(), std::memory_order_relaxed);
+      m.buffers[i] = Buffer();
+    }
+    return table;
+  }
+
   // Moves the buffers of m that are large enough into shared-memory
   // segments; returns their table ("" for none) and the descriptors the
   // peer does not have yet.
@@ -941,6 +1200,15 @@ struct Connection : std::enable_shared_from_this<Connection> {
         flags |= kFlagSharedMemory;
         m.buffers.emplace_back(std::move(table));
       }
+    } else if (
+        !lanes.empty() && m.buffers.size() < FrameLimits{}.max_buffers &&
+        std::any_of(
+            m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
+            m.buffers.end(),
+            [](const Buffer& b) { return b.size() >= kLaneThreshold; })) {
+      (void)encode_head({m.type, 0, m.id, m.metadata, views_of(m.buffers)});
+      flags |= kFlagLanes;
+      m.buffers.emplace_back(place_on_lanes(m));
     }
     for (const auto& b : m.buffers) {
       out.total += b.size();
@@ -1089,11 +1357,16 @@ struct Connection : std::enable_shared_from_this<Connection> {
       return;
     }
     closed = true;
+    std::vector<std::shared_ptr<Connection>> own_lanes;
     {
       std::lock_guard lock(wmutex);
       wclosed = true;
+      own_lanes.swap(lanes);
     }
     close_socket();
+    for (const auto& lane : own_lanes) {
+      lane->fail("its connection closed");
+    }
     owner.connection_failed(*this, reason);
   }
 
@@ -1150,6 +1423,27 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Outgoing only: ids of the calls waiting on this connection. Guarded by
   // the transport's calls_mutex.
   std::unordered_set<uint64_t> calls;
+
+  // Lanes (TCP): more connections beside this one, each carrying parts of
+  // its large buffers (BUFFER_PART), both ways. Guarded by wmutex.
+  std::vector<std::shared_ptr<Connection>> lanes;
+  uint64_t next_transfer = 1;  // Guarded by wmutex.
+  // A lane: its connection, and whether it is among that one's lanes
+  // (loop only).
+  bool is_lane = false;
+  bool attached = false;
+  std::weak_ptr<Connection> parent;
+  // Buffers coming in parts (loop only), by transfer id, and frames that
+  // wait for theirs.
+  struct Transfer {
+    Buffer buffer;
+    uint32_t parts = 0;
+    uint32_t have = 0;
+    std::vector<bool> got;
+  };
+  std::unordered_map<uint64_t, Transfer> transfers;
+  uint64_t transfer_bytes = 0;
+  std::deque<Frame> parked;
 };
 
 SegmentUse::~SegmentUse() {
@@ -1289,7 +1583,8 @@ std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
   return conn;
 }
 
-void Transport::Impl::connect_tcp(const std::shared_ptr<Connection>& conn) {
+void Transport::Impl::connect_tcp(
+    const std::shared_ptr<Connection>& conn, std::function<void()> connected) {
   const PeerAddress& peer = peers.at(conn->peer_id);
   asio::error_code ec;
   auto address = asio::ip::make_address(peer.host, ec);
@@ -1313,7 +1608,8 @@ void Transport::Impl::connect_tcp(const std::shared_ptr<Connection>& conn) {
   asio::async_connect(
       conn->socket,
       endpoints,
-      [conn](const asio::error_code& e, const Endpoint&) {
+      [conn, connected = std::move(connected)](
+          const asio::error_code& e, const Endpoint&) {
         if (conn->closed) {
           return;
         }
@@ -1322,7 +1618,36 @@ void Transport::Impl::connect_tcp(const std::shared_ptr<Connection>& conn) {
           return;
         }
         conn->start();
+        if (connected) {
+          connected();
+        }
       });
+}
+
+void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
+  for (uint32_t j = 0; j < options.lanes; ++j) {
+    auto lane = std::make_shared<Connection>(*this, Socket(io), true, false);
+    lane->peer_id = parent->peer_id;
+    lane->is_lane = true;
+    lane->parent = parent;
+    lane->handshaken = true;
+    // Parts come from the first frame on: no handshake limits.
+    lane->decoder = FrameDecoder(FrameLimits{});
+    lane->decoder.trust_lengths();
+    Message hello{MessageType::kLaneHello, 0, {}, {}};
+    hello.metadata = encode_meta(options.self_id, j, options.token);
+    lane->send(std::move(hello));
+    // Used once connected: a lane that cannot connect is left out.
+    connect_tcp(lane, [parent, lane] {
+      if (parent->closed) {
+        lane->fail("its connection closed");
+        return;
+      }
+      lane->attached = true;
+      std::lock_guard lock(parent->wmutex);
+      parent->lanes.push_back(lane);
+    });
+  }
 }
 
 void Transport::Impl::start_call_on_loop(
@@ -1462,6 +1787,20 @@ void Transport::Impl::complete(
 void Transport::Impl::connection_failed(
     Connection& conn, const std::string& reason) {
   auto self = conn.shared_from_this();  // Keep it alive through the erase.
+  if (conn.is_lane) {
+    incoming.erase(self);
+    auto p = conn.parent.lock();
+    TIDE_LOG_DEBUG(
+        "[{}] lane to {} closed: {}",
+        options.self_name,
+        peer_label(conn.peer_id),
+        reason);
+    // Its parts are lost: so are the calls of its connection.
+    if (p && conn.attached && !p->closed) {
+      p->fail("one of its lanes failed: " + reason);
+    }
+    return;
+  }
   if (!conn.outgoing) {
     incoming.erase(self);
     TIDE_LOG_DEBUG(
@@ -1765,7 +2104,9 @@ Transport::Stats Transport::stats() const {
       impl_->buffers_via_shm.load(),
       impl_->bytes_via_shm.load(),
       impl_->segments.load(),
-      impl_->buffers_returned.load()};
+      impl_->buffers_returned.load(),
+      impl_->buffers_via_lanes.load(),
+      impl_->bytes_via_lanes.load()};
 }
 
 void Transport::help(const std::function<bool()>& done) {

@@ -18,7 +18,11 @@
 //        bytes or more travel through shared-memory segments passed over it
 //        (transport/shm/segments.h): one copy, by the sender.
 //   tcp  anything else, or when shm is off or its socket cannot be reached;
-//        buffers follow the frame on the socket (writev, no copy).
+//        buffers follow the frame on the socket (writev, no copy). With
+//        lanes, the caller opens that many more TCP connections to the
+//        callee once the handshake is done, and each buffer of
+//        kLaneThreshold bytes or more is cut into one part per lane, sent
+//        on all of them at once and put together by the receiver.
 //
 // Messages (metadata is an encode_args tuple):
 //   HANDSHAKE      caller -> callee  (caller id, caller name, features,
@@ -30,10 +34,16 @@
 //   RESPONSE       buffers: result, out-of-band...
 //   ERROR          (exception type, message)
 //   BUFFER_RELEASE either way        (segment ids the sender may reuse)
+//   LANE_HELLO     caller -> callee, first on a lane (caller id, lane
+//                                     index, token)
+//   BUFFER_PART    either way, on a lane; id: the transfer (part index,
+//                                     parts, total bytes); buffer: the part
 // A frame with kFlagSharedMemory has one more buffer, last: its table of
 // shared-memory references (docs/rpc-protocol.md), and each buffer the table
-// names is empty in the frame. The caller sends its requests right after its
-// handshake, without waiting for the ack.
+// names is empty in the frame. A frame with kFlagLanes has its table of
+// transfers last instead (docs/rpc-protocol.md), and waits for their parts.
+// The caller sends its requests right after its handshake, without waiting
+// for the ack.
 //
 // Threading: the loop's handlers own every socket, connection, segment and
 // pending call; public methods post to it. They run on the I/O thread, or
@@ -42,10 +52,14 @@
 namespace tide::rpc::detail {
 
 constexpr uint16_t kFlagSharedMemory = 1;
+constexpr uint16_t kFlagLanes = 2;
 // Handshake features.
 constexpr uint32_t kFeatureSharedMemory = 1;
 // Buffers from this size go through shared memory on shm connections.
 constexpr size_t kShmThreshold = size_t{256} << 10;
+// Buffers from this size are cut over the lanes of TCP connections.
+constexpr size_t kLaneThreshold = size_t{1} << 20;
+constexpr size_t kMaxLanes = 16;
 
 struct PeerAddress {
   int id = 0;
@@ -76,6 +90,9 @@ struct TransportOptions {
   bool shared_memory = true;
   // When not empty, callers must present it and this side presents it.
   std::string token;
+  // Extra TCP connections per TCP peer for large buffers (0: none; at most
+  // kMaxLanes).
+  size_t lanes = 0;
 };
 
 class Transport {
@@ -116,6 +133,9 @@ class Transport {
     // Buffers received in the peer's segments and sent back whole, as
     // references to them (no copy).
     uint64_t buffers_returned = 0;
+    // Buffers sent cut over lanes, and their bytes.
+    uint64_t buffers_via_lanes = 0;
+    uint64_t bytes_via_lanes = 0;
   };
   Stats stats() const;
 

@@ -118,7 +118,7 @@ TEST(FrameTest, EveryMessageTypeRoundTrips) {
 }
 
 TEST(FrameTest, TypesOutsideTheTableAreUnknown) {
-  for (int v : {0x00, 0x07, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
+  for (int v : {0x00, 0x09, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
     EXPECT_EQ(message_type_from_wire(static_cast<uint8_t>(v)), std::nullopt)
         << v;
   }
@@ -223,7 +223,7 @@ TEST(FrameTest, UnknownVersionIsRejected) {
 
 TEST(FrameTest, UnknownTypesAreRejected) {
   for (auto [t, text] : std::vector<std::pair<uint8_t, std::string>>{
-           {0x00, "0x00"}, {0x07, "0x07"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
+           {0x00, "0x00"}, {0x09, "0x09"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
     std::string bytes = raw({.type = t});
     EXPECT_THAT(
         error_of(bytes.substr(0, 6)),

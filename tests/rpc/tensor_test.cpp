@@ -263,6 +263,62 @@ TEST_P(TensorRpcTest, EchoesSmallAndLargeTensors) {
   }
 }
 
+// Over TCP the caller opens lanes beside its connection once the handshake
+// is done; from then on a large tensor is cut over them, both ways, and put
+// together whole.
+TEST_P(TensorRpcTest, LargeTensorsAreCutOverTcpLanesBothWays) {
+  at::Tensor t = at::rand({int64_t{4} << 20});  // 16 MiB
+  bool tcp = GetParam() == "tcp";
+  for (int i = 0;
+       tcp && i < 100 && agent_->transport_stats().buffers_via_lanes == 0;
+       ++i) {
+    ASSERT_TRUE(
+        at::equal(agent_->rpc_sync<at::Tensor>("server", "echo", t), t));
+  }
+  auto before = agent_->transport_stats();
+  int64_t server_before = agent_->rpc_sync<int64_t>("server", "lane_buffers");
+  at::Tensor r = agent_->rpc_sync<at::Tensor>("server", "plus_one", t);
+  EXPECT_TRUE(at::equal(r, t.add(1)));
+  auto after = agent_->transport_stats();
+  int64_t server_after = agent_->rpc_sync<int64_t>("server", "lane_buffers");
+  EXPECT_EQ(after.buffers_via_lanes - before.buffers_via_lanes, tcp ? 1u : 0u);
+  EXPECT_EQ(
+      after.bytes_via_lanes - before.bytes_via_lanes,
+      tcp ? uint64_t{16} << 20 : 0u);
+  EXPECT_EQ(server_after - server_before, tcp ? 1 : 0);
+}
+
+TEST(TensorLanesTest, NoLanesWhenTcpLanesIsZero) {
+  auto store = std::make_unique<store::TcpStore>(store::TcpStoreOptions{
+      .host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 30s});
+  auto client = [&] {
+    return std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+        .host = "127.0.0.1", .port = store->port(), .timeout = 30s});
+  };
+  RpcBackendOptions o;
+  o.transports = {"tcp"};
+  o.tcp_lanes = 0;
+  std::unique_ptr<RpcAgent> server;
+  std::thread starting([&] {
+    server = std::make_unique<RpcAgent>("server", 1, 2, o, client());
+  });
+  RpcAgent caller("caller", 0, 2, o, client());
+  starting.join();
+  server->register_function("echo", [](at::Tensor t) { return t; });
+  at::Tensor t = at::rand({int64_t{1} << 20});
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(at::equal(caller.rpc_sync<at::Tensor>("server", "echo", t), t));
+  }
+  EXPECT_EQ(caller.transport_stats().buffers_via_lanes, 0u);
+  EXPECT_EQ(server->transport_stats().buffers_via_lanes, 0u);
+  o.tcp_lanes = 17;
+  EXPECT_THROW(RpcAgent("x", 0, 1, o, client()), InvalidArgument);
+  // The graceful shutdown is a barrier: both at once.
+  std::thread stopping([&] { server->shutdown(true); });
+  caller.shutdown(true);
+  stopping.join();
+}
+
 TEST_P(TensorRpcTest, SegmentsAreReusedOnceReleased) {
   // Frames go through shared memory once the handshake is acknowledged,
   // which the first reply follows.
@@ -348,6 +404,10 @@ void run_child_if_requested() {
   agent.register_function("fill", [](at::Tensor t, double v) {
     t.fill_(v);  // In place, in the received bytes.
     return t;
+  });
+  agent.register_function("plus_one", [](at::Tensor t) { return t.add(1); });
+  agent.register_function("lane_buffers", [&agent] {
+    return static_cast<int64_t>(agent.transport_stats().buffers_via_lanes);
   });
   std::printf("ready\n");
   std::fflush(stdout);

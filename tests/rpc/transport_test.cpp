@@ -370,6 +370,126 @@ TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
       make_blob(10, 1).bytes);
 }
 
+// Raw TCP peers of b for the lane tests: a connection through its
+// handshake (as worker `id`), and lanes beside it.
+std::string encoded_meta(auto... values) {
+  std::string meta;
+  Encoder e(meta);
+  encode_args(e, values...);
+  return meta;
+}
+
+std::unique_ptr<test::RawClient> raw_tcp_peer(
+    uint16_t port, int id, const std::string& token) {
+  auto raw = std::make_unique<test::RawClient>(port);
+  EXPECT_TRUE(raw->send(detail::encode(
+      {.type = detail::MessageType::kHandshake,
+       .metadata = encoded_meta(id, std::string("raw"), uint32_t{0}, token)})));
+  detail::FrameDecoder d;
+  while (true) {  // The ack, a byte at a time (it is small).
+    std::string b = raw->read(1);
+    d.feed(b.data(), 1);
+    if (auto f = d.next()) {
+      EXPECT_EQ(f->type, detail::MessageType::kHandshakeAck);
+      return raw;
+    }
+  }
+}
+
+std::string lane_hello(int id, uint32_t index, const std::string& token) {
+  return detail::encode(
+      {.type = detail::MessageType::kLaneHello,
+       .metadata = encoded_meta(id, index, token)});
+}
+
+std::string buffer_part(
+    uint64_t transfer,
+    uint32_t index,
+    uint32_t parts,
+    uint64_t total,
+    size_t bytes) {
+  return detail::encode(
+      {.type = detail::MessageType::kBufferPart,
+       .id = transfer,
+       .metadata = encoded_meta(index, parts, total),
+       .buffers = {std::string(bytes, 'p')}});
+}
+
+TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
+  RpcBackendOptions o;
+  o.transports = {"tcp"};
+  o.token = "s3cret";
+  auto agents = group({o, o});
+  uint16_t port = published(1).port;
+  constexpr uint64_t kMiB = 1 << 20;
+  // A lane for a worker with no connection here, and one without the token.
+  {
+    test::RawClient lane(port);
+    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret")));
+    EXPECT_TRUE(lane.closed_within(10s));
+  }
+  {
+    auto parent = raw_tcp_peer(port, 7, "s3cret");
+    test::RawClient lane(port);
+    ASSERT_TRUE(lane.send(lane_hello(7, 0, "guess")));
+    EXPECT_TRUE(lane.closed_within(10s));
+  }
+  // Parts that cannot be: past the part count, a share of the wrong size,
+  // a transfer under the lane threshold, a second copy of one part. The
+  // lane goes, and with it the connection whose parts it carried.
+  for (const std::string& parts :
+       {buffer_part(1, 2, 2, 2 * kMiB, kMiB),
+        buffer_part(1, 0, 2, 2 * kMiB, kMiB - 1),
+        buffer_part(1, 0, 2, 1024, 512),
+        buffer_part(1, 0, 2, 2 * kMiB, kMiB) +
+            buffer_part(1, 0, 2, 2 * kMiB, kMiB)}) {
+    auto parent = raw_tcp_peer(port, 7, "s3cret");
+    test::RawClient lane(port);
+    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret")));
+    lane.send(parts);
+    EXPECT_TRUE(lane.closed_within(10s));
+    EXPECT_TRUE(parent->closed_within(10s));
+  }
+  // A request whose lane table is torn, or names a buffer that is not
+  // empty.
+  auto request = [](const std::string& table, const std::string& buffer) {
+    std::string args;
+    std::vector<Buffer> buffers;
+    Encoder a(args, &buffers);
+    encode_args(a, Blob{});  // refers to buffer 1
+    return detail::encode(
+        {.type = detail::MessageType::kRequest,
+         .flags = detail::kFlagLanes,
+         .id = 1,
+         .metadata = encoded_meta(std::string("echo_blob"), int64_t{1000}),
+         .buffers = {args, buffer, table}});
+  };
+  auto ref = [](uint32_t index) {  // 2 parts of transfer 9, of 2 MiB
+    std::string out;
+    auto put = [&](auto v) {
+      out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    };
+    put(index);
+    put(uint32_t{2});
+    put(uint64_t{9});
+    put(uint64_t{2} << 20);
+    return out;
+  };
+  for (const std::string& frame :
+       {request(ref(1).substr(0, 23), ""),
+        request(ref(1), "x"),
+        request(ref(0), ""),
+        request(ref(2), "")}) {
+    auto parent = raw_tcp_peer(port, 7, "s3cret");
+    ASSERT_TRUE(parent->send(frame));
+    EXPECT_TRUE(parent->closed_within(10s));
+  }
+  // b still serves, its large buffers over its lanes.
+  Blob large = make_blob(3 << 20, 5);
+  EXPECT_EQ(
+      agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
+}
+
 // Replies complete call futures on the I/O thread; a continuation that
 // throws there must not end it.
 TEST(TransportLoopTest, AThrowingContinuationLeavesTheLoopServing) {

@@ -75,6 +75,12 @@ struct RpcBackendOptions {
   // NetworkError), and the store of tcp:// hosted by rank 0 requires it too.
   // Empty takes TIDE_RPC_TOKEN from the environment, if set.
   std::string token;
+  // Over TCP, a buffer (tensor) of 1 MiB or more is cut into this many
+  // parts, each sent on a TCP connection of its own ("lanes", opened to a
+  // peer after the first), so that one large tensor is carried by several
+  // streams and cores at once (torch's multiplexed mpt_uv channel). 0 sends
+  // everything on the one connection. At most 16.
+  int tcp_lanes = 2;
 };
 
 namespace detail {
@@ -269,12 +275,15 @@ class RpcAgent {
 
   // Buffers this worker sent through shared memory, and the segments it
   // made for them; buffers it received that way and sent back whole (a
-  // returned tensor), which travel as references to the peer's segment.
+  // returned tensor), which travel as references to the peer's segment;
+  // buffers it sent cut over TCP lanes.
   struct TransportStats {
     uint64_t buffers_via_shm = 0;
     uint64_t bytes_via_shm = 0;
     uint64_t segments = 0;
     uint64_t buffers_returned = 0;
+    uint64_t buffers_via_lanes = 0;
+    uint64_t bytes_via_lanes = 0;
   };
   TransportStats transport_stats() const;
 
