@@ -47,6 +47,7 @@ struct Args {
   std::string init_method;
   std::string listen_host = "127.0.0.1";
   std::string transport = "auto";
+  int tcp_lanes = tide::rpc::RpcBackendOptions{}.tcp_lanes;
   int calls = 5000;
   int warmup = 500;
 };
@@ -160,6 +161,7 @@ int run_rank(const Args& a) {
   o.init_method = a.init_method;
   o.listen_host = a.listen_host;
   o.rpc_timeout = 120s;
+  o.tcp_lanes = a.tcp_lanes;
   if (a.transport == "tcp") {
     o.transports = {"tcp"};
   }
@@ -198,6 +200,11 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", a.world_size);
   app.add_option("--init-method", a.init_method, "tcp://host:port");
   app.add_option("--listen-host", a.listen_host);
+  app.add_option(
+      "--tcp-lanes",
+      a.tcp_lanes,
+      "RpcBackendOptions::tcp_lanes: TCP connections a large tensor is cut "
+      "over, beside the first (0: none)");
   app.add_option("--transport", a.transport, "auto (shm on one host) or tcp")
       ->check(CLI::IsMember({"auto", "tcp"}));
   app.add_option("--calls", a.calls);
@@ -218,7 +225,9 @@ int main(int argc, char** argv) {
          "--init-method",
          a.init_method,
          "--transport",
-         a.transport},
+         a.transport,
+         "--tcp-lanes",
+         std::to_string(a.tcp_lanes)},
         {.name = "rpc_bench rank 1"});
     a.rank = 0;
     int rc = run_rank(a);

@@ -456,6 +456,21 @@ Buffer allocate_buffer(uint64_t n) {
   return Buffer(std::shared_ptr<void>(p, std::free), p, n);
 }
 
+Buffer FrameDecoder::place(uint64_t length) {
+  if (placement_) {
+    Buffer b = placement_(frame_, buffer_index_, length);
+    if (b.size() == length && b.data() != nullptr) {
+      return b;
+    }
+    if (b.size() != 0) {
+      throw ProtocolError(
+          "placement of " + std::to_string(b.size()) +
+          " bytes for a buffer of " + std::to_string(length));
+    }
+  }
+  return allocate_buffer(length);
+}
+
 bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
   while (buffer_index_ < buffer_count_) {
     uint64_t length = lengths_[buffer_index_];
@@ -463,7 +478,7 @@ bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
     // one is half in).
     bool whole = block_.size() > 0;
     if (!whole && growing_.empty() && trusted_ && length > 0) {
-      block_ = allocate_buffer(length);
+      block_ = place(length);
       filled_ = 0;
       whole = true;
     }
@@ -503,7 +518,7 @@ std::span<char> FrameDecoder::window() {
     return {};
   }
   if (block_.size() == 0) {
-    block_ = allocate_buffer(lengths_[buffer_index_]);
+    block_ = place(lengths_[buffer_index_]);
     filled_ = 0;
   }
   return {block_.data() + filled_, block_.size() - filled_};

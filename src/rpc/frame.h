@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -229,6 +230,18 @@ class FrameDecoder {
   std::span<char> window();
   void commit(size_t k);
 
+  // Where a trusted decoder puts buffer `index` of `length` bytes of
+  // `frame` (header and metadata in, buffers not yet), decided as the
+  // buffer starts: a Buffer of exactly `length` bytes to read into, or an
+  // empty one for the decoder's own allocation. What it throws (and a
+  // Buffer of another size) leaves feed(), window() or commit() as a
+  // ProtocolError, and the decoder unusable.
+  using Placement =
+      std::function<Buffer(const Frame& frame, size_t index, uint64_t length)>;
+  void set_placement(Placement placement) {
+    placement_ = std::move(placement);
+  }
+
  private:
   enum class State { kHeader, kLengths, kMetadata, kBuffers };
 
@@ -237,6 +250,8 @@ class FrameDecoder {
   bool read_lengths(const char*& data, size_t& n);
   bool read_metadata(const char*& data, size_t& n);
   bool read_buffers(const char*& data, size_t& n);
+  // Storage for the buffer that starts: the placement's, or new.
+  Buffer place(uint64_t length);
   void check_header_fields(size_t before, size_t after);
   void start_frame();
   // The frame in progress, leaving the decoder ready for a header and
@@ -265,6 +280,7 @@ class FrameDecoder {
   Buffer block_;
   uint64_t filled_ = 0;
   Frame frame_;
+  Placement placement_;
 
   // Stream offsets, for error messages: bytes consumed, start of frame_.
   uint64_t offset_ = 0;

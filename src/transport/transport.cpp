@@ -367,6 +367,15 @@ struct SegmentUse {
 
 // One connection, either way, over TCP or a Unix socket. Loop only.
 struct Connection : std::enable_shared_from_this<Connection> {
+  // A buffer coming in parts over lanes: its bytes, allocated whole at the
+  // first part, and which parts are in.
+  struct Transfer {
+    Buffer buffer;
+    uint32_t parts = 0;
+    uint32_t have = 0;
+    std::vector<bool> got;  // Claimed: read into place, or copied there.
+  };
+
   Connection(Transport::Impl& owner, Socket socket, bool outgoing, bool local)
       : owner(owner),
         socket(std::move(socket)),
@@ -614,8 +623,15 @@ struct Connection : std::enable_shared_from_this<Connection> {
     }
   }
 
-  // Copies a part into its transfer; frames whose parts are all in go on.
-  void take_part(Frame& frame) {
+  // A part's place in its transfer, from its metadata, checked against
+  // what a sender can make.
+  struct PartPlace {
+    uint32_t index = 0;
+    uint32_t parts = 0;
+    uint64_t total = 0;
+    uint64_t at = 0;
+  };
+  static PartPlace check_part(const Frame& frame, uint64_t length) {
     Decoder d(frame.metadata);
     auto [index, parts, total] =
         decode_args<std::tuple<uint32_t, uint32_t, uint64_t>>(d, "part");
@@ -623,33 +639,74 @@ struct Connection : std::enable_shared_from_this<Connection> {
     uint64_t at = uint64_t{index} * chunk;
     if (parts == 0 || parts > kMaxLanes || index >= parts ||
         total < kLaneThreshold || total > FrameLimits{}.max_buffer ||
-        frame.buffers.size() != 1 || at >= total ||
-        frame.buffers[0].size() != std::min(chunk, total - at)) {
+        at >= total || length != std::min(chunk, total - at)) {
       throw ProtocolError(
           "a part " + std::to_string(index) + " of " + std::to_string(parts) +
           " of " + std::to_string(total) + " bytes that cannot be");
     }
-    auto [it, fresh] = transfers.try_emplace(frame.id);
+    return {index, parts, total, at};
+  }
+
+  // The transfer `id`, made (its whole buffer allocated) at its first part.
+  Transfer& transfer_for(uint64_t id, const PartPlace& part) {
+    auto [it, fresh] = transfers.try_emplace(id);
     Transfer& t = it->second;
     if (fresh) {
-      if (transfer_bytes + total > kMaxTransferBytes) {
+      if (transfer_bytes + part.total > kMaxTransferBytes) {
         transfers.erase(it);
         throw ProtocolError(
             "the peer's unfinished transfers would pass " +
             std::to_string(kMaxTransferBytes >> 30) + " GiB");
       }
-      t.buffer = allocate_buffer(total);
-      t.parts = parts;
-      t.got.assign(parts, false);
-      transfer_bytes += total;
-    } else if (t.parts != parts || t.buffer.size() != total || t.got[index]) {
+      t.buffer = allocate_buffer(part.total);
+      t.parts = part.parts;
+      t.got.assign(part.parts, false);
+      transfer_bytes += part.total;
+    } else if (t.parts != part.parts || t.buffer.size() != part.total) {
       throw ProtocolError(
-          "a part of transfer " + std::to_string(frame.id) +
+          "a part of transfer " + std::to_string(id) +
           " that does not fit its other parts");
     }
-    std::memcpy(
-        t.buffer.data() + at, frame.buffers[0].data(), frame.buffers[0].size());
-    t.got[index] = true;
+    return t;
+  }
+
+  static void claim(Transfer& t, const PartPlace& part, uint64_t id) {
+    if (t.got[part.index]) {
+      throw ProtocolError(
+          "part " + std::to_string(part.index) + " of transfer " +
+          std::to_string(id) + " came twice");
+    }
+    t.got[part.index] = true;
+  }
+
+  // Where a lane's decoder reads a part: straight into its place in the
+  // transfer (empty: the decoder's own buffer, for what on_part rejects).
+  Buffer place_part(const Frame& frame, size_t index, uint64_t length) {
+    auto p = parent.lock();
+    if (frame.type != MessageType::kBufferPart || index != 0 || !p ||
+        p->closed) {
+      return {};
+    }
+    PartPlace part = check_part(frame, length);
+    Transfer& t = p->transfer_for(frame.id, part);
+    claim(t, part, frame.id);
+    return Buffer(t.buffer.owner(), t.buffer.data() + part.at, length);
+  }
+
+  // A part is in: copied to its place unless it was read there; frames
+  // whose parts are all in go on.
+  void take_part(Frame& frame) {
+    if (frame.buffers.size() != 1) {
+      throw ProtocolError(
+          "a part with " + std::to_string(frame.buffers.size()) + " buffers");
+    }
+    const Buffer& bytes = frame.buffers[0];
+    PartPlace part = check_part(frame, bytes.size());
+    Transfer& t = transfer_for(frame.id, part);
+    if (bytes.data() != t.buffer.data() + part.at) {
+      claim(t, part, frame.id);
+      std::memcpy(t.buffer.data() + part.at, bytes.data(), bytes.size());
+    }
     if (++t.have == t.parts) {
       dispatch_parked();
     }
@@ -705,7 +762,16 @@ struct Connection : std::enable_shared_from_this<Connection> {
     parent = p;
     peer_id = id;
     handshaken = true;
+    read_parts_in_place();
+  }
+
+  // A lane's decoder reads parts straight into their transfers.
+  void read_parts_in_place() {
     decoder.trust_lengths();
+    decoder.set_placement(
+        [this](const Frame& frame, size_t index, uint64_t length) {
+          return place_part(frame, index, length);
+        });
   }
 
   void expect_handshake(Frame& frame) {
@@ -1435,12 +1501,6 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::weak_ptr<Connection> parent;
   // Buffers coming in parts (loop only), by transfer id, and frames that
   // wait for theirs.
-  struct Transfer {
-    Buffer buffer;
-    uint32_t parts = 0;
-    uint32_t have = 0;
-    std::vector<bool> got;
-  };
   std::unordered_map<uint64_t, Transfer> transfers;
   uint64_t transfer_bytes = 0;
   std::deque<Frame> parked;
@@ -1633,7 +1693,7 @@ void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
     lane->handshaken = true;
     // Parts come from the first frame on: no handshake limits.
     lane->decoder = FrameDecoder(FrameLimits{});
-    lane->decoder.trust_lengths();
+    lane->read_parts_in_place();
     Message hello{MessageType::kLaneHello, 0, {}, {}};
     hello.metadata = encode_meta(options.self_id, j, options.token);
     lane->send(std::move(hello));

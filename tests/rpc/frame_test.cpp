@@ -384,6 +384,37 @@ TEST(FrameTest, DeclaredBuffersCostAFewDozenBytesEach) {
   EXPECT_LE(d.bytes_reserved(), 64u * 1024);
 }
 
+// A placement puts a trusted decoder's buffers where the caller wants them
+// (a lane's parts in their transfer); one of the wrong size is an error.
+TEST(FrameTest, APlacementReceivesBuffersWhereItSays) {
+  Frame f = sample(MessageType::kResponse, 9);
+  std::string wire = encode(f);
+  std::vector<char> home(1000);
+  FrameDecoder d;
+  d.trust_lengths();
+  std::vector<size_t> asked;
+  d.set_placement([&](const Frame& frame, size_t index, uint64_t length) {
+    EXPECT_EQ(frame.metadata, f.metadata);  // In before the buffers.
+    asked.push_back(index);
+    return index == 1 ? Buffer(nullptr, home.data(), length) : Buffer();
+  });
+  for (size_t at = 0; at < wire.size(); at += 7) {
+    d.feed(wire.data() + at, std::min<size_t>(7, wire.size() - at));
+  }
+  auto got = d.next();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, f);
+  EXPECT_EQ(got->buffers[1].data(), home.data());
+  EXPECT_EQ(asked, (std::vector<size_t>{0, 1, 3}));  // Not the empty one.
+
+  FrameDecoder wrong;
+  wrong.trust_lengths();
+  wrong.set_placement([&](const Frame&, size_t, uint64_t length) {
+    return Buffer(nullptr, home.data(), length - 1);
+  });
+  EXPECT_THROW(wrong.feed(wire.data(), wire.size()), ProtocolError);
+}
+
 // A trusted decoder takes a large buffer whole and offers the rest of it as
 // a window to read into; trust that comes mid-buffer applies from the next
 // buffer.
