@@ -181,7 +181,7 @@ std::string encode_head(
   put<uint64_t>(out, frame.id);
   put<uint32_t>(out, static_cast<uint32_t>(frame.metadata.size()));
   put<uint32_t>(out, static_cast<uint32_t>(count));
-  for (std::string_view b : frame.buffers) {
+  for (const Buffer& b : frame.buffers) {
     put<uint64_t>(out, b.size());
   }
   out.append(frame.metadata);
@@ -189,17 +189,12 @@ std::string encode_head(
 }
 
 std::string encode(const Frame& frame, const FrameLimits& limits) {
-  std::vector<std::string_view> views;
-  views.reserve(frame.buffers.size());
-  for (const Buffer& b : frame.buffers) {
-    views.push_back(b.view());
-  }
   std::string out = encode_head(
       {.type = frame.type,
        .flags = frame.flags,
        .id = frame.id,
        .metadata = frame.metadata,
-       .buffers = views},
+       .buffers = frame.buffers},
       limits);
   size_t total = out.size();
   for (const Buffer& b : frame.buffers) {

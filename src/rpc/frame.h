@@ -159,7 +159,7 @@ struct FrameHeaderView {
   std::string_view metadata;
   // Only their sizes are encoded by encode_head(); the caller writes the
   // buffers themselves after the head, in this order.
-  std::span<const std::string_view> buffers;
+  std::span<const Buffer> buffers;
 };
 
 // The 24-byte header, the buffer lengths and the metadata of `frame`: the

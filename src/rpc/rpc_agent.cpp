@@ -294,9 +294,10 @@ struct RpcAgent::Impl {
     Future<detail::Payload> result = promise.get_future();
     activity->running.fetch_add(1);
     result.on_complete([a = activity](const Future<detail::Payload>&) {
-      a->running.fetch_sub(1);
-      { std::lock_guard lock(a->idle_mutex); }
-      a->idle_cv.notify_all();
+      if (a->running.fetch_sub(1) == 1) {
+        { std::lock_guard lock(a->idle_mutex); }
+        a->idle_cv.notify_all();
+      }
     });
     run_on_pool(
         [this, fn = std::move(fn), args = std::move(args), promise]() mutable {

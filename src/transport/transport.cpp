@@ -126,15 +126,6 @@ std::string encode_meta(const A&... args) {
   return out;
 }
 
-std::vector<std::string_view> views_of(const std::vector<Buffer>& buffers) {
-  std::vector<std::string_view> out;
-  out.reserve(buffers.size());
-  for (const auto& b : buffers) {
-    out.push_back(b.view());
-  }
-  return out;
-}
-
 std::string errno_text(int e) {
   return std::strerror(e);
 }
@@ -1260,7 +1251,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
     if (shm && large && m.buffers.size() < FrameLimits{}.max_buffers) {
       // Checked against the limits as it is first (encode_head throws): a
       // frame the limits refuse must not take segments.
-      (void)encode_head({m.type, 0, m.id, m.metadata, views_of(m.buffers)});
+      (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
       std::string table = place_in_segments(m, out.fds);
       if (!table.empty()) {
         flags |= kFlagSharedMemory;
@@ -1272,15 +1263,14 @@ struct Connection : std::enable_shared_from_this<Connection> {
             m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
             m.buffers.end(),
             [](const Buffer& b) { return b.size() >= kLaneThreshold; })) {
-      (void)encode_head({m.type, 0, m.id, m.metadata, views_of(m.buffers)});
+      (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
       flags |= kFlagLanes;
       m.buffers.emplace_back(place_on_lanes(m));
     }
     for (const auto& b : m.buffers) {
       out.total += b.size();
     }
-    out.head =
-        encode_head({m.type, flags, m.id, m.metadata, views_of(m.buffers)});
+    out.head = encode_head({m.type, flags, m.id, m.metadata, m.buffers});
     out.total += out.head.size();
     out.buffers = std::move(m.buffers);
     return out;
@@ -1486,9 +1476,6 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::unordered_set<uint64_t> leased;
   // Releases to send (loop only).
   std::vector<uint64_t> releases;
-  // Outgoing only: ids of the calls waiting on this connection. Guarded by
-  // the transport's calls_mutex.
-  std::unordered_set<uint64_t> calls;
 
   // Lanes (TCP): more connections beside this one, each carrying parts of
   // its large buffers (BUFFER_PART), both ways. Guarded by wmutex.
@@ -1752,7 +1739,6 @@ void Transport::Impl::send_call(
     call.timeout = timeout;
     call.deadline = deadlines.emplace(at, id);
     pending.emplace(id, std::move(call));
-    conn->calls.insert(id);
     // Calls mostly share a timeout: a later deadline needs no new timer.
     if (at < timer_at) {
       timer_at = at;
@@ -1815,9 +1801,6 @@ std::optional<Transport::Impl::Pending> Transport::Impl::take_call(
   Pending p = std::move(it->second);
   pending.erase(it);
   deadlines.erase(p.deadline);
-  if (auto c = outgoing.find(p.peer); c != outgoing.end()) {
-    c->second->calls.erase(id);
-  }
   return p;
 }
 
@@ -1877,8 +1860,14 @@ void Transport::Impl::connection_failed(
         it != outgoing.end() && it->second == self) {
       outgoing.erase(it);
     }
-    ids.assign(conn.calls.begin(), conn.calls.end());
-    conn.calls.clear();
+    // Every call pending to this peer is on this connection: a call takes
+    // the one in `outgoing`, and it leaves `outgoing` only here, under the
+    // same lock.
+    for (const auto& [id, call] : pending) {
+      if (call.peer == conn.peer_id) {
+        ids.push_back(id);
+      }
+    }
   }
   for (uint64_t id : ids) {
     if (auto p = take_call(id)) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,15 +52,15 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
   bool done = false;
   std::optional<Stored<T>> value;
   std::exception_ptr error;
-  // Most futures get one continuation: it needs no vector.
-  std::function<void()> first_callback;
+  // Most futures get one or two continuations: they need no vector.
+  std::array<std::function<void()>, 2> first_callbacks;
   std::vector<std::function<void()>> more_callbacks;
   // Copies of the promise alive; the last to go fails a pending future.
   std::atomic<size_t> promises{1};
 
   // Returns false (and changes nothing) when already complete.
   bool complete(std::optional<Stored<T>> v, std::exception_ptr e) {
-    std::function<void()> first;
+    std::array<std::function<void()>, 2> first;
     std::vector<std::function<void()>> more;
     {
       std::lock_guard lock(mutex);
@@ -69,12 +70,14 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
       value = std::move(v);
       error = std::move(e);
       done = true;
-      first.swap(first_callback);
+      first.swap(first_callbacks);
       more.swap(more_callbacks);
     }
     done_cv.notify_all();
-    if (first) {
-      first();
+    for (auto& cb : first) {
+      if (cb) {
+        cb();
+      }
     }
     for (auto& cb : more) {
       cb();
@@ -96,14 +99,18 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
             Error("promise dropped without a result; the producer went away")));
   }
 
-  void on_complete(std::function<void()> cb) {
+  // Runs cb now when complete (kept as a std::function only when not).
+  template <typename F>
+  void on_complete(F cb) {
     {
       std::lock_guard lock(mutex);
       if (!done) {
-        if (!first_callback) {
-          first_callback = std::move(cb);
+        if (!first_callbacks[0]) {
+          first_callbacks[0] = std::move(cb);
+        } else if (!first_callbacks[1]) {
+          first_callbacks[1] = std::move(cb);
         } else {
-          more_callbacks.push_back(std::move(cb));
+          more_callbacks.emplace_back(std::move(cb));
         }
         return;
       }
