@@ -557,10 +557,32 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   void dispatch(Frame& frame) {
     if (outgoing) {
+      if (std::any_of(
+              frame.buffers.begin(), frame.buffers.end(), [](const Buffer& b) {
+                return b.size() >= kLaneThreshold;
+              })) {
+        want_lanes();
+      }
       on_reply(frame);
     } else {
       on_request(frame);
     }
+  }
+
+  // The caller's side of a TCP connection opens its lanes when the first
+  // buffer large enough for them crosses it, either way (a pair that never
+  // moves one keeps one socket): now if the handshake is acknowledged (the
+  // callee knows the connection then), else at the ack. Any thread.
+  void want_lanes() {
+    if (!outgoing || local || is_lane || owner.options.lanes == 0 ||
+        lanes_wanted.exchange(true)) {
+      return;
+    }
+    asio::post(owner.io, [self = shared_from_this()] {
+      if (!self->closed && self->handshaken) {
+        self->owner.open_lanes(self);
+      }
+    });
   }
 
   // The table of a kFlagLanes frame (its last buffer), checked against the
@@ -800,7 +822,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
         std::lock_guard lock(wmutex);
         shm = local && (features & kFeatureSharedMemory) != 0;
       }
-      if (!local && owner.options.lanes > 0) {
+      if (lanes_wanted.load()) {
         owner.open_lanes(shared_from_this());
       }
       return;
@@ -1258,14 +1280,18 @@ struct Connection : std::enable_shared_from_this<Connection> {
         m.buffers.emplace_back(std::move(table));
       }
     } else if (
-        !lanes.empty() && m.buffers.size() < FrameLimits{}.max_buffers &&
+        !shm && m.buffers.size() < FrameLimits{}.max_buffers &&
         std::any_of(
             m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
             m.buffers.end(),
             [](const Buffer& b) { return b.size() >= kLaneThreshold; })) {
-      (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
-      flags |= kFlagLanes;
-      m.buffers.emplace_back(place_on_lanes(m));
+      if (lanes.empty()) {
+        want_lanes();
+      } else {
+        (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
+        flags |= kFlagLanes;
+        m.buffers.emplace_back(place_on_lanes(m));
+      }
     }
     for (const auto& b : m.buffers) {
       out.total += b.size();
@@ -1485,6 +1511,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // (loop only).
   bool is_lane = false;
   bool attached = false;
+  // The caller's side: lanes asked for (open, opening, or at the ack).
+  std::atomic<bool> lanes_wanted{false};
   std::weak_ptr<Connection> parent;
   // Buffers coming in parts (loop only), by transfer id, and frames that
   // wait for theirs.

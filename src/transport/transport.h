@@ -20,9 +20,10 @@
 //   tcp  anything else, or when shm is off or its socket cannot be reached;
 //        buffers follow the frame on the socket (writev, no copy). With
 //        lanes, the caller opens that many more TCP connections to the
-//        callee once the handshake is done, and each buffer of
-//        kLaneThreshold bytes or more is cut into one part per lane, sent
-//        on all of them at once and put together by the receiver.
+//        callee when the first buffer of kLaneThreshold bytes or more
+//        crosses, and from then on each such buffer is cut into one part
+//        per lane, sent on all of them at once and put together by the
+//        receiver.
 //
 // Messages (metadata is an encode_args tuple):
 //   HANDSHAKE      caller -> callee  (caller id, caller name, features,

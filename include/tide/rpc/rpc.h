@@ -76,10 +76,11 @@ struct RpcBackendOptions {
   // Empty takes TIDE_RPC_TOKEN from the environment, if set.
   std::string token;
   // Over TCP, a buffer (tensor) of 1 MiB or more is cut into this many
-  // parts, each sent on a TCP connection of its own ("lanes", opened to a
-  // peer after the first), so that one large tensor is carried by several
-  // streams and cores at once (torch's multiplexed mpt_uv channel). 0 sends
-  // everything on the one connection. At most 16.
+  // parts, each sent on a TCP connection of its own ("lanes", opened beside
+  // a pair's connection when the first such buffer crosses it), so that one
+  // large tensor is carried by several streams and cores at once (torch's
+  // multiplexed mpt_uv channel). 0 sends everything on the one connection.
+  // At most 16.
   int tcp_lanes = 2;
 };
 
