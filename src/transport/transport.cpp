@@ -261,8 +261,9 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   void connect_tcp(
       const std::shared_ptr<Connection>& conn,
       std::function<void()> connected = {});
+
   // Opens options.lanes lanes beside `parent`, a TCP connection whose
-  // handshake is done. Loop only.
+  // handshake is done; once (nothing for a local or closed one). Loop only.
   void open_lanes(const std::shared_ptr<Connection>& parent);
   // Removes call `id` from the books; nullopt when it completed already (a
   // late reply, a timer that lost the race). Any thread.
@@ -574,12 +575,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // moves one keeps one socket): now if the handshake is acknowledged (the
   // callee knows the connection then), else at the ack. Any thread.
   void want_lanes() {
-    if (!outgoing || local || is_lane || owner.options.lanes == 0 ||
+    if (!outgoing || is_lane || owner.options.lanes == 0 ||
         lanes_wanted.exchange(true)) {
       return;
     }
     asio::post(owner.io, [self = shared_from_this()] {
-      if (!self->closed && self->handshaken) {
+      if (self->handshaken) {
         self->owner.open_lanes(self);
       }
     });
@@ -1511,8 +1512,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // (loop only).
   bool is_lane = false;
   bool attached = false;
-  // The caller's side: lanes asked for (open, opening, or at the ack).
+  // The caller's side: lanes asked for (any thread), and opened (loop
+  // only; at the ack, or when asked after it).
   std::atomic<bool> lanes_wanted{false};
+  bool lanes_opened = false;
   std::weak_ptr<Connection> parent;
   // Buffers coming in parts (loop only), by transfer id, and frames that
   // wait for theirs.
@@ -1700,6 +1703,12 @@ void Transport::Impl::connect_tcp(
 }
 
 void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
+  // Once, for a TCP connection that is up (asked for from another thread,
+  // want_lanes() may meet the ack here).
+  if (parent->lanes_opened || parent->closed || parent->local) {
+    return;
+  }
+  parent->lanes_opened = true;
   for (uint32_t j = 0; j < options.lanes; ++j) {
     auto lane = std::make_shared<Connection>(*this, Socket(io), true, false);
     lane->peer_id = parent->peer_id;
