@@ -315,6 +315,7 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   // Loop only.
   std::unordered_map<int, PeerAddress> peers;
   std::unordered_set<std::shared_ptr<Connection>> incoming;
+  uint64_t handshakes = 0;  // Accepted so far.
 
   // The books of calls: a caller's thread registers and sends its call on an
   // open connection itself; the loop opens connections, completes calls and
@@ -495,10 +496,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
         if (!decoder.mid_frame() && !received_fds.empty()) {
           throw ProtocolError("descriptors that no frame's table claimed");
         }
-        // A read short of what was offered took all there was: wait instead
-        // of asking again only to hear EAGAIN. (Arming the wait rechecks
-        // readiness, so bytes that came meanwhile are not missed.)
-        if (got < direct.size() + read_buf.size()) {
+        // A read short of what was offered took all there was (on a Unix
+        // socket, unless it stopped at descriptors): wait instead of asking
+        // again only to hear EAGAIN. (Arming the wait rechecks readiness,
+        // EPOLL_CTL_MOD, so bytes that came meanwhile are not missed.)
+        if (got < direct.size() + read_buf.size() && msg.msg_controllen == 0) {
           wait_readable();
           return;
         }
@@ -751,10 +753,13 @@ struct Connection : std::enable_shared_from_this<Connection> {
         !token_equal(token, owner.options.token)) {
       throw ProtocolError("a lane without the group's token");
     }
+    // The caller's newest connection (an older one may be a dead process's
+    // that has not closed yet).
     std::shared_ptr<Connection> p;
     for (const auto& c : owner.incoming) {
       if (!c->is_lane && c->handshaken && !c->refused && !c->closed &&
-          !c->local && c->peer_id == id) {
+          !c->local && c->peer_id == id &&
+          (!p || c->handshake_seq > p->handshake_seq)) {
         p = c;
       }
     }
@@ -855,6 +860,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
       return;
     }
     handshaken = true;
+    handshake_seq = ++owner.handshakes;
     decoder.trust_lengths();
     peer_id = id;
     bool agreed = local && (features & kFeatureSharedMemory) != 0;
@@ -1450,6 +1456,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
     for (const auto& lane : own_lanes) {
       lane->fail("its connection closed");
     }
+    for (const auto& lane : std::exchange(opened_lanes, {})) {
+      lane->fail("its connection closed");
+    }
     owner.connection_failed(*this, reason);
   }
 
@@ -1475,6 +1484,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool local;
   int peer_id = -1;
   bool handshaken = false;
+  uint64_t handshake_seq = 0;  // Callee's side: the order of handshakes.
   bool refused = false;
   bool closed = false;
   FrameDecoder decoder;
@@ -1516,6 +1526,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // only; at the ack, or when asked after it).
   std::atomic<bool> lanes_wanted{false};
   bool lanes_opened = false;
+  // Every lane it opened, connected or not (loop only): closed with it.
+  std::vector<std::shared_ptr<Connection>> opened_lanes;
   std::weak_ptr<Connection> parent;
   // Buffers coming in parts (loop only), by transfer id, and frames that
   // wait for theirs.
@@ -1711,6 +1723,7 @@ void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
   parent->lanes_opened = true;
   for (uint32_t j = 0; j < options.lanes; ++j) {
     auto lane = std::make_shared<Connection>(*this, Socket(io), true, false);
+    parent->opened_lanes.push_back(lane);
     lane->peer_id = parent->peer_id;
     lane->is_lane = true;
     lane->parent = parent;
@@ -1922,6 +1935,8 @@ size_t Transport::Impl::poll_holding_loop(bool one) {
     n = one ? io.poll_one() : io.poll();
   } catch (const std::exception& e) {
     TIDE_LOG_ERROR("rpc I/O loop: a handler threw: {}", e.what());
+  } catch (...) {
+    TIDE_LOG_ERROR("rpc I/O loop: a handler threw a non-standard exception");
   }
   t_in_loop = was_in_loop;
   if (n > 0) {
@@ -1962,6 +1977,9 @@ void Transport::Impl::run_loop() {
       ran = io.run_one();
     } catch (const std::exception& e) {
       TIDE_LOG_ERROR("rpc I/O loop: a handler threw: {}", e.what());
+      ran = 1;
+    } catch (...) {
+      TIDE_LOG_ERROR("rpc I/O loop: a handler threw a non-standard exception");
       ran = 1;
     }
     loop_sleeping.store(false);
@@ -2196,7 +2214,8 @@ Transport::Stats Transport::stats() const {
 }
 
 void Transport::help(const std::function<bool()>& done) {
-  impl_->help(done);
+  auto keep = impl_;
+  keep->help(done);
 }
 
 void Transport::shutdown() {

@@ -450,6 +450,17 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
     EXPECT_TRUE(lane.closed_within(10s));
     EXPECT_TRUE(parent->closed_within(10s));
   }
+  // A lane joins the caller's newest connection (an older one may be a dead
+  // process's): a bad part there closes that one, not the older.
+  {
+    auto older = raw_tcp_peer(port, 7, "s3cret");
+    auto newer = raw_tcp_peer(port, 7, "s3cret");
+    test::RawClient lane(port);
+    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret")));
+    lane.send(buffer_part(1, 2, 2, 2 * kMiB, kMiB));
+    EXPECT_TRUE(newer->closed_within(10s));
+    EXPECT_FALSE(older->closed_within(200ms));
+  }
   // A request whose lane table is torn, or names a buffer that is not
   // empty.
   auto request = [](const std::string& table, const std::string& buffer) {

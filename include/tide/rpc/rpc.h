@@ -37,8 +37,11 @@
 //   InvalidArgument unknown worker name (thrown by rpc_async itself)
 //
 // Threading: one I/O thread per agent and a pool of num_worker_threads that
-// runs the functions called on it. Continuations of call futures run on the
-// I/O thread: they must not block (no rpc_sync inside a then()).
+// runs the functions called on it. Continuations of call futures run where
+// the reply is read: on the I/O thread, or on a thread waiting in rpc_sync
+// or for the next request, which runs the I/O loop meanwhile. They must not
+// block (no rpc_sync inside a then()) nor take a lock that such a thread
+// may hold.
 namespace tide::store {
 class Store;
 }  // namespace tide::store
