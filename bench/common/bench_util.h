@@ -1,6 +1,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 // What the benchmarks under bench/ share: interrupt handling, the monotonic
@@ -227,5 +229,30 @@ std::string now_utc();
 std::string now_local();
 // The kernel, "Linux 6.1.0-18-amd64".
 std::string kernel();
+
+// A file descriptor, closed when this goes away.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    std::swap(fd_, other.fd_);
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+  }
+  int get() const {
+    return fd_;
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 }  // namespace tide::bench

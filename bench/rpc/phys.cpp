@@ -34,7 +34,8 @@
 // The listening end prints nothing. Errors go to stderr; the exit status is 1
 // on an error, 2 on bad arguments.
 //
-// No tide code: a figure here must not move when tide changes.
+// No tide library code (bench/common's helpers only): a figure here must not
+// move when tide changes.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -63,7 +64,11 @@
 #include <utility>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace {
+
+using tide::bench::Fd;
 
 using Clock = std::chrono::steady_clock;
 
@@ -97,31 +102,6 @@ struct Options {
   double timeout_s = 60;        // without progress, either end gives up
   std::optional<int> cpu;       // where this process runs
   std::optional<int> peer_cpu;  // fork: where the listening end runs
-};
-
-// A file descriptor, closed when this goes away.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-  int get() const {
-    return fd_;
-  }
-
- private:
-  int fd_ = -1;
 };
 
 void pin_to_cpu(int cpu) {

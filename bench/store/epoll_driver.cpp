@@ -43,28 +43,6 @@ std::string begin(Op op) {
   return out;
 }
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  ~Fd() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-  int get() const {
-    return fd_;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 // What a connection waits for.
 enum class Await : uint8_t {
   kNothing,     // In the ready list: its next op goes out.
