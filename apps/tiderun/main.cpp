@@ -29,6 +29,8 @@
 #include "tide/rendezvous/registry.h"
 #include "tide/store/tcp_store.h"
 
+#include "common/random.h"
+
 namespace {
 
 using tide::InvalidArgument;
@@ -57,28 +59,6 @@ extern "C" void on_signal(int sig) {
   if (auto* agent = g_agent.load()) {
     agent->request_stop(sig);
   }
-}
-
-std::string uuid4() {
-  std::random_device rd;
-  std::mt19937_64 gen(
-      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-      static_cast<uint64_t>(::getpid()));
-  uint64_t a = gen();
-  uint64_t b = gen();
-  a = (a & 0xFFFFFFFFFFFF0FFFull) | 0x0000000000004000ull;
-  b = (b & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull;
-  char buf[40];
-  std::snprintf(
-      buf,
-      sizeof buf,
-      "%08x-%04x-%04x-%04x-%012llx",
-      static_cast<unsigned>(a >> 32),
-      static_cast<unsigned>((a >> 16) & 0xFFFF),
-      static_cast<unsigned>(a & 0xFFFF),
-      static_cast<unsigned>(b >> 48),
-      static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFull));
-  return buf;
 }
 
 int parse_int(const std::string& text, const char* what) {
@@ -431,7 +411,7 @@ LaunchConfig make_config(const Flags& f) {
     c.min_nodes = c.max_nodes = 1;
     c.rdzv_backend = "static";
     c.rdzv_endpoint = "127.0.0.1:0";
-    c.run_id = uuid4();
+    c.run_id = tide::uuid4();
     return c;
   }
   c.rdzv_backend = f.rdzv_backend;

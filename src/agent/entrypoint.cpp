@@ -1,6 +1,5 @@
 #include "tide/agent/entrypoint.h"
 
-#include <cxxabi.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,6 +11,7 @@
 
 #include "agent/entrypoint_run.h"
 #include "agent/error_file.h"
+#include "common/demangle.h"
 
 namespace tide::agent {
 
@@ -25,14 +25,6 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry();
   return *r;
-}
-
-std::string demangled_type(const std::exception& e) {
-  int status = 0;
-  char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
-  std::string out = status == 0 && name ? name : typeid(e).name();
-  std::free(name);
-  return out;
 }
 
 }  // namespace
@@ -83,7 +75,7 @@ int run_function(
       return fail("cannot write the return value to " + result_file);
     }
   } catch (const std::exception& e) {
-    return fail(demangled_type(e) + ": " + e.what());
+    return fail(type_name(e) + ": " + e.what());
   } catch (...) {
     return fail("unknown exception");
   }

@@ -84,6 +84,8 @@ Janitor::Janitor() {
     throw Error(
         std::string("janitor: socketpair failed: ") + std::strerror(errno));
   }
+  Fd theirs(fds[0]);
+  Fd ours(fds[1]);
   sigset_t all;
   sigset_t old;
   sigfillset(&all);
@@ -93,38 +95,31 @@ Janitor::Janitor() {
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
   if (pid_ < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
     throw Error(std::string("janitor: fork failed: ") + std::strerror(errno));
   }
   if (pid_ == 0) {
-    ::close(fds[1]);
-    janitor_main(fds[0]);
+    ours.reset();
+    janitor_main(theirs.get());
   }
-  ::close(fds[0]);
-  fd_ = fds[1];
+  fd_ = std::move(ours);
 }
 
 Janitor::~Janitor() {
-  ::close(fd_);
+  fd_.reset();
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
 }
 
-void Janitor::tell(int value) {
+void Janitor::tell(int value) const {
   ssize_t n = 0;
   do {
-    n = ::send(fd_, &value, sizeof value, MSG_NOSIGNAL);
+    n = ::send(fd_.get(), &value, sizeof value, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
 }
 
 void Janitor::watch_self_from_child() const {
-  int value = ::getpid();
-  ssize_t n = 0;
-  do {
-    n = ::send(fd_, &value, sizeof value, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+  tell(::getpid());
 }
 
 void Janitor::forget(pid_t pgid) {

@@ -2,6 +2,8 @@
 
 #include <sys/types.h>
 
+#include "tide/common/fd.h"
+
 // The janitor: a small process forked when an agent starts, which outlives
 // it. Each worker registers its process group as it starts, the agent forgets
 // it as it ends; when the agent dies, however it dies (SIGKILL included), its
@@ -29,8 +31,9 @@ class Janitor {
   void watch_self_from_child() const;
 
  private:
-  void tell(int value);
-  int fd_ = -1;
+  // Async-signal-safe.
+  void tell(int value) const;
+  Fd fd_;
   pid_t pid_ = -1;
 };
 

@@ -20,10 +20,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "tide/common/fd.h"
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/events/events.h"
@@ -36,26 +36,17 @@
 #include "agent/error_file.h"
 #include "agent/janitor.h"
 #include "agent/worker_process.h"
+#include "common/clock.h"
+#include "common/random.h"
 
 extern char** environ;
 
 namespace tide::agent {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string random_suffix() {
-  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
-  std::random_device rd;
-  std::string s;
-  for (int i = 0; i < 8; ++i) {
-    s.push_back(kChars[rd() % (sizeof kChars - 1)]);
-  }
-  return s;
-}
 
 std::string make_temp_dir(const std::string& prefix) {
   const char* tmp = std::getenv("TMPDIR");
@@ -91,8 +82,8 @@ const char* py_bool(bool b) {
 struct LocalElasticAgent::Impl {
   explicit Impl(LocalElasticAgent& agent, AgentOptions opts)
       : self(agent), options(opts) {
-    wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wake_fd < 0) {
+    wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_fd) {
       throw Error(std::string("eventfd failed: ") + std::strerror(errno));
     }
   }
@@ -102,7 +93,6 @@ struct LocalElasticAgent::Impl {
       timer_server.reset();
     }
     processes.clear();
-    ::close(wake_fd);
   }
 
   RunResult run();
@@ -123,13 +113,18 @@ struct LocalElasticAgent::Impl {
   WorkerState group_state() const;
   std::map<int, ProcessFailure> failures() const;
   std::map<int, std::string> return_values() const;
+  // The exit barrier: count_in() marks this node's part of the job over
+  // (the last node to count in completes the barrier); exit_barrier()
+  // counts in a node whose workers succeeded and waits for the others.
+  void count_in(bool failed);
+  void count_in_failed();  // logs instead of throwing
   void exit_barrier();
   std::string attempt_dir() const;
   std::vector<std::string> worker_env(const Worker& w) const;
 
   LocalElasticAgent& self;
   const AgentOptions options;
-  int wake_fd = -1;
+  Fd wake_fd;
   std::atomic<int> stop_signal{0};
   std::unique_ptr<detail::Janitor> janitor;
   std::string run_log_dir;
@@ -152,13 +147,17 @@ struct LocalElasticAgent::Impl {
   std::string metric(const std::string& name) const {
     return "workers." + self.spec_.role + "." + name;
   }
-  double started_at = detail::now_seconds();
+  double started_at = now_seconds();
   mutable std::mutex status_mutex;
   AgentStatus status;  // Guarded by status_mutex.
 
   // Expiration timers. The watchdog thread reads the worker pids and writes
   // the reaped timers, so both are guarded by timer_mutex.
   void start_timer_server();
+  // Whether pid is a running worker or one of its descendants: each worker
+  // leads a session of its own, which its children inherit (a child that
+  // starts a session of its own leaves the worker's care). Thread safe.
+  bool is_worker_or_descendant(pid_t pid) const;
   std::unique_ptr<timer::TimerServer> timer_server;
   mutable std::mutex timer_mutex;
   std::set<pid_t> worker_pids;                  // Guarded by timer_mutex.
@@ -186,7 +185,7 @@ void LocalElasticAgent::request_stop(int sig) noexcept {
   impl_->stop_signal.compare_exchange_strong(expected, sig);
   spec_.rdzv_handler->interrupt();
   uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(impl_->wake_fd, &one, sizeof one);
+  [[maybe_unused]] ssize_t n = ::write(impl_->wake_fd.get(), &one, sizeof one);
 }
 
 RunResult LocalElasticAgent::run() {
@@ -515,7 +514,7 @@ void LocalElasticAgent::Impl::reap() {
 
 bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
   std::vector<pollfd> fds;
-  fds.push_back({.fd = wake_fd, .events = POLLIN, .revents = 0});
+  fds.push_back({.fd = wake_fd.get(), .events = POLLIN, .revents = 0});
   for (auto& p : processes) {
     if (!p->exited() && !p->abandoned()) {
       fds.push_back({.fd = p->pidfd(), .events = POLLIN, .revents = 0});
@@ -534,7 +533,8 @@ bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
   }
   if (r > 0 && (fds[0].revents & POLLIN)) {
     uint64_t drained;
-    [[maybe_unused]] ssize_t n = ::read(wake_fd, &drained, sizeof drained);
+    [[maybe_unused]] ssize_t n =
+        ::read(wake_fd.get(), &drained, sizeof drained);
   }
   pump_output();
   reap();
@@ -671,20 +671,111 @@ void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
   }
 }
 
+namespace {
+
+// The exit barrier's keys in the round's store (torch's terminal_state).
+const std::string kBarrier = "torchelastic/agent/terminal_state/";
+
+}  // namespace
+
+void LocalElasticAgent::Impl::count_in(bool failed) {
+  // Every node counts in once its part of the job is over, failed or not,
+  // so the nodes waiting for it learn at once that it will not come back.
+  if (rdzv.world_size <= 1 || !rdzv.store) {
+    return;
+  }
+  store::Store& st = *rdzv.store;
+  if (failed) {
+    st.set(kBarrier + "failed", std::to_string(rdzv.rank));
+  }
+  if (st.add(kBarrier + "num_members", 1) >= rdzv.world_size) {
+    st.set(kBarrier + "last_member", "1");
+  }
+}
+
+void LocalElasticAgent::Impl::count_in_failed() {
+  try {
+    count_in(/*failed=*/true);
+  } catch (const Error& e) {
+    TIDE_LOG_WARN(
+        "[{}] exit barrier: could not count this node in: {}",
+        self.spec_.role,
+        e.what());
+  }
+}
+
 void LocalElasticAgent::Impl::exit_barrier() {
-  // Every node's agent counts in; the last one marks the barrier done. A
-  // timeout is only logged, as in torch.
+  // A node whose workers succeeded waits for the others to count in (its
+  // store may serve them until then), but not for a job that is over: a
+  // closed rendezvous (a node failed for good) or a stop request ends the
+  // wait too. The wait goes in slices of at most a second so both are seen
+  // within one; a timeout is only logged, as in torch.
   if (rdzv.world_size <= 1) {
     return;
   }
   const WorkerSpec& spec = self.spec_;
-  std::string base = "torchelastic/agent/terminal_state/";
+  auto started = Clock::now();
+  auto deadline = started + spec.exit_barrier_timeout;
+  auto waited = [&] { return elapsed_ms(started); };
   try {
     store::Store& st = *rdzv.store;
-    if (st.add(base + "num_members", 1) == rdzv.world_size) {
-      st.set(base + "last_member", "1");
+    count_in(/*failed=*/false);
+    for (;;) {
+      if (int sig = stop_signal.load(); sig != 0) {
+        const char* name = sigabbrev_np(sig);
+        TIDE_LOG_WARN(
+            "[{}] exit barrier: received SIG{} after {} ms; leaving it "
+            "without waiting for the other nodes (this node's workers "
+            "succeeded)",
+            spec.role,
+            name ? name : "?",
+            waited());
+        return;
+      }
+      auto now = Clock::now();
+      if (now >= deadline) {
+        TIDE_LOG_WARN(
+            "[{}] exit barrier: not every node finished within {} ms "
+            "(--exit-barrier-timeout); {} of {} counted in; leaving it",
+            spec.role,
+            spec.exit_barrier_timeout.count(),
+            st.add(kBarrier + "num_members", 0),
+            rdzv.world_size);
+        return;
+      }
+      auto slice = std::min<milliseconds>(
+          milliseconds(1000),
+          std::chrono::duration_cast<milliseconds>(deadline - now) +
+              milliseconds(1));
+      try {
+        st.wait({kBarrier + "last_member"}, slice);
+        break;
+      } catch (const TimeoutError&) {
+      }
+      if (spec.rdzv_handler->is_closed()) {
+        TIDE_LOG_WARN(
+            "[{}] exit barrier: the rendezvous is closed (a node failed for "
+            "good, or the job ended elsewhere); leaving it after {} ms "
+            "without waiting for the other nodes",
+            spec.role,
+            waited());
+        return;
+      }
     }
-    st.wait({base + "last_member"}, spec.exit_barrier_timeout);
+    if (st.check({kBarrier + "failed"})) {
+      TIDE_LOG_WARN(
+          "[{}] exit barrier: every node has ended, node {} (at least) "
+          "failed; leaving it after {} ms",
+          spec.role,
+          st.get(kBarrier + "failed"),
+          waited());
+    } else {
+      TIDE_LOG_INFO(
+          "[{}] exit barrier: all {} nodes finished ({} ms)",
+          spec.role,
+          rdzv.world_size,
+          waited());
+    }
   } catch (const Error& e) {
     TIDE_LOG_WARN("[{}] exit barrier: {}", spec.role, e.what());
   }
@@ -716,7 +807,7 @@ void LocalElasticAgent::Impl::set_state(WorkerState s) {
   status.group_world_size = group.group_world_size;
   status.workers = group.workers;
   status.started_at = started_at;
-  status.last_progress = detail::now_seconds();
+  status.last_progress = now_seconds();
 }
 
 void LocalElasticAgent::Impl::worker_event(
@@ -752,8 +843,7 @@ void LocalElasticAgent::Impl::worker_event(
           {"role", spec.role},
           {"hostname", host},
           {"state", std::string(state)},
-          {"total_run_time",
-           static_cast<int64_t>(detail::now_seconds() - started_at)},
+          {"total_run_time", static_cast<int64_t>(now_seconds() - started_at)},
           {"rdzv_backend", spec.rdzv_handler->get_backend()},
           {"raw_error",
            raw_error.empty() ? events::MetadataValue{} : raw_error},
@@ -804,11 +894,7 @@ void LocalElasticAgent::Impl::start_timer_server() {
   timer::TimerServerOptions opts{
       .max_interval = spec.timer_max_interval,
       .run_id = spec.rdzv_handler->get_run_id(),
-      .allow_pid =
-          [this](pid_t pid) {
-            std::lock_guard lock(timer_mutex);
-            return worker_pids.count(pid) > 0;
-          },
+      .allow_pid = [this](pid_t pid) { return is_worker_or_descendant(pid); },
       .on_reap =
           [this](const timer::ExpiredTimer& e) {
             {
@@ -847,6 +933,15 @@ void LocalElasticAgent::Impl::start_timer_server() {
   TIDE_LOG_INFO("[{}] expiration timer server on {}", spec.role, path);
 }
 
+bool LocalElasticAgent::Impl::is_worker_or_descendant(pid_t pid) const {
+  std::lock_guard lock(timer_mutex);
+  if (worker_pids.count(pid) > 0) {
+    return true;
+  }
+  pid_t session = ::getsid(pid);
+  return session > 0 && worker_pids.count(session) > 0;
+}
+
 RunResult LocalElasticAgent::Impl::run() {
   const WorkerSpec& spec = self.spec_;
   if (run_log_dir.empty()) {
@@ -854,7 +949,7 @@ RunResult LocalElasticAgent::Impl::run() {
         spec.log_dir.empty() ? make_temp_dir("tide_") : spec.log_dir;
     fs::create_directories(base);
     run_log_dir =
-        base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_suffix();
+        base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_id(8);
     fs::create_directories(run_log_dir);
   }
   base_env = inherited_env();
@@ -947,7 +1042,9 @@ RunResult LocalElasticAgent::Impl::run() {
           spec.role,
           spec.max_restarts);
       // A node failing for good ends the job: the other nodes stop rather
-      // than wait in a collective for this one.
+      // than wait in a collective for this one, and those already in the
+      // exit barrier leave it.
+      count_in_failed();
       try {
         spec.rdzv_handler->set_closed();
       } catch (const Error& e) {
@@ -971,6 +1068,9 @@ RunResult LocalElasticAgent::Impl::run() {
           worker_event(w, "TERMINATED");
         }
         set_state(WorkerState::kFailed);
+        if (dynamic_cast<const RendezvousClosedError*>(&e) != nullptr) {
+          count_in_failed();  // a backend that is gone has no barrier
+        }
         throw;
       }
       if (waiting > 0) {

@@ -19,6 +19,7 @@
 
 #include "agent/entrypoint_run.h"
 #include "agent/janitor.h"
+#include "common/clock.h"
 
 extern char** environ;
 
@@ -41,10 +42,9 @@ void write_all(int fd, const char* data, size_t len) {
   }
 }
 
-int open_log(const std::string& path) {
-  int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
+Fd open_log(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!fd) {
     throw Error("cannot open log file " + path + ": " + std::strerror(errno));
   }
   return fd;
@@ -105,11 +105,6 @@ int open_log(const std::string& path) {
 
 }  // namespace
 
-double now_seconds() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
-
 std::string find_executable(
     const std::string& file, const std::string& path_env) {
   if (file.find('/') != std::string::npos) {
@@ -134,39 +129,24 @@ std::string find_executable(
   }
 }
 
-TeePump::TeePump(int read_fd, int file_fd, int console_fd, std::string prefix)
-    : read_fd_(read_fd),
-      file_fd_(file_fd),
+TeePump::TeePump(Fd read_fd, Fd file_fd, int console_fd, std::string prefix)
+    : read_fd_(std::move(read_fd)),
+      file_fd_(std::move(file_fd)),
       console_fd_(console_fd),
       prefix_(std::move(prefix)) {
-  ::fcntl(read_fd_, F_SETFL, ::fcntl(read_fd_, F_GETFL) | O_NONBLOCK);
-}
-
-TeePump::TeePump(TeePump&& other) noexcept
-    : read_fd_(std::exchange(other.read_fd_, -1)),
-      file_fd_(std::exchange(other.file_fd_, -1)),
-      console_fd_(other.console_fd_),
-      prefix_(std::move(other.prefix_)),
-      partial_(std::move(other.partial_)) {}
-
-TeePump::~TeePump() {
-  if (read_fd_ >= 0) {
-    ::close(read_fd_);
-  }
-  if (file_fd_ >= 0) {
-    ::close(file_fd_);
-  }
+  ::fcntl(
+      read_fd_.get(), F_SETFL, ::fcntl(read_fd_.get(), F_GETFL) | O_NONBLOCK);
 }
 
 bool TeePump::pump() {
-  if (read_fd_ < 0) {
+  if (!read_fd_) {
     return false;
   }
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(read_fd_, buf, sizeof buf);
+    ssize_t n = ::read(read_fd_.get(), buf, sizeof buf);
     if (n > 0) {
-      write_all(file_fd_, buf, static_cast<size_t>(n));
+      write_all(file_fd_.get(), buf, static_cast<size_t>(n));
       partial_.append(buf, static_cast<size_t>(n));
       emit_lines(false);
       continue;
@@ -178,15 +158,14 @@ bool TeePump::pump() {
       return true;
     }
     emit_lines(true);
-    ::close(read_fd_);
-    read_fd_ = -1;
+    read_fd_.reset();
     return false;
   }
 }
 
 void TeePump::finish() {
-  while (read_fd_ >= 0) {
-    pollfd p{.fd = read_fd_, .events = POLLIN, .revents = 0};
+  while (read_fd_) {
+    pollfd p{.fd = read_fd_.get(), .events = POLLIN, .revents = 0};
     // What the process wrote before it exited is in the pipe already;
     // anything still open by its children is not waited for.
     if (::poll(&p, 1, 0) <= 0) {
@@ -219,40 +198,27 @@ void TeePump::emit_lines(bool flush_partial) {
 WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
     : local_rank_(spec.local_rank), janitor_(janitor) {
   // Descriptors the child gets as stdout/stderr; closed in the parent after
-  // the fork. -1 = inherit.
-  int child_fds[2] = {-1, -1};
+  // the fork. None: inherit.
+  Fd child_fds[2];
   auto setup = [&](const StreamTarget& t, int index, int console) {
     if (t.mode == StreamTarget::Mode::kInherit) {
       return;
     }
-    int file = open_log(t.path);
+    Fd file = open_log(t.path);
     if (t.mode == StreamTarget::Mode::kFile) {
-      child_fds[index] = file;
+      child_fds[index] = std::move(file);
       return;
     }
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) {
-      ::close(file);
       throw Error(std::string("pipe failed: ") + std::strerror(errno));
     }
-    child_fds[index] = p[1];
-    pumps_.emplace_back(p[0], file, console, spec.console_prefix);
+    child_fds[index].reset(p[1]);
+    pumps_.emplace_back(
+        Fd(p[0]), std::move(file), console, spec.console_prefix);
   };
-  auto close_child_fds = [&] {
-    for (int& fd : child_fds) {
-      if (fd >= 0) {
-        ::close(fd);
-        fd = -1;
-      }
-    }
-  };
-  try {
-    setup(spec.out, 0, STDOUT_FILENO);
-    setup(spec.err, 1, STDERR_FILENO);
-  } catch (...) {
-    close_child_fds();
-    throw;
-  }
+  setup(spec.out, 0, STDOUT_FILENO);
+  setup(spec.err, 1, STDERR_FILENO);
 
   // Everything the child needs is built before fork().
   std::vector<char*> argv;
@@ -281,22 +247,23 @@ WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
   }
   if (pid_ < 0) {
     int err = errno;
-    close_child_fds();
     throw Error(std::string("fork failed: ") + std::strerror(err));
   }
   if (pid_ == 0) {
     child_exec_or_run(
         *janitor_,
         parent,
-        child_fds[0],
-        child_fds[1],
+        child_fds[0].get(),
+        child_fds[1].get(),
         spec,
         argv.data(),
         envp.data());
   }
-  close_child_fds();
-  pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-  if (pidfd_ < 0) {
+  for (Fd& fd : child_fds) {
+    fd.reset();
+  }
+  pidfd_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
+  if (!pidfd_) {
     int err = errno;
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
@@ -308,13 +275,10 @@ WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
 WorkerProcess::~WorkerProcess() {
   if (!status_ && !abandoned_) {
     signal(SIGKILL);
-    pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
+    pollfd p{.fd = pidfd_.get(), .events = POLLIN, .revents = 0};
     if (::poll(&p, 1, 1000) > 0) {
       poll_exit();
     }
-  }
-  if (pidfd_ >= 0) {
-    ::close(pidfd_);
   }
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tide/common/fd.h"
+
 // One worker process: how it is started (exec of a command, fork into a
 // function), where its output goes, and its exit. Private to the agent.
 namespace tide::agent::detail {
@@ -44,13 +46,13 @@ struct LaunchSpec {
 // with a prefix, to the console.
 class TeePump {
  public:
-  TeePump(int read_fd, int file_fd, int console_fd, std::string prefix);
-  ~TeePump();
-  TeePump(TeePump&& other) noexcept;
+  TeePump(Fd read_fd, Fd file_fd, int console_fd, std::string prefix);
+  TeePump(TeePump&& other) noexcept = default;
   TeePump& operator=(TeePump&&) = delete;
 
+  // -1 once finished.
   int fd() const {
-    return read_fd_;
+    return read_fd_.get();
   }
   // Reads what is available; false at EOF (the pump is then finished).
   bool pump();
@@ -60,9 +62,9 @@ class TeePump {
 
  private:
   void emit_lines(bool flush_partial);
-  int read_fd_ = -1;
-  int file_fd_ = -1;
-  int console_fd_ = -1;
+  Fd read_fd_;
+  Fd file_fd_;
+  int console_fd_ = -1;  // not ours
   std::string prefix_;
   std::string partial_;
 };
@@ -85,7 +87,7 @@ class WorkerProcess {
   }
   // Readable once the process has exited.
   int pidfd() const {
-    return pidfd_;
+    return pidfd_.get();
   }
   std::vector<TeePump>& pumps() {
     return pumps_;
@@ -123,7 +125,7 @@ class WorkerProcess {
 
   int local_rank_ = 0;
   pid_t pid_ = -1;
-  int pidfd_ = -1;
+  Fd pidfd_;
   Janitor* janitor_ = nullptr;
   std::vector<TeePump> pumps_;
   std::optional<int> status_;
@@ -135,7 +137,5 @@ class WorkerProcess {
 // contains a slash); empty when none.
 std::string find_executable(
     const std::string& file, const std::string& path_env);
-
-double now_seconds();
 
 }  // namespace tide::agent::detail

@@ -10,10 +10,10 @@
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/rendezvous/dynamic_rendezvous.h"
-#include "tide/rendezvous/static_rendezvous.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
+#include "net/address.h"
 #include "rendezvous/conf_keys.h"
 
 namespace tide::rendezvous {
@@ -216,7 +216,7 @@ class StoreBackend final : public RendezvousBackend {
     if (store_->add(keys_.round(round, "left_count"), 1) >= size) {
       store_->set(keys_.round(round, "all_left"), "1");
     }
-    if (hosting_ &&
+    if (hosting_ && s.close_timeout.count() > 0 &&
         !wait_for(*store_, keys_.round(round, "all_left"), s.close_timeout)) {
       TIDE_LOG_WARN(
           "[rendezvous {}] not every node left round {} within "
@@ -304,7 +304,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
         "the c10d rendezvous needs --rdzv-endpoint=HOST[:PORT] (the agent on "
         "HOST hosts the store)");
   }
-  auto [host, port] = parse_endpoint(params.endpoint, 29400);
+  auto [host, port] = net::parse_host_port(params.endpoint, 29400);
   auto read_timeout =
       params.get_as_seconds("read_timeout", std::chrono::seconds(60));
   bool inferred = params.config.find("is_host") == params.config.end();

@@ -1,8 +1,5 @@
 #include "tide/rendezvous/dynamic_rendezvous.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +13,8 @@
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/events/events.h"
+
+#include "net/socket.h"
 
 namespace tide::rendezvous {
 
@@ -117,26 +116,6 @@ BootstrapStoreInfo decode_master(int64_t round, const std::string& text) {
   return BootstrapStoreInfo{
       .master_addr = j["addr"].get<std::string>(),
       .master_port = static_cast<uint16_t>(j["port"].get<uint64_t>())};
-}
-
-// A port nobody listens on now, for rank 0's worker to host its store (the
-// same choice torch's agent makes for MASTER_PORT).
-uint16_t pick_free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    throw NetworkError("socket(): cannot pick a free port");
-  }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    throw NetworkError("bind(): cannot pick a free port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 }  // namespace
@@ -632,7 +611,7 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
         // Rank 0: its address and a free port there are the workers'
         // MASTER_ADDR:MASTER_PORT.
         std::string mine =
-            json{{"addr", self_.addr}, {"port", pick_free_port()}}.dump();
+            json{{"addr", self_.addr}, {"port", net::free_port()}}.dump();
         master = decode_master(r, m.backend->set_once(r, "master", mine));
         m.bump_round(r);
         break;
@@ -773,7 +752,13 @@ bool DynamicRendezvousHandler::shutdown() {
     // store does not wait for them in vain.
     impl_->close(/*failed=*/false);
     if (impl_->round >= 0) {
-      impl_->backend->leave(impl_->round, impl_->index, impl_->size, settings_);
+      DynamicRendezvousSettings s = settings_;
+      if (impl_->interrupted) {
+        // A stop was requested: a store served from here stops now instead
+        // of waiting for the other nodes to leave.
+        s.close_timeout = milliseconds(0);
+      }
+      impl_->backend->leave(impl_->round, impl_->index, impl_->size, s);
     }
     return true;
   } catch (const Error& e) {

@@ -7,11 +7,11 @@
 
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
+#include "tide/etcd/etcd_store.h"
 #include "tide/rendezvous/dynamic_rendezvous.h"
-#include "tide/store/etcd_store.h"
 
+#include "etcd/etcd_client.h"
 #include "rendezvous/conf_keys.h"
-#include "rendezvous/etcd_client.h"
 
 namespace tide::rendezvous {
 
@@ -240,7 +240,7 @@ class EtcdBackend final : public RendezvousBackend {
   }
 
   std::shared_ptr<store::Store> round_store(int64_t round) override {
-    return std::make_shared<store::EtcdStore>(
+    return std::make_shared<etcd::EtcdStore>(
         endpoints_, keys_.round(round, "agents/"), timeout_);
   }
 

@@ -1,74 +1,16 @@
 #include "tide/rendezvous/static_rendezvous.h"
 
-#include <arpa/inet.h>
 #include <unistd.h>
-
-#include <charconv>
 
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/events/events.h"
 #include "tide/store/prefix_store.h"
 
+#include "net/address.h"
 #include "rendezvous/conf_keys.h"
 
 namespace tide::rendezvous {
-
-std::pair<std::string, uint16_t> parse_endpoint(
-    const std::string& endpoint, uint16_t default_port) {
-  std::string host = endpoint;
-  std::string port_text;
-  if (!endpoint.empty() && endpoint.front() == '[') {
-    auto close = endpoint.find(']');
-    if (close == std::string::npos) {
-      throw InvalidArgument("endpoint \"" + endpoint + "\": missing ']'");
-    }
-    host = endpoint.substr(1, close - 1);
-    if (close + 1 < endpoint.size()) {
-      if (endpoint[close + 1] != ':') {
-        throw InvalidArgument(
-            "endpoint \"" + endpoint + "\": expected ':' after ']'");
-      }
-      port_text = endpoint.substr(close + 2);
-    }
-  } else if (auto colon = endpoint.rfind(':');
-             colon != std::string::npos &&
-             endpoint.find(':') == colon) {  // one colon: host:port
-    host = endpoint.substr(0, colon);
-    port_text = endpoint.substr(colon + 1);
-  }
-  if (host.empty()) {
-    throw InvalidArgument("endpoint \"" + endpoint + "\" has no host");
-  }
-  if (port_text.empty()) {
-    return {host, default_port};
-  }
-  unsigned port = 0;
-  auto [ptr, ec] = std::from_chars(
-      port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || ptr != port_text.data() + port_text.size() ||
-      port > 65535) {
-    throw InvalidArgument(
-        "endpoint \"" + endpoint + "\": port \"" + port_text +
-        "\" is not a number from 0 to 65535");
-  }
-  return {host, static_cast<uint16_t>(port)};
-}
-
-namespace {
-
-bool is_loopback(const std::string& host) {
-  if (host == "localhost") {
-    return true;
-  }
-  in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  }
-  return host == "::1";
-}
-
-}  // namespace
 
 StaticRendezvousHandler::StaticRendezvousHandler(
     const RendezvousParameters& params)
@@ -76,9 +18,11 @@ StaticRendezvousHandler::StaticRendezvousHandler(
       rank_(static_cast<int>(params.get_as_int("rank", 0))),
       world_size_(params.max_nodes),
       timeout_(params.get_as_seconds("timeout", std::chrono::seconds(600))) {
-  std::tie(host_, port_) = parse_endpoint(
+  auto [host, port] = net::parse_host_port(
       params.endpoint.empty() ? "127.0.0.1" : params.endpoint,
       store::kDefaultPort);
+  host_ = std::move(host);
+  port_ = port;
   warn_unknown_conf_keys(params, {"rank", "timeout"});
   if (params.min_nodes != params.max_nodes) {
     throw InvalidArgument(
@@ -139,7 +83,7 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
         .is_server = rank_ == 0,
         .timeout = timeout_,
     };
-    if (rank_ == 0 && !is_loopback(host_)) {
+    if (rank_ == 0 && !net::is_loopback(host_)) {
       // Other nodes must reach this store: listen on every interface, as
       // torch does, while this node connects through the given address.
       opts.listen_host = "::";

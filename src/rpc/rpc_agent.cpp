@@ -17,6 +17,7 @@
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
+#include "net/address.h"
 #include "transport/transport.h"
 
 namespace tide::rpc {
@@ -42,9 +43,7 @@ GlobalRegistry& global_registry() {
 }
 
 // "tcp://host:port" or "env://" (MASTER_ADDR, MASTER_PORT) -> host, port.
-std::pair<std::string, uint16_t> parse_init_method(const std::string& init) {
-  std::string host;
-  std::string port;
+net::HostPort parse_init_method(const std::string& init) {
   if (init == "env://") {
     const char* a = std::getenv("MASTER_ADDR");
     const char* p = std::getenv("MASTER_PORT");
@@ -54,31 +53,20 @@ std::pair<std::string, uint16_t> parse_init_method(const std::string& init) {
           std::string(a ? "" : "no MASTER_ADDR ") +
           std::string(p ? "" : "no MASTER_PORT"));
     }
-    host = a;
-    port = p;
-  } else if (init.rfind("tcp://", 0) == 0) {
-    std::string rest = init.substr(6);
-    auto colon = rest.rfind(':');
-    if (colon == std::string::npos) {
+    return {a, net::parse_port(p, "MASTER_PORT")};
+  }
+  if (init.rfind("tcp://", 0) == 0) {
+    try {
+      return net::parse_host_port(std::string_view(init).substr(6));
+    } catch (const InvalidArgument& e) {
       throw InvalidArgument(
-          "init_method '" + init + "' has no port; expected tcp://host:port");
+          "init_method '" + init + "': " + e.what() +
+          " (expected tcp://host:port)");
     }
-    host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-      host = host.substr(1, host.size() - 2);
-    }
-  } else {
-    throw InvalidArgument(
-        "init_method '" + init +
-        "' is not supported; expected env:// or tcp://host:port");
   }
-  char* end = nullptr;
-  long v = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || v < 0 || v > 65535) {
-    throw InvalidArgument("bad port '" + port + "' in init_method " + init);
-  }
-  return {host, static_cast<uint16_t>(v)};
+  throw InvalidArgument(
+      "init_method '" + init +
+      "' is not supported; expected env:// or tcp://host:port");
 }
 
 // options, with the token from TIDE_RPC_TOKEN when it has none; checks the

@@ -19,6 +19,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
+#include "net/socket.h"
 #include "store/keys.h"
 #include "store/kv_map.h"
 #include "store/wire.h"
@@ -29,11 +30,6 @@ namespace {
 
 using wire::Op;
 
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-}
-
 std::string errno_text(int err) {
   return std::strerror(err);
 }
@@ -41,11 +37,8 @@ std::string errno_text(int err) {
 }  // namespace
 
 struct TcpStore::Connection {
-  Connection(int fd, std::string where, Dialect dialect)
-      : fd(fd), where(std::move(where)), dialect(dialect) {}
-  ~Connection() {
-    ::close(fd);
-  }
+  Connection(Fd fd, std::string where, Dialect dialect)
+      : fd(std::move(fd)), where(std::move(where)), dialect(dialect) {}
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
@@ -66,7 +59,7 @@ struct TcpStore::Connection {
   void send(
       std::string_view bytes, Clock::time_point deadline, const char* what) {
     while (!bytes.empty()) {
-      ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      ssize_t n = ::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
       if (n > 0) {
         bytes.remove_prefix(static_cast<size_t>(n));
         continue;
@@ -111,7 +104,7 @@ struct TcpStore::Connection {
         dst = rbuf.get();
         room = kReadChunk;
       }
-      ssize_t n = ::recv(fd, dst, room, 0);
+      ssize_t n = ::recv(fd.get(), dst, room, 0);
       if (n > 0) {
         if (dst == buf) {
           buf += n;
@@ -158,7 +151,7 @@ struct TcpStore::Connection {
 
   void await(short events, Clock::time_point deadline, const char* what) {
     for (;;) {
-      pollfd p{.fd = fd, .events = events, .revents = 0};
+      pollfd p{.fd = fd.get(), .events = events, .revents = 0};
       int ms = remaining_ms(deadline);
       int r = ::poll(&p, 1, ms);
       if (r > 0) {
@@ -177,7 +170,7 @@ struct TcpStore::Connection {
     }
   }
 
-  const int fd;
+  const Fd fd;
   const std::string where;
   const Dialect dialect;
   static constexpr size_t kReadChunk = 16 * 1024;
@@ -186,63 +179,7 @@ struct TcpStore::Connection {
   size_t rlen = 0;
 };
 
-namespace {
-
-// One non-blocking connect attempt to each resolved address; the fd, or -1
-// with `error` set.
-int try_connect(
-    const std::string& host,
-    uint16_t port,
-    Clock::time_point deadline,
-    std::string& error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  int rc =
-      ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) {
-    error = std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
-    return -1;
-  }
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    int s = ::socket(
-        ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s < 0) {
-      error = errno_text(errno);
-      continue;
-    }
-    int r = ::connect(s, ai->ai_addr, ai->ai_addrlen);
-    if (r < 0 && errno == EINPROGRESS) {
-      pollfd p{.fd = s, .events = POLLOUT, .revents = 0};
-      int ms = std::min(remaining_ms(deadline), 5000);
-      if (::poll(&p, 1, ms) == 1) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        ::getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len);
-        r = err == 0 ? 0 : -1;
-        errno = err;
-      } else {
-        r = -1;
-        errno = ETIMEDOUT;
-      }
-    }
-    if (r == 0) {
-      int one = 1;
-      ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      fd = s;
-    } else {
-      error = errno_text(errno);
-      ::close(s);
-    }
-  }
-  ::freeaddrinfo(res);
-  return fd;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 template <typename F>
 auto TcpStore::with_connection(F&& fn) {
@@ -257,10 +194,10 @@ auto TcpStore::with_connection(F&& fn) {
     std::string error;
     auto backoff = milliseconds(10);
     std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
-    int fd = -1;
+    Fd fd;
     for (;;) {
-      fd = try_connect(host, port, deadline, error);
-      if (fd >= 0 || Clock::now() >= deadline) {
+      fd = net::connect_tcp(host, port, deadline, error);
+      if (fd || Clock::now() >= deadline) {
         break;
       }
       // The server may not be up yet (torch's clients wait for it too).
@@ -270,12 +207,13 @@ auto TcpStore::with_connection(F&& fn) {
       std::this_thread::sleep_for(pause);
       backoff = std::min(backoff * 2, milliseconds(1000));
     }
-    if (fd < 0) {
+    if (!fd) {
       throw TimeoutError(
           "cannot connect to the store at " + where + " within " +
           std::to_string(timeout().count()) + " ms: " + error);
     }
-    auto conn = std::make_unique<Connection>(fd, where, options_.dialect);
+    auto conn =
+        std::make_unique<Connection>(std::move(fd), where, options_.dialect);
     if (!options_.token.empty()) {
       std::string req;
       wire::Writer(req).u8(wire::kAuthCode).str(options_.token);

@@ -64,8 +64,8 @@ FileTimerServer::FileTimerServer(std::string path, TimerServerOptions options)
   }
   // Read-write, so the server never sees end-of-file when the last writer
   // closes, and opening never blocks waiting for one.
-  fd_ = ::open(path_.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-  if (fd_ < 0) {
+  fd_.reset(::open(path_.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  if (!fd_) {
     int err = errno;
     ::unlink(path_.c_str());
     throw Error(
@@ -75,14 +75,14 @@ FileTimerServer::FileTimerServer(std::string path, TimerServerOptions options)
 
 FileTimerServer::~FileTimerServer() {
   stop();
-  ::close(fd_);
+  fd_.reset();
   ::unlink(path_.c_str());
 }
 
 void FileTimerServer::read_requests(std::vector<TimerRequest>& out) {
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd_, buf, sizeof buf);
+    ssize_t n = ::read(fd_.get(), buf, sizeof buf);
     if (n <= 0) {
       break;
     }
@@ -208,25 +208,10 @@ FileTimerClient::FileTimerClient(
     int signal,
     std::chrono::milliseconds timeout,
     bool keep_open)
-    : path_(std::move(path)),
-      signal_(signal),
+    : TimerChannelClient(signal),
+      path_(std::move(path)),
       timeout_(timeout),
       keep_open_(keep_open) {}
-
-FileTimerClient::~FileTimerClient() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-  }
-}
-
-void FileTimerClient::acquire(
-    const std::string& scope_id, double expiration_time) {
-  send(scope_id, expiration_time, signal_);
-}
-
-void FileTimerClient::release(const std::string& scope_id) {
-  send(scope_id, -1, 0);
-}
 
 void FileTimerClient::send(
     const std::string& scope_id, double expiration_time, int signal) {
@@ -268,9 +253,9 @@ void FileTimerClient::send(
   // A server that is not up yet, or whose pipe is full, gets some time.
   auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (;;) {
-    if (fd_ < 0) {
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-      if (fd_ < 0) {
+    if (!fd_) {
+      fd_.reset(::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+      if (!fd_) {
         if ((errno == ENXIO || errno == ENOENT) &&
             std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -281,11 +266,10 @@ void FileTimerClient::send(
             " (is TORCHELASTIC_ENABLE_FILE_TIMER=1 set for the agent?)");
       }
     }
-    ssize_t n = write_without_sigpipe(fd_, line);
+    ssize_t n = write_without_sigpipe(fd_.get(), line);
     if (n == static_cast<ssize_t>(line.size())) {
       if (!keep_open_) {
-        ::close(fd_);
-        fd_ = -1;
+        fd_.reset();
       }
       return;
     }
@@ -294,13 +278,12 @@ void FileTimerClient::send(
     }
     if (n < 0 && errno == EAGAIN &&
         std::chrono::steady_clock::now() < deadline) {
-      pollfd p{.fd = fd_, .events = POLLOUT, .revents = 0};
+      pollfd p{.fd = fd_.get(), .events = POLLOUT, .revents = 0};
       ::poll(&p, 1, 100);
       continue;
     }
     int err = n < 0 ? errno : EIO;
-    ::close(fd_);
-    fd_ = -1;
+    fd_.reset();
     if (err == EPIPE && std::chrono::steady_clock::now() < deadline) {
       continue;  // The server went away; a new one may take its place.
     }

@@ -33,16 +33,15 @@ sockaddr_un address(const std::string& path) {
 LocalTimerServer::LocalTimerServer(std::string path, TimerServerOptions options)
     : TimerServer(std::move(options)), path_(std::move(path)) {
   sockaddr_un addr = address(path_);
-  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) {
+  fd_.reset(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd_) {
     throw Error(std::string("timer socket: ") + std::strerror(errno));
   }
   int one = 1;
-  ::setsockopt(fd_, SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
+  ::setsockopt(fd_.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
   ::unlink(path_.c_str());
-  if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  if (::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     int err = errno;
-    ::close(fd_);
     throw Error(
         "cannot bind the timer socket " + path_ + ": " + std::strerror(err));
   }
@@ -50,7 +49,7 @@ LocalTimerServer::LocalTimerServer(std::string path, TimerServerOptions options)
 
 LocalTimerServer::~LocalTimerServer() {
   stop();
-  ::close(fd_);
+  fd_.reset();
   ::unlink(path_.c_str());
 }
 
@@ -74,7 +73,7 @@ void LocalTimerServer::read_requests(std::vector<TimerRequest>& out) {
       msgs[i].msg_hdr.msg_control = slots[i].control;
       msgs[i].msg_hdr.msg_controllen = sizeof slots[i].control;
     }
-    int n = ::recvmmsg(fd_, msgs, kBatch, MSG_DONTWAIT, nullptr);
+    int n = ::recvmmsg(fd_.get(), msgs, kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) {
       return;
     }
@@ -110,22 +109,7 @@ void LocalTimerServer::read_requests(std::vector<TimerRequest>& out) {
 }
 
 LocalTimerClient::LocalTimerClient(std::string path, int signal)
-    : path_(std::move(path)), signal_(signal) {}
-
-LocalTimerClient::~LocalTimerClient() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-  }
-}
-
-void LocalTimerClient::acquire(
-    const std::string& scope_id, double expiration_time) {
-  send(scope_id, expiration_time, signal_);
-}
-
-void LocalTimerClient::release(const std::string& scope_id) {
-  send(scope_id, -1, 0);
-}
+    : TimerChannelClient(signal), path_(std::move(path)) {}
 
 void LocalTimerClient::send(
     const std::string& scope_id, double expiration_time, int signal) {
@@ -142,27 +126,24 @@ void LocalTimerClient::send(
   // Connected once (the path is resolved once); a server that was replaced
   // refuses the old connection, so reconnect once then.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (fd_ < 0) {
-      fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (!fd_) {
+      fd_.reset(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
       sockaddr_un addr = address(path_);
-      if (fd_ < 0 ||
-          ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
+      if (!fd_ ||
+          ::connect(
+              fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
               0) {
         int err = errno;
-        if (fd_ >= 0) {
-          ::close(fd_);
-          fd_ = -1;
-        }
+        fd_.reset();
         throw Error("no timer server on " + path_ + ": " + std::strerror(err));
       }
     }
     // Blocking: a full server queue makes the caller wait, never drops.
-    if (::send(fd_, data, kHeader + scope_id.size(), MSG_NOSIGNAL) >= 0) {
+    if (::send(fd_.get(), data, kHeader + scope_id.size(), MSG_NOSIGNAL) >= 0) {
       return;
     }
     int err = errno;
-    ::close(fd_);
-    fd_ = -1;
+    fd_.reset();
     if (err != ECONNREFUSED || attempt == 1) {
       throw Error(
           "cannot send a timer request to " + path_ + ": " +

@@ -4,6 +4,8 @@
 
 #include "tide/common/logging.h"
 
+#include "common/clock.h"
+
 namespace tide::timer {
 
 namespace {
@@ -14,8 +16,7 @@ std::shared_ptr<TimerClient> g_client;  // Guarded by g_mutex.
 }  // namespace
 
 double now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
+  return now_seconds();
 }
 
 void configure(std::shared_ptr<TimerClient> client) {

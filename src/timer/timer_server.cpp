@@ -17,8 +17,8 @@ namespace tide::timer {
 
 TimerServer::TimerServer(TimerServerOptions options)
     : options_(std::move(options)) {
-  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) {
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_) {
     throw Error(
         std::string("timer server: eventfd failed: ") + std::strerror(errno));
   }
@@ -27,7 +27,6 @@ TimerServer::TimerServer(TimerServerOptions options)
 
 TimerServer::~TimerServer() {
   stop();
-  ::close(wake_fd_);
 }
 
 void TimerServer::start() {
@@ -42,7 +41,7 @@ void TimerServer::stop() {
     return;
   }
   uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
   if (thread_.joinable()) {
     thread_.join();
     event("watchdog stopped", {});
@@ -111,7 +110,7 @@ size_t TimerServer::register_timers(const std::vector<TimerRequest>& requests) {
   last_progress_ = now();
   // The next deadline may have moved earlier.
   uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
   return accepted;
 }
 
@@ -225,7 +224,7 @@ void TimerServer::watchdog() {
     };
     pollfd fds[2] = {
         {.fd = channel_fd(), .events = POLLIN, .revents = 0},
-        {.fd = wake_fd_, .events = POLLIN, .revents = 0},
+        {.fd = wake_fd_.get(), .events = POLLIN, .revents = 0},
     };
     int r = ::ppoll(fds, 2, &ts, nullptr);
     if (r < 0 && errno != EINTR) {
@@ -234,7 +233,7 @@ void TimerServer::watchdog() {
     }
     if (fds[1].revents & POLLIN) {
       uint64_t v;
-      [[maybe_unused]] ssize_t n = ::read(wake_fd_, &v, sizeof v);
+      [[maybe_unused]] ssize_t n = ::read(wake_fd_.get(), &v, sizeof v);
     }
     if (fds[0].revents & POLLIN) {
       batch.clear();

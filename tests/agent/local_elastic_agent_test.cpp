@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "tide/rendezvous/registry.h"
+#include "tide/store/hash_store.h"
 
 #include "support/process_checks.h"
 #include "support/temp_dir.h"
@@ -45,6 +47,96 @@ class LocalElasticAgentTest : public ::testing::Test {
   test::TempDir tmp_;
   const fs::path dir_ = tmp_.path();
 };
+
+// This node of a two-node job whose other node never shows up in the exit
+// barrier; the test closes the rendezvous when it likes.
+class LonelyPairHandler : public rendezvous::RendezvousHandler {
+ public:
+  std::string get_backend() const override {
+    return "lonely-pair";
+  }
+  rendezvous::RendezvousInfo next_rendezvous() override {
+    // The absent node's share of the rank assignment.
+    store->set("torchelastic/round0/role_info/1", "1");
+    return {.store = store, .rank = 0, .world_size = 2};
+  }
+  bool is_closed() override {
+    return closed;
+  }
+  void set_closed() override {
+    closed = true;
+  }
+  int num_nodes_waiting() override {
+    return 0;
+  }
+  std::string get_run_id() const override {
+    return "lonely";
+  }
+  bool shutdown() override {
+    return true;
+  }
+
+  std::shared_ptr<store::Store> store = store::make_hash_store();
+  std::atomic<bool> closed{false};
+};
+
+// Runs a one-worker agent of a LonelyPairHandler until its exit barrier
+// counted this node in, calls `then`, and returns how the run ended and
+// how long it took after `then`.
+template <typename Then>
+std::pair<RunResult, std::chrono::steady_clock::duration> run_into_the_barrier(
+    WorkerSpec spec, LonelyPairHandler& handler, Then then) {
+  spec.exit_barrier_timeout = 20s;  // a hang fails the test, not ctest
+  LocalElasticAgent agent(std::move(spec));
+  auto result = std::async(std::launch::async, [&] { return agent.run(); });
+  handler.store->wait({"torchelastic/agent/terminal_state/num_members"}, 30s);
+  auto at = std::chrono::steady_clock::now();
+  then(agent);
+  EXPECT_EQ(result.wait_for(10s), std::future_status::ready);
+  RunResult r = result.get();
+  return {r, std::chrono::steady_clock::now() - at};
+}
+
+TEST_F(
+    LocalElasticAgentTest, AClosedRendezvousEndsTheExitBarrierWithinASecond) {
+  auto handler = std::make_shared<LonelyPairHandler>();
+  auto s = spec(sh("exit 0"), 1);
+  s.rdzv_handler = handler;
+  auto [r, took] =
+      run_into_the_barrier(std::move(s), *handler, [&](LocalElasticAgent&) {
+        handler->closed = true;
+      });
+  EXPECT_EQ(r.state, WorkerState::kSucceeded);
+  EXPECT_LT(took, 2s);
+}
+
+TEST_F(LocalElasticAgentTest, AStopRequestInTheExitBarrierReturnsTheSuccess) {
+  auto handler = std::make_shared<LonelyPairHandler>();
+  auto s = spec(sh("exit 0"), 1);
+  s.rdzv_handler = handler;
+  auto [r, took] = run_into_the_barrier(
+      std::move(s), *handler, [](LocalElasticAgent& agent) {
+        agent.request_stop(SIGTERM);
+      });
+  EXPECT_EQ(r.state, WorkerState::kSucceeded);
+  EXPECT_LT(took, 2s);
+  EXPECT_FALSE(handler->closed);
+}
+
+TEST_F(LocalElasticAgentTest, AFailedNodeCountsInWithoutWaiting) {
+  // Its peers in the barrier learn at once that it is over.
+  auto handler = std::make_shared<LonelyPairHandler>();
+  auto s = spec(sh("exit 4"), 1);
+  s.rdzv_handler = handler;
+  LocalElasticAgent agent(std::move(s));
+  RunResult r = agent.run();
+  EXPECT_EQ(r.state, WorkerState::kFailed);
+  EXPECT_TRUE(handler->closed);
+  const std::string base = "torchelastic/agent/terminal_state/";
+  EXPECT_EQ(handler->store->get(base + "num_members"), "1");
+  EXPECT_EQ(handler->store->get(base + "failed"), "0");
+  EXPECT_FALSE(handler->store->check({base + "last_member"}));
+}
 
 TEST_F(LocalElasticAgentTest, FunctionWorkersReturnValuesByGlobalRank) {
   for (StartMethod method : {StartMethod::kFork, StartMethod::kSpawn}) {

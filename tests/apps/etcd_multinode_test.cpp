@@ -59,6 +59,22 @@ TEST_F(EtcdMultiNodeTest, AFailedWorkerRestartsEveryNodeAndTheJobSucceeds) {
   c.stop_all({"a", "b"});
 }
 
+TEST_F(EtcdMultiNodeTest, AFinishedNodeLeavesTheExitBarrierWhenItsPeerFails) {
+  // As with c10d: a's workers succeed, b's fail for good a little later; a
+  // leaves its exit barrier within a keep-alive interval (0.5 s) plus a
+  // second instead of --exit-barrier-timeout.
+  auto etcd = test::EtcdCluster::start(1);
+  Cluster c(dir_);
+  test::expect_finished_node_leaves_when_peer_fails(
+      c,
+      dir_,
+      [&](const std::string& name, const std::string& script) {
+        worker_ = script;
+        c.start(name, agent_args(etcd.endpoints(), "2", {"--max-restarts=0"}));
+      },
+      3s);
+}
+
 TEST_F(EtcdMultiNodeTest, JobSurvivesAKilledEtcdMemberAndAKilledFirstAgent) {
   auto etcd = test::EtcdCluster::start(3);
   worker_ = test::write_worker(dir_);

@@ -143,6 +143,76 @@ TEST_F(MultiNodeTest, ANodeFailingForGoodEndsTheJobOnEveryNode) {
   EXPECT_TRUE(c.wait_line("closed the rendezvous", 1s)) << c.log();
 }
 
+TEST_F(MultiNodeTest, AFinishedNodeLeavesTheExitBarrierWhenItsPeerFails) {
+  // torch's FileTimer/launcher tests' shape: node a's workers succeed at
+  // once, node b's fail for good a second later. a hosts the store and
+  // used to sit out --exit-barrier-timeout (300 s); it must leave within a
+  // keep-alive interval (0.2 s) plus a second.
+  Cluster c(dir_);
+  test::expect_finished_node_leaves_when_peer_fails(
+      c,
+      dir_,
+      [&](const std::string& name, const std::string& script) {
+        c.start(name, agent_args("2", script, {"--max-restarts=0"}));
+        if (name == "a") {
+          ASSERT_TRUE(c.wait_line("hosts the c10d store", 30s)) << c.log();
+        }
+      },
+      3s);
+}
+
+TEST_F(MultiNodeTest, TheStaticBackendsExitBarrierEndsWhenAPeerFails) {
+  // No keep-alive and no shared closed flag here: the failed node counting
+  // in is what ends the wait.
+  Cluster c(dir_);
+  uint16_t port = free_port();
+  test::expect_finished_node_leaves_when_peer_fails(
+      c,
+      dir_,
+      [&](const std::string& name, const std::string& script) {
+        c.start(
+            name,
+            {"--nnodes=2",
+             "--nproc-per-node=1",
+             "--node-rank=" + std::string(name == "a" ? "0" : "1"),
+             "--master-addr=127.0.0.1",
+             "--master-port=" + std::to_string(port),
+             "--monitor-interval=0.05",
+             "--max-restarts=0",
+             script});
+      },
+      3s);
+}
+
+TEST_F(MultiNodeTest, ASignalDuringTheExitBarrierEndsItWithTheNodesOutcome) {
+  // a finished and waits for b, whose workers run on. SIGTERM ends a's wait
+  // at once with its own outcome (0); a hosts the store and stops it
+  // without waiting close_timeout (30 s) for b to leave, so b loses it.
+  Cluster c(dir_);
+  c.start(
+      "a",
+      agent_args(
+          "2", test::write_ending_worker(dir_, "ok.sh"), {"--max-restarts=0"}));
+  ASSERT_TRUE(c.wait_line("hosts the c10d store", 30s)) << c.log();
+  c.start("b", agent_args("2", worker(), {"--max-restarts=0"}));
+  ASSERT_TRUE(c.wait_line("all workers succeeded", 60s)) << c.log();
+  ASSERT_TRUE(c.wait_line("b| start RANK=", 60s)) << c.log();
+  auto signalled = Clock::now();
+  c.agent("a").signal(SIGTERM);
+  auto a = c.agent("a").wait(10s);
+  auto took = Clock::now() - signalled;
+  ASSERT_TRUE(a.has_value()) << c.log();
+  EXPECT_EQ(exit_code(*a), 0) << c.log();
+  EXPECT_LT(took, 3s) << c.log();
+  EXPECT_TRUE(c.wait_line("exit barrier: received SIGTERM", 1s)) << c.log();
+  auto b = c.agent("b").wait(30s);
+  ASSERT_TRUE(b.has_value()) << c.log();
+  EXPECT_EQ(exit_code(*b), 1) << c.log();
+  std::printf(
+      "SIGTERM to tiderun exit in the exit barrier: %.0f ms\n",
+      std::chrono::duration<double, std::milli>(took).count());
+}
+
 TEST_F(MultiNodeTest, ASignalStopsAnAgentWaitingForItsRound) {
   // Alone in a 2-node job, the agent waits in the rendezvous; SIGTERM ends
   // that wait within a keep-alive interval (0.2 s here), not join_timeout.

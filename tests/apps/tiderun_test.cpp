@@ -323,6 +323,24 @@ TEST_F(TiderunTest, ATimerExpiryIsTheFailureSummarysRootCause) {
       << out;
 }
 
+TEST_F(TiderunTest, AWorkersChildArmsATimerAndIsKilledWhileTheWorkerLivesOn) {
+  // A data loader's shape: the worker's own child arms a timer for itself
+  // and hangs; the server kills the child, and the worker sees it die and
+  // finishes its work.
+  auto s = script(
+      "w.sh",
+      std::string("\"") + TIDE_TIMER_CHILD +
+          "\" file \"$TORCHELASTIC_TIMER_FILE\" child_step 0.05 9 &\n"
+          "wait $!\n"
+          "echo \"child ended with $?\"");
+  auto [status, out] =
+      run({"--standalone", "--max-restarts=0", "--file-timer", s});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("child ended with 137"), std::string::npos) << out;
+  EXPECT_NE(out.find("overran timer \"child_step\""), std::string::npos) << out;
+  EXPECT_EQ(out.find("refusing a timer"), std::string::npos) << out;
+}
+
 TEST_F(TiderunTest, TheTimerFileComesFromTheEnvironmentAsInTorch) {
   fs::path fifo = dir_ / "my_timer";
   auto s = script("w.sh", "echo timer=$TORCHELASTIC_TIMER_FILE");

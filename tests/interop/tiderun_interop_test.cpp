@@ -752,6 +752,41 @@ TEST(TiderunInteropTest, TorchFileTimerClientsAreServedAndAHangIsReclaimed) {
   EXPECT_TRUE(r.leftovers.empty()) << r.describe();
 }
 
+// torch's FileTimerTest.test_timer shape: a worker's multiprocessing child
+// arms torch's timer and hangs; tiderun's server kills that child, and the
+// worker lives on to see it die. A request naming a pid outside the job
+// (this test's own process, with a deadline already past) is refused: were
+// it honoured, this test would be killed.
+TEST(TiderunInteropTest, AWorkersChildIsReapedByItsTimerAndStrangersAreNot) {
+  TempDir tmp;
+  fs::path out = tmp.make("out");
+  std::string me = std::to_string(::getpid());
+  Outcome r =
+      run(tiderun({
+              "--standalone",
+              "--nproc-per-node=1",
+              "--max-restarts=0",
+              "--file-timer",
+              "--log-dir=" + tmp.make("logs").string(),
+              std::string(TIDE_INTEROP_DIR) + "/torch_timer_child_worker.py",
+              out.string(),
+              me,
+          }),
+          parent_env(tmp),
+          tmp.path(),
+          "tiderun");
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(read_file(out / "child_exitcode"), "-9") << r.describe();
+  EXPECT_NE(r.err.find("overran timer \"child_step\""), std::string::npos)
+      << r.describe();
+  EXPECT_NE(
+      r.err.find("refusing a timer for pid " + me + " (scope \"foreign\")"),
+      std::string::npos)
+      << r.describe();
+  EXPECT_TRUE(r.leftovers.empty()) << r.describe();
+}
+
 TEST(TiderunInteropTest, FailureSummaryMatchesTorchrunsLineForLine) {
   TempDir tmp;
   Env env = parent_env(tmp);

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
-#include "tide/store/etcd_store.h"
+#include "tide/etcd/etcd_store.h"
 #include "tide/store/hash_store.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
@@ -60,7 +60,7 @@ Backend etcd_backend() {
   std::string endpoints = shared_etcd().endpoints();
   std::string prefix = "/conformance/" + std::to_string(next_prefix++);
   auto make = [endpoints, prefix] {
-    return std::make_shared<EtcdStore>(endpoints, prefix, 10s);
+    return std::make_shared<etcd::EtcdStore>(endpoints, prefix, 10s);
   };
   return {make(), make};
 }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -70,6 +71,26 @@ inline std::string write_worker(
                    << "; exit 3; fi\n"
                    << "while [ ! -e " << (dir / "stop")
                    << " ]; do sleep 0.05; done\n";
+  std::filesystem::permissions(p, std::filesystem::perms::owner_all);
+  return p.string();
+}
+
+// Writes dir/name and returns its path: a worker that prints "start
+// RANK=r WORLD_SIZE=w", then exits 0 at once, or, when `fail_when` is given,
+// waits for that file to exist and exits 3.
+inline std::string write_ending_worker(
+    const std::filesystem::path& dir,
+    const std::string& name,
+    const std::filesystem::path& fail_when = {}) {
+  auto p = dir / name;
+  std::ofstream out(p);
+  out << "#!/bin/sh\n"
+      << "echo \"start RANK=$RANK WORLD_SIZE=$WORLD_SIZE\"\n";
+  if (!fail_when.empty()) {
+    out << "while [ ! -e " << fail_when << " ]; do sleep 0.05; done\n"
+        << "exit 3\n";
+  }
+  out.close();
   std::filesystem::permissions(p, std::filesystem::perms::owner_all);
   return p.string();
 }
@@ -216,6 +237,45 @@ inline void expect_ranks(
 // The exit code of a wait status, or -1 when the process was signalled.
 inline int exit_code(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Two nodes whose workers end differently: node "a"'s succeed at once, node
+// "b"'s fail for good once "a" is in its exit barrier. `start(name, script)`
+// starts an agent (a first, so that with c10d it hosts the store). Expects b
+// to exit 1, and a to exit 0 within `bound` of b's exit, saying why it left
+// the barrier early.
+template <typename Start>
+void expect_finished_node_leaves_when_peer_fails(
+    Cluster& c,
+    const std::filesystem::path& dir,
+    Start start,
+    std::chrono::seconds bound) {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  auto fail_now = dir / "fail-now";
+  start("a", write_ending_worker(dir, "ok.sh"));
+  start("b", write_ending_worker(dir, "fail.sh", fail_now));
+  ASSERT_TRUE(c.wait_line("all workers succeeded", 60s)) << c.log();
+  ASSERT_TRUE(c.wait_line("b| start RANK=", 60s)) << c.log();
+  std::ofstream(fail_now) << "";
+  auto b = c.agent("b").wait(30s);
+  auto b_exited = Clock::now();
+  ASSERT_TRUE(b.has_value()) << c.log();
+  EXPECT_EQ(exit_code(*b), 1) << c.log();
+  auto a = c.agent("a").wait(bound);
+  auto a_later = Clock::now() - b_exited;
+  ASSERT_TRUE(a.has_value()) << "a still in its exit barrier " << bound.count()
+                             << " s after b failed\n"
+                             << c.log();
+  EXPECT_EQ(exit_code(*a), 0) << c.log();
+  EXPECT_LT(a_later, bound) << c.log();
+  EXPECT_TRUE(
+      c.wait_line("exit barrier: every node has ended", 1s) ||
+      c.wait_line("exit barrier: the rendezvous is closed", 1s))
+      << c.log();
+  std::printf(
+      "the finished node exited %.0f ms after the failed one\n",
+      std::chrono::duration<double, std::milli>(a_later).count());
 }
 
 }  // namespace tide::test

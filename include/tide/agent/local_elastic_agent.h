@@ -57,14 +57,17 @@ class LocalElasticAgent {
 
   // Rendezvous, start the workers, watch them; restart the group on a
   // failure while restarts remain, and when nodes wait to join; run the
-  // exit barrier after success. Returns SUCCEEDED with return values or
-  // FAILED with failures. Throws SignalException after request_stop(),
-  // RendezvousError / RendezvousClosedError / TimeoutError when the
-  // rendezvous fails, InvalidArgument for a bad spec.
+  // exit barrier after success (docs/tiderun.md#the-exit-barrier). Returns
+  // SUCCEEDED with return values or FAILED with failures. Throws
+  // SignalException after request_stop(), RendezvousError /
+  // RendezvousClosedError / TimeoutError when the rendezvous fails,
+  // InvalidArgument for a bad spec.
   RunResult run();
 
   // Stops the workers with `sig` (then SIGKILL after the grace period) and
-  // makes run() throw SignalException. Async-signal-safe.
+  // makes run() throw SignalException; in the exit barrier, where the
+  // workers already succeeded, run() leaves it within a second and returns
+  // the success. Async-signal-safe.
   void request_stop(int sig) noexcept;
 
   const WorkerSpec& spec() const {

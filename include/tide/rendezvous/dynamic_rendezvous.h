@@ -127,8 +127,8 @@ class RendezvousBackend {
   virtual void set_timeout(milliseconds timeout) = 0;
   // Marks arrival index of round (of size participants) as gone for good,
   // at the end of the job. A backend whose server lives in this process keeps
-  // it up until every participant left, for at most close_timeout, so the
-  // others can finish their exit barrier.
+  // it up until every participant left, for at most close_timeout (0: not
+  // at all), so the others can finish their exit barrier.
   virtual void leave(
       int64_t round,
       int64_t index,
@@ -173,6 +173,8 @@ class DynamicRendezvousHandler final : public RendezvousHandler {
   }
   // Leaves the round for good and closes the job (torch's rule: an agent
   // that finishes, or fails for good, ends the rendezvous for everyone).
+  // After interrupt(), a store served from this process stops at once
+  // instead of waiting for the others to leave.
   bool shutdown() override;
   // Workers host their own store at the address rank 0's agent published
   // (torch 1.13's rule for c10d and etcd).

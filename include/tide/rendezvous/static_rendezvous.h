@@ -45,8 +45,4 @@ class StaticRendezvousHandler final : public RendezvousHandler {
   int round_ = 0;
 };
 
-// Splits "host[:port]" or "[v6addr]:port"; port defaults to default_port.
-std::pair<std::string, uint16_t> parse_endpoint(
-    const std::string& endpoint, uint16_t default_port);
-
 }  // namespace tide::rendezvous

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 
+#include "tide/common/fd.h"
 #include "tide/timer/timer_server.h"
 
 // Timers over a named pipe, in torch's FileTimerServer/FileTimerClient
@@ -34,7 +35,7 @@ class FileTimerServer final : public TimerServer {
 
  protected:
   int channel_fd() const override {
-    return fd_;
+    return fd_.get();
   }
   void read_requests(std::vector<TimerRequest>& out) override;
 
@@ -42,13 +43,13 @@ class FileTimerServer final : public TimerServer {
   void parse_line(std::string_view line, std::vector<TimerRequest>& out);
 
   std::string path_;
-  int fd_ = -1;
+  Fd fd_;
   // Watchdog thread only.
   std::string partial_;
   std::atomic<size_t> malformed_{0};
 };
 
-class FileTimerClient final : public TimerClient {
+class FileTimerClient final : public TimerChannelClient {
  public:
   // `signal` reclaims the worker (torch's default: SIGKILL). A request
   // waits up to `timeout` for a server that is not up yet or whose pipe is
@@ -64,20 +65,16 @@ class FileTimerClient final : public TimerClient {
       int signal = SIGKILL,
       std::chrono::milliseconds timeout = std::chrono::seconds(10),
       bool keep_open = false);
-  ~FileTimerClient() override;
-
-  void acquire(const std::string& scope_id, double expiration_time) override;
-  void release(const std::string& scope_id) override;
 
  private:
-  void send(const std::string& scope_id, double expiration_time, int signal);
+  void send(
+      const std::string& scope_id, double expiration_time, int signal) override;
 
   const std::string path_;
-  const int signal_;
   const std::chrono::milliseconds timeout_;
   const bool keep_open_;
   std::mutex mutex_;
-  int fd_ = -1;  // Guarded by mutex_.
+  Fd fd_;  // Guarded by mutex_.
 };
 
 }  // namespace tide::timer

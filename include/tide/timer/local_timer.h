@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 
+#include "tide/common/fd.h"
 #include "tide/timer/timer_server.h"
 
 // Timers for workers on the agent's host over a Unix datagram socket the
@@ -24,31 +25,27 @@ class LocalTimerServer final : public TimerServer {
 
  protected:
   int channel_fd() const override {
-    return fd_;
+    return fd_.get();
   }
   void read_requests(std::vector<TimerRequest>& out) override;
 
  private:
   std::string path_;
-  int fd_ = -1;
+  Fd fd_;
 };
 
-class LocalTimerClient final : public TimerClient {
+class LocalTimerClient final : public TimerChannelClient {
  public:
   // Connects on first use.
   explicit LocalTimerClient(std::string path, int signal = SIGKILL);
-  ~LocalTimerClient() override;
-
-  void acquire(const std::string& scope_id, double expiration_time) override;
-  void release(const std::string& scope_id) override;
 
  private:
-  void send(const std::string& scope_id, double expiration_time, int signal);
+  void send(
+      const std::string& scope_id, double expiration_time, int signal) override;
 
   const std::string path_;
-  const int signal_;
   std::mutex mutex_;
-  int fd_ = -1;  // Guarded by mutex_.
+  Fd fd_;  // Guarded by mutex_.
 };
 
 }  // namespace tide::timer

@@ -51,6 +51,28 @@ class TimerClient {
   virtual void release(const std::string& scope_id) = 0;
 };
 
+// A client whose requests go to the server as (scope, expiration, signal)
+// messages: acquire sends the client's signal, release a negative
+// expiration and no signal. The channel is the subclass's.
+class TimerChannelClient : public TimerClient {
+ public:
+  void acquire(const std::string& scope_id, double expiration_time) final {
+    send(scope_id, expiration_time, signal_);
+  }
+  void release(const std::string& scope_id) final {
+    send(scope_id, -1, 0);
+  }
+
+ protected:
+  explicit TimerChannelClient(int signal) : signal_(signal) {}
+  // Delivers one request; throws Error when the server cannot be reached.
+  virtual void send(
+      const std::string& scope_id, double expiration_time, int signal) = 0;
+
+ private:
+  const int signal_;
+};
+
 // Sets the client expires() uses by default (process-wide).
 void configure(std::shared_ptr<TimerClient> client);
 std::shared_ptr<TimerClient> configured_client();

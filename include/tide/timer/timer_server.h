@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tide/common/fd.h"
 #include "tide/timer/timer.h"
 
 namespace tide::timer {
@@ -100,7 +101,7 @@ class TimerServer {
 
   const pid_t self_pid_ = ::getpid();
   std::atomic<double> last_progress_{0};
-  int wake_fd_ = -1;
+  Fd wake_fd_;
   std::atomic<bool> stopping_{false};
   std::once_flag start_once_;
   std::thread thread_;

@@ -33,7 +33,7 @@
 //   ProtocolError    a reply that is not the JSON etcd sends (bad base64, a
 //                    field of the wrong type); not retried on another endpoint
 // Every message names the call and the key.
-namespace tide::rendezvous::etcd {
+namespace tide::etcd {
 
 // One key as etcd stores it (mvccpb.KeyValue).
 struct KeyValue {
@@ -197,4 +197,4 @@ std::string base64_decode(std::string_view text);
 // (every key) when there is no such byte.
 std::string prefix_range_end(std::string_view prefix);
 
-}  // namespace tide::rendezvous::etcd
+}  // namespace tide::etcd

@@ -1,6 +1,6 @@
 // The etcd client: JSON requests over one kept-alive libcurl handle, a second
 // handle for watch streams, and failover across the endpoints.
-#include "rendezvous/etcd_client.h"
+#include "etcd/etcd_client.h"
 
 #include <algorithm>
 #include <array>
@@ -16,7 +16,7 @@
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
 
-namespace tide::rendezvous::etcd {
+namespace tide::etcd {
 
 namespace {
 
@@ -1062,4 +1062,4 @@ void EtcdClient::set_request_timeout(std::chrono::milliseconds timeout) {
   impl_->request_timeout = timeout;
 }
 
-}  // namespace tide::rendezvous::etcd
+}  // namespace tide::etcd

@@ -1,6 +1,6 @@
 // The etcd store: each call borrows an EtcdClient from a pool; read-modify-
 // write calls are compare-and-swap loops on mod_revision.
-#include "tide/store/etcd_store.h"
+#include "tide/etcd/etcd_store.h"
 
 #include <algorithm>
 #include <mutex>
@@ -8,15 +8,13 @@
 
 #include "tide/common/error.h"
 
-#include "rendezvous/etcd_client.h"
+#include "etcd/etcd_client.h"
 #include "store/keys.h"
 #include "store/kv_map.h"
 
-namespace tide::store {
+namespace tide::etcd {
 
-using rendezvous::etcd::EtcdClient;
-using rendezvous::etcd::KeyValue;
-using rendezvous::etcd::TxnResult;
+using store::Clock;
 
 // Idle clients, each with its kept-alive connection. A call takes one (or
 // makes one when none is idle) and gives it back when done, so the mutex is
@@ -101,12 +99,12 @@ EtcdStore::EtcdStore(
 EtcdStore::~EtcdStore() = default;
 
 std::string EtcdStore::full(std::string_view key) const {
-  return detail::with_prefix(prefix_, key);
+  return store::detail::with_prefix(prefix_, key);
 }
 
 std::vector<std::string> EtcdStore::full(
     const std::vector<std::string>& keys) const {
-  return detail::with_prefix(prefix_, keys);
+  return store::detail::with_prefix(prefix_, keys);
 }
 
 std::vector<std::string> EtcdStore::read_when_present(
@@ -138,7 +136,7 @@ std::vector<std::string> EtcdStore::read_when_present(
       auto left =
           std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) {
-        detail::throw_wait_timeout(what, timeout, missing);
+        store::detail::throw_wait_timeout(what, timeout, missing);
       }
       // The key was absent at read.revision or later: any event after that
       // revision is news. Whatever wakes us, read all keys again.
@@ -162,7 +160,7 @@ int64_t EtcdStore::add(std::string_view key, int64_t delta) {
   return clients_->with_client(timeout(), [&](EtcdClient& client) {
     std::optional<KeyValue> kv = client.get(k);
     for (;;) {
-      int64_t current = kv ? detail::parse_counter(key, kv->value) : 0;
+      int64_t current = kv ? store::detail::parse_counter(key, kv->value) : 0;
       int64_t sum = 0;
       if (__builtin_add_overflow(current, delta, &sum)) {
         throw InvalidArgument(
@@ -280,4 +278,4 @@ void EtcdStore::multi_set(
   });
 }
 
-}  // namespace tide::store
+}  // namespace tide::etcd

@@ -1,11 +1,14 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "tide/store/store.h"
 
-namespace tide::store {
+namespace tide::etcd {
+
+using std::chrono::milliseconds;
 
 // A Store kept in etcd (torch's EtcdStore), for jobs whose rendezvous lives
 // there: it survives the loss of any one machine, including the one that
@@ -32,7 +35,7 @@ namespace tide::store {
 // NetworkError (no etcd member answered),
 // InvalidArgument (add() on text, a value etcd refuses), RemoteError (an
 // error etcd answered), ProtocolError (a reply etcd would not send).
-class EtcdStore final : public Store {
+class EtcdStore final : public store::Store {
  public:
   // endpoints: "host:port[,host:port...]" of the etcd cluster's client
   // URLs, each optionally with "http://". A call that cannot reach one
@@ -41,7 +44,7 @@ class EtcdStore final : public Store {
   EtcdStore(
       const std::string& endpoints,
       std::string key_prefix,
-      milliseconds timeout = kDefaultTimeout);
+      milliseconds timeout = store::Store::kDefaultTimeout);
   ~EtcdStore() override;
 
   void set(std::string_view key, std::string_view value) override;
@@ -86,4 +89,4 @@ class EtcdStore final : public Store {
   const std::unique_ptr<ClientPool> clients_;
 };
 
-}  // namespace tide::store
+}  // namespace tide::etcd

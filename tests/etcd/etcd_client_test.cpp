@@ -1,7 +1,7 @@
 // The etcd client against real etcd: one member for the calls, three for
 // failover, none for the errors; a canned HTTP server for replies etcd would
 // never send.
-#include "rendezvous/etcd_client.h"
+#include "etcd/etcd_client.h"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -16,11 +16,11 @@
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
-#include "tide/store/etcd_store.h"
+#include "tide/etcd/etcd_store.h"
 
 #include "support/etcd.h"
 
-namespace tide::rendezvous::etcd {
+namespace tide::etcd {
 namespace {
 
 using namespace std::chrono_literals;
@@ -331,19 +331,18 @@ TEST_F(EtcdClientTest, ARequestEtcdRefusesIsInvalidArgumentNamingTheKey) {
 
 // EtcdStore over this client: what the store conformance suite cannot see.
 TEST_F(EtcdClientTest, AnEtcdStoreKeepsKeysUnderItsPrefixWithASlash) {
-  store::EtcdStore s(cluster_->endpoints(), prefix_ + "job", 10s);
+  EtcdStore s(cluster_->endpoints(), prefix_ + "job", 10s);
   EXPECT_EQ(s.key_prefix(), prefix_ + "job/");
   s.set("k", "v");
   EXPECT_EQ(client_->get(prefix_ + "job/k")->value, "v");
   client_->put(prefix_ + "jobless", "not in the store");
   EXPECT_EQ(s.num_keys(), 1);
-  EXPECT_EQ(
-      store::EtcdStore(cluster_->endpoints(), "/a/", 1s).key_prefix(), "/a/");
-  EXPECT_THROW(store::EtcdStore("", "p", 1s), InvalidArgument);
+  EXPECT_EQ(EtcdStore(cluster_->endpoints(), "/a/", 1s).key_prefix(), "/a/");
+  EXPECT_THROW(EtcdStore("", "p", 1s), InvalidArgument);
 }
 
 TEST_F(EtcdClientTest, AnEtcdStoreServesOtherThreadsWhileOneWaits) {
-  store::EtcdStore s(cluster_->endpoints(), prefix_, 10s);
+  EtcdStore s(cluster_->endpoints(), prefix_, 10s);
   auto got = std::async(std::launch::async, [&] { return s.get("late"); });
   // The waiting get holds nothing these calls need.
   for (int i = 0; i < 20; ++i) {
@@ -558,4 +557,4 @@ TEST(EtcdClientBadReplyTest, ABrokenWatchStreamIsAProtocolError) {
 }
 
 }  // namespace
-}  // namespace tide::rendezvous::etcd
+}  // namespace tide::etcd
