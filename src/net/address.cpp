@@ -79,13 +79,19 @@ HostPort parse_host_port(std::string_view text) {
 }
 
 std::string format_host_port(std::string_view host, uint16_t port) {
+  bool v6 = host.find(':') != std::string_view::npos;
   std::string out;
-  if (host.find(':') != std::string_view::npos) {
-    out = "[" + std::string(host) + "]";
-  } else {
-    out = std::string(host);
+  out.reserve(host.size() + 8);
+  if (v6) {
+    out.push_back('[');
   }
-  return out + ":" + std::to_string(port);
+  out.append(host);
+  if (v6) {
+    out.push_back(']');
+  }
+  out.push_back(':');
+  out.append(std::to_string(port));
+  return out;
 }
 
 bool is_loopback(std::string_view host) {

@@ -1,6 +1,5 @@
 #include "transport/transport.h"
 
-#include <cxxabi.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -25,9 +24,12 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
-#include "tide/rpc/serialize.h"
 
-#include "rpc/frame.h"
+#include "common/demangle.h"
+#include "common/random.h"
+
+#include "transport/fields.h"
+#include "transport/frame.h"
 #include "transport/shm/segments.h"
 
 namespace tide::rpc::detail {
@@ -96,34 +98,15 @@ uint64_t part_size(uint64_t total, uint32_t parts) {
   return (total + parts - 1) / parts;
 }
 
-std::string demangle(const char* name) {
-  int status = 0;
-  char* s = abi::__cxa_demangle(name, nullptr, nullptr, &status);
-  if (status != 0 || s == nullptr) {
-    return name;
-  }
-  std::string out = s;
-  std::free(s);  // NOLINT(cppcoreguidelines-no-malloc): demangle's contract
-  return out;
-}
-
 // The type and message of an exception, for an ERROR frame.
 std::pair<std::string, std::string> describe(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const std::exception& ex) {
-    return {demangle(typeid(ex).name()), ex.what()};
+    return {type_name(ex), ex.what()};
   } catch (...) {
     return {"unknown", "a non-standard exception"};
   }
-}
-
-template <typename... A>
-std::string encode_meta(const A&... args) {
-  std::string out;
-  Encoder e(out);
-  encode_args(e, args...);
-  return out;
 }
 
 std::string errno_text(int e) {
@@ -164,18 +147,6 @@ std::string read_first_line(const char* path) {
   std::string line;
   std::getline(in, line);
   return line;
-}
-
-std::string random_hex(size_t bytes) {
-  std::random_device rd;
-  std::string out;
-  const char* digits = "0123456789abcdef";
-  for (size_t i = 0; i < bytes; ++i) {
-    unsigned v = rd() & 0xFF;
-    out += digits[v >> 4];
-    out += digits[v & 0xF];
-  }
-  return out;
 }
 
 // memcpy, in two halves on two threads when large: one core's copy does not
@@ -277,6 +248,16 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   void connection_failed(Connection& conn, const std::string& reason);
   void stop_on_loop();
   std::string peer_label(int id) const;
+  // HANDSHAKE's metadata: who this side is, shared memory offered or not,
+  // and the token.
+  std::string handshake_metadata(bool offer_shm) const {
+    return FieldWriter()
+        .i32(options.self_id)
+        .str(options.self_name)
+        .u32(offer_shm ? kFeatureSharedMemory : uint32_t{0})
+        .str(options.token)
+        .take();
+  }
   // The I/O thread: runs the loop until it runs out of work.
   void run_loop();
   void help(const std::function<bool()>& done);
@@ -648,9 +629,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
     uint64_t at = 0;
   };
   static PartPlace check_part(const Frame& frame, uint64_t length) {
-    Decoder d(frame.metadata);
-    auto [index, parts, total] =
-        decode_args<std::tuple<uint32_t, uint32_t, uint64_t>>(d, "part");
+    FieldReader r(frame.metadata, "a part");
+    uint32_t index = r.u32();
+    uint32_t parts = r.u32();
+    uint64_t total = r.u64();
+    r.end();
     uint64_t chunk = parts == 0 ? 0 : part_size(total, parts);
     uint64_t at = uint64_t{index} * chunk;
     if (parts == 0 || parts > kMaxLanes || index >= parts ||
@@ -746,9 +729,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Server side: the first frame of an accepted socket is LANE_HELLO; it
   // becomes a lane of the caller's connection.
   void attach_as_lane(Frame& frame) {
-    Decoder d(frame.metadata);
-    auto [id, index, token] =
-        decode_args<std::tuple<int, uint32_t, std::string>>(d, "lane hello");
+    FieldReader r(frame.metadata, "a lane hello");
+    int id = r.i32();
+    uint32_t index = r.u32();
+    std::string token = r.str();
+    r.end();
     if (!owner.options.token.empty() &&
         !token_equal(token, owner.options.token)) {
       throw ProtocolError("a lane without the group's token");
@@ -795,9 +780,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   void expect_handshake(Frame& frame) {
     if (outgoing && frame.type == MessageType::kError) {
-      Decoder d(frame.metadata);
-      auto [type, message] =
-          decode_args<std::tuple<std::string, std::string>>(d, "refusal");
+      FieldReader r(frame.metadata, "a refusal");
+      std::string type = r.str();
+      std::string message = r.str();
+      r.end();
       fail("the peer refused the connection: " + message);
       return;
     }
@@ -811,11 +797,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
           std::string("expected ") + message_type_name(want) + ", got " +
           message_type_name(frame.type));
     }
-    Decoder d(frame.metadata);
     if (outgoing) {
-      auto [id, name, features] =
-          decode_args<std::tuple<int, std::string, uint32_t>>(
-              d, "handshake ack");
+      FieldReader r(frame.metadata, "a handshake ack");
+      int id = r.i32();
+      std::string name = r.str();
+      uint32_t features = r.u32();
+      r.end();
       if (id != peer_id) {
         throw ProtocolError(
             "connected to worker " + std::to_string(peer_id) +
@@ -833,9 +820,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
       }
       return;
     }
-    auto [id, name, features, token] =
-        decode_args<std::tuple<int, std::string, uint32_t, std::string>>(
-            d, "handshake");
+    FieldReader r(frame.metadata, "a handshake");
+    int id = r.i32();
+    std::string name = r.str();
+    uint32_t features = r.u32();
+    std::string token = r.str();
+    r.end();
     if (!owner.options.token.empty() &&
         !token_equal(token, owner.options.token)) {
       TIDE_LOG_WARN(
@@ -845,13 +835,16 @@ struct Connection : std::enable_shared_from_this<Connection> {
           id,
           token.empty() ? "it presented no token" : "its token is wrong");
       Message refusal{MessageType::kError, 0, {}, {}};
-      refusal.metadata = encode_meta(
-          std::string("AuthenticationError"),
-          std::string(
-              "worker '" + owner.options.self_name +
-              "' requires the group's token (RpcBackendOptions::token or "
-              "TIDE_RPC_TOKEN) and " +
-              (token.empty() ? "none was presented" : "this one is wrong")));
+      refusal.metadata =
+          FieldWriter()
+              .str("AuthenticationError")
+              .str(
+                  "worker '" + owner.options.self_name +
+                  "' requires the group's token (RpcBackendOptions::token or "
+                  "TIDE_RPC_TOKEN) and " +
+                  (token.empty() ? "none was presented"
+                                 : "this one is wrong"))
+              .take();
       refused = true;
       std::unique_lock lock(wmutex);
       close_after_flush = true;
@@ -865,10 +858,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
     peer_id = id;
     bool agreed = local && (features & kFeatureSharedMemory) != 0;
     Message ack{MessageType::kHandshakeAck, 0, {}, {}};
-    ack.metadata = encode_meta(
-        owner.options.self_id,
-        owner.options.self_name,
-        agreed ? kFeatureSharedMemory : uint32_t{0});
+    ack.metadata = FieldWriter()
+                       .i32(owner.options.self_id)
+                       .str(owner.options.self_name)
+                       .u32(agreed ? kFeatureSharedMemory : uint32_t{0})
+                       .take();
     send(std::move(ack));
     std::lock_guard lock(wmutex);
     shm = agreed;
@@ -1046,8 +1040,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   }
 
   void on_release(Frame& frame) {
-    Decoder d(frame.metadata);
-    auto [ids] = decode_args<std::tuple<std::vector<uint64_t>>>(d, "release");
+    FieldReader r(frame.metadata, "a release");
+    std::vector<uint64_t> ids = r.u64s();
+    r.end();
     std::lock_guard lock(wmutex);
     for (uint64_t id : ids) {
       if (!segments.release(id)) {
@@ -1079,7 +1074,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
         return;
       }
       Message m{MessageType::kBufferRelease, 0, {}, {}};
-      m.metadata = encode_meta(std::exchange(self->releases, {}));
+      m.metadata = FieldWriter().u64s(std::exchange(self->releases, {})).take();
       self->send(std::move(m));
     });
   }
@@ -1094,9 +1089,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
         return;
       }
       case MessageType::kError: {
-        Decoder d(frame.metadata);
-        auto [type, message] =
-            decode_args<std::tuple<std::string, std::string>>(d, "error");
+        FieldReader r(frame.metadata, "an error");
+        std::string type = r.str();
+        std::string message = r.str();
+        r.end();
         if (auto call = owner.take_call(frame.id)) {
           owner.complete(
               *call,
@@ -1123,10 +1119,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
           std::string("unexpected ") + message_type_name(frame.type) +
           " from a caller");
     }
-    Decoder d(frame.metadata);
-    auto [fn, timeout_ms] =
-        decode_args<std::tuple<std::string, int64_t>>(d, "request");
-    (void)timeout_ms;
+    FieldReader r(frame.metadata, "a request");
+    std::string fn = r.str();
+    r.i64();  // the caller's timeout, in ms
+    r.end();
     uint64_t id = frame.id;
     Payload args = take_payload(frame);
     Future<Payload> result = [&] {
@@ -1150,7 +1146,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
       auto send_error = [&](const std::exception_ptr& error) {
         auto [type, message] = describe(error);
         Message reply{MessageType::kError, id, {}, {}};
-        reply.metadata = encode_meta(type, message);
+        reply.metadata = FieldWriter().str(type).str(message).take();
         self->send(std::move(reply));
       };
       if (auto error = f.error()) {
@@ -1188,7 +1184,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
         Message part{
             MessageType::kBufferPart,
             ref.transfer,
-            encode_meta(j, parts, ref.length),
+            FieldWriter().u32(j).u32(parts).u64(ref.length).take(),
             {}};
         part.buffers.emplace_back(
             b.owner(), b.data() + at, std::min(chunk, b.size() - at));
@@ -1625,11 +1621,7 @@ std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
   auto conn = std::make_shared<Connection>(*this, Socket(io), true, local);
   conn->peer_id = to;
   Message hello{MessageType::kHandshake, 0, {}, {}};
-  hello.metadata = encode_meta(
-      options.self_id,
-      options.self_name,
-      local ? kFeatureSharedMemory : uint32_t{0},
-      options.token);
+  hello.metadata = handshake_metadata(local);
   // Queued first, written once connected; the requests of callers that find
   // the connection in `outgoing` (from now on) queue behind it.
   conn->send(std::move(hello));
@@ -1662,8 +1654,7 @@ std::shared_ptr<Connection> Transport::Impl::connect_on_loop(int to) {
     // The handshake (first in the queue, unsent) must not offer shared
     // memory over TCP.
     Message hello{MessageType::kHandshake, 0, {}, {}};
-    hello.metadata = encode_meta(
-        options.self_id, options.self_name, uint32_t{0}, options.token);
+    hello.metadata = handshake_metadata(false);
     {
       std::lock_guard lock(conn->wmutex);
       conn->queue.front() = conn->encode_frame(std::move(hello));
@@ -1732,7 +1723,8 @@ void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
     lane->decoder = FrameDecoder(FrameLimits{});
     lane->read_parts_in_place();
     Message hello{MessageType::kLaneHello, 0, {}, {}};
-    hello.metadata = encode_meta(options.self_id, j, options.token);
+    hello.metadata =
+        FieldWriter().i32(options.self_id).u32(j).str(options.token).take();
     lane->send(std::move(hello));
     // Used once connected: a lane that cannot connect is left out.
     connect_tcp(lane, [parent, lane] {
@@ -1768,8 +1760,10 @@ void Transport::Impl::send_call(
     std::chrono::milliseconds timeout,
     Pending call,
     Payload args) {
-  std::string meta =
-      encode_meta(call.fn, static_cast<int64_t>(timeout.count()));
+  std::string meta = FieldWriter()
+                         .str(call.fn)
+                         .i64(static_cast<int64_t>(timeout.count()))
+                         .take();
   {
     std::unique_lock lock(calls_mutex);
     auto it = outgoing.find(call.peer);
@@ -2091,7 +2085,7 @@ Transport::Transport(TransportOptions options, RequestHandler on_request)
   impl.start_accept();
   if (impl.options.shared_memory) {
     std::string name =
-        "tide-rpc-" + std::to_string(::getpid()) + "-" + random_hex(8);
+        "tide-rpc-" + std::to_string(::getpid()) + "-" + random_id(16);
     asio::local::stream_protocol::endpoint local(std::string(1, '\0') + name);
     impl.local_acceptor.open(local.protocol(), ec);
     if (!ec) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tide/common/future.h"
-#include "tide/rpc/rpc.h"
+#include "tide/common/buffer.h"
 
 // The transport of tide's RPC: frames (rpc/frame.h) over one connection per
 // caller/callee pair, opened on demand by the caller, chosen per pair:
@@ -25,7 +25,7 @@
 //        per lane, sent on all of them at once and put together by the
 //        receiver.
 //
-// Messages (metadata is an encode_args tuple):
+// Messages (metadata: the fields in transport/fields.h, in this order):
 //   HANDSHAKE      caller -> callee  (caller id, caller name, features,
 //                                     token)
 //   HANDSHAKE_ACK  callee -> caller  (callee id, callee name, features)

@@ -22,7 +22,7 @@
 
 #include "tide/common/error.h"
 
-#include "rpc/frame.h"
+#include "transport/frame.h"
 
 namespace {
 

@@ -21,7 +21,7 @@ case $target in
   rpc_frame)
     bin=rpc_frame_fuzz
     seeds=tests/fuzz/rpc_frame_corpus
-    sources=(tests/fuzz/rpc_frame_fuzz.cpp src/rpc/frame.cpp src/common/error.cpp)
+    sources=(tests/fuzz/rpc_frame_fuzz.cpp src/transport/frame.cpp src/common/error.cpp)
     ;;
   *)
     echo "run_fuzz.sh: unknown target '$target'; known: store_wire, rpc_frame" >&2

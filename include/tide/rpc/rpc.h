@@ -90,10 +90,7 @@ struct RpcBackendOptions {
 namespace detail {
 
 // An encoded value (argument pack or result) and its out-of-band buffers.
-struct Payload {
-  Buffer data;
-  std::vector<Buffer> buffers;
-};
+using tide::Payload;
 
 // A registered function, type-erased: decodes its arguments from the
 // decoder, runs, and completes with its encoded result.

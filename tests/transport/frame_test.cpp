@@ -1,4 +1,4 @@
-#include "rpc/frame.h"
+#include "transport/frame.h"
 
 #include <cstring>
 #include <span>

@@ -24,7 +24,8 @@
 #include "tide/rpc/rpc.h"
 #include "tide/store/tcp_store.h"
 
-#include "rpc/frame.h"
+#include "transport/fields.h"
+#include "transport/frame.h"
 #include "support/netns.h"
 #include "support/raw_client.h"
 #include "support/rpc_child.h"
@@ -205,10 +206,12 @@ class RawLocalPeer {
         ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       throw std::runtime_error("RawLocalPeer: connect failed");
     }
-    std::string meta;
-    Encoder e(meta);
-    encode_args(
-        e, 0, std::string("a"), detail::kFeatureSharedMemory, std::string());
+    std::string meta = detail::FieldWriter()
+                           .i32(0)
+                           .str("a")
+                           .u32(detail::kFeatureSharedMemory)
+                           .str("")
+                           .take();
     send(
         detail::encode(
             {.type = detail::MessageType::kHandshake, .metadata = meta}),
@@ -277,9 +280,7 @@ class RawLocalPeer {
 // A request whose one 1 MiB buffer is said to be in a segment: `table`
 // bytes of references follow the (empty) buffer.
 std::string shm_request(const std::string& table) {
-  std::string meta;
-  Encoder e(meta);
-  encode_args(e, std::string("echo_blob"), int64_t{1000});
+  std::string meta = detail::FieldWriter().str("echo_blob").i64(1000).take();
   std::string args;
   std::vector<Buffer> buffers;
   Encoder a(args, &buffers);
@@ -353,9 +354,8 @@ TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
 TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
   auto agents = group({{}, {}});
   uint16_t port = published(1).port;
-  std::string meta;
-  Encoder e(meta);
-  encode_args(e, 0, std::string("a"), uint32_t{0}, std::string());
+  std::string meta =
+      detail::FieldWriter().i32(0).str("a").u32(0).str("").take();
   test::RawClient raw(port);
   // A stranger's first frame may not bring a gigabyte: the buffer's length
   // alone ends the connection.
@@ -372,19 +372,14 @@ TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
 
 // Raw TCP peers of b for the lane tests: a connection through its
 // handshake (as worker `id`), and lanes beside it.
-std::string encoded_meta(auto... values) {
-  std::string meta;
-  Encoder e(meta);
-  encode_args(e, values...);
-  return meta;
-}
 
 std::unique_ptr<test::RawClient> raw_tcp_peer(
     uint16_t port, int id, const std::string& token) {
   auto raw = std::make_unique<test::RawClient>(port);
   EXPECT_TRUE(raw->send(detail::encode(
       {.type = detail::MessageType::kHandshake,
-       .metadata = encoded_meta(id, std::string("raw"), uint32_t{0}, token)})));
+       .metadata =
+           detail::FieldWriter().i32(id).str("raw").u32(0).str(token).take()})));
   detail::FrameDecoder d;
   while (true) {  // The ack, a byte at a time (it is small).
     std::string b = raw->read(1);
@@ -399,7 +394,7 @@ std::unique_ptr<test::RawClient> raw_tcp_peer(
 std::string lane_hello(int id, uint32_t index, const std::string& token) {
   return detail::encode(
       {.type = detail::MessageType::kLaneHello,
-       .metadata = encoded_meta(id, index, token)});
+       .metadata = detail::FieldWriter().i32(id).u32(index).str(token).take()});
 }
 
 std::string buffer_part(
@@ -411,7 +406,7 @@ std::string buffer_part(
   return detail::encode(
       {.type = detail::MessageType::kBufferPart,
        .id = transfer,
-       .metadata = encoded_meta(index, parts, total),
+       .metadata = detail::FieldWriter().u32(index).u32(parts).u64(total).take(),
        .buffers = {std::string(bytes, 'p')}});
 }
 
@@ -472,7 +467,7 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
         {.type = detail::MessageType::kRequest,
          .flags = detail::kFlagLanes,
          .id = 1,
-         .metadata = encoded_meta(std::string("echo_blob"), int64_t{1000}),
+         .metadata = detail::FieldWriter().str("echo_blob").i64(1000).take(),
          .buffers = {args, buffer, table}});
   };
   auto ref = [](uint32_t index) {  // 2 parts of transfer 9, of 2 MiB

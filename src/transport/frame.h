@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tide/rpc/buffer.h"
+#include "tide/common/buffer.h"
 
 // The frame layer of tide's RPC (docs/rpc-protocol.md): pure encoding and
 // decoding, no I/O. A frame is a message type, a message id, opaque per-call
