@@ -189,7 +189,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     rpc::Frame f = build_frame(stream, limits);
     uint64_t wire_size =
         rpc::kFrameHeaderSize + 8 * f.buffers.size() + f.metadata.size();
-    for (const tide::rpc::Buffer& b : f.buffers) {
+    for (const tide::Buffer& b : f.buffers) {
       wire_size += b.size();
     }
     std::string bytes;
