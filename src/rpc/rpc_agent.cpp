@@ -17,7 +17,11 @@
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
+#include "common/demangle.h"
 #include "net/address.h"
+#include "rpc/calls.h"
+#include "rpc/messages.h"
+#include "transport/fields.h"
 #include "transport/transport.h"
 
 namespace tide::rpc {
@@ -93,9 +97,9 @@ RpcBackendOptions with_defaults(RpcBackendOptions options) {
         std::to_string(options.transports.size()) + " without it");
   }
   if (options.tcp_lanes < 0 ||
-      options.tcp_lanes > static_cast<int>(detail::kMaxLanes)) {
+      options.tcp_lanes > static_cast<int>(transport::kMaxLanes)) {
     throw InvalidArgument(
-        "tcp_lanes must be 0 to " + std::to_string(detail::kMaxLanes) +
+        "tcp_lanes must be 0 to " + std::to_string(transport::kMaxLanes) +
         "; got " + std::to_string(options.tcp_lanes));
   }
   return options;
@@ -221,7 +225,10 @@ struct RpcAgent::Impl {
       --runs.runners;
     });
   }
-  std::unique_ptr<detail::Transport> transport;
+  // The books first: the transport, destroyed before them, may still
+  // report to them until its thread ends.
+  std::unique_ptr<detail::Calls> calls;
+  std::unique_ptr<transport::Transport> transport;
 
   // Functions running here. Shared: an async function may complete after
   // the agent is gone.
@@ -345,7 +352,7 @@ struct RpcAgent::Impl {
           self.id,
           options.listen_host,
           static_cast<int>(transport->port()),
-          detail::local_host_key(),
+          transport::local_host_key(),
           transport->local_name());
     }
     store->set(key("workers/" + me), entry);
@@ -363,7 +370,7 @@ struct RpcAgent::Impl {
           std::to_string(options.rpc_timeout.count()) + " ms (" + e.what() +
           ")");
     }
-    std::vector<detail::PeerAddress> peers;
+    std::vector<transport::PeerAddress> peers;
     for (const auto& v : values) {
       Decoder d(v);
       auto [name, id, host, port, host_key, local_name] =
@@ -376,20 +383,97 @@ struct RpcAgent::Impl {
               std::string>>(d, "worker entry");
       infos.push_back(WorkerInfo{name, id});
       ids[name] = id;
-      peers.push_back(detail::PeerAddress{
+      peers.push_back(transport::PeerAddress{
           id, name, host, static_cast<uint16_t>(port), host_key, local_name});
     }
     transport->set_peers(std::move(peers));
   }
 
   size_t outstanding() const {
-    return activity->running.load() + transport->pending_calls();
+    return activity->running.load() + calls->pending();
   }
 
   void stop_local() {
     transport->shutdown();
     transport->join();
+    if (calls) {
+      calls->fail_all("rpc agent '" + self.name + "' is shut down");
+    }
     pool->join();
+  }
+
+  // A message of the rpc layer, on the transport's loop: replies to the
+  // books, requests to the pool.
+  void on_message(const transport::Pipe& pipe, transport::Message m) {
+    if (pipe.outgoing()) {
+      calls->on_reply(pipe, std::move(m));
+      return;
+    }
+    if (m.type == detail::MessageType::kCancel) {
+      return;  // Best effort: a running function is not interrupted.
+    }
+    if (m.type != detail::MessageType::kRequest) {
+      throw ProtocolError(
+          std::string("unexpected ") +
+          detail::rpc_message_types().name(m.type) + " from a caller");
+    }
+    transport::FieldReader r(m.metadata, "a request");
+    std::string fn = r.str();
+    r.i64();  // the caller's timeout, in ms
+    r.end();
+    if (m.buffers.empty()) {
+      throw ProtocolError("REQUEST frame without its payload buffer");
+    }
+    detail::Payload args;
+    args.data = std::move(m.buffers[0]);
+    args.buffers.assign(
+        std::make_move_iterator(m.buffers.begin() + 1),
+        std::make_move_iterator(m.buffers.end()));
+    uint64_t id = m.id;
+    Future<detail::Payload> result = [&] {
+      try {
+        return on_request(pipe.peer(), fn, std::move(args));
+      } catch (...) {
+        return Future<detail::Payload>::make_failed(std::current_exception());
+      }
+    }();
+    // Completes on a pool thread (or here), which sends the reply itself:
+    // no hop through the loop. The pipe drops it once the caller is gone.
+    result.on_complete([pipe, id](const Future<detail::Payload>& f) {
+      auto send_error = [&](const std::exception_ptr& error) {
+        std::string type = "unknown";
+        std::string message = "a non-standard exception";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          type = type_name(e);
+          message = e.what();
+        } catch (...) {
+        }
+        pipe.send(transport::Message{
+            detail::MessageType::kError,
+            id,
+            transport::FieldWriter().str(type).str(message).take(),
+            {}});
+      };
+      if (auto error = f.error()) {
+        send_error(error);
+        return;
+      }
+      try {
+        detail::Payload out = f.wait(milliseconds(0));
+        transport::Message reply{detail::MessageType::kResponse, id, {}, {}};
+        reply.buffers.reserve(1 + out.buffers.size());
+        reply.buffers.push_back(std::move(out.data));
+        for (auto& b : out.buffers) {
+          reply.buffers.push_back(std::move(b));
+        }
+        pipe.send(std::move(reply));
+      } catch (...) {
+        // A result the frame limits refuse: the caller hears why.
+        send_error(std::current_exception());
+      }
+    });
   }
 
   // Each worker enters once its own work is done; all leave together.
@@ -455,17 +539,27 @@ RpcAgent::RpcAgent(
   impl.pool = std::make_unique<asio::thread_pool>(
       static_cast<size_t>(impl.options.num_worker_threads));
   try {
-    impl.transport = std::make_unique<detail::Transport>(
-        detail::TransportOptions{
+    impl.transport = std::make_unique<transport::Transport>(
+        transport::TransportOptions{
             rank,
             impl.self.name,
             impl.options.listen_host,
             wants_shm(impl.options),
             impl.options.token,
-            static_cast<size_t>(impl.options.tcp_lanes)},
-        [&impl](int caller, std::string fn, detail::Payload args) {
-          return impl.on_request(caller, std::move(fn), std::move(args));
+            static_cast<size_t>(impl.options.tcp_lanes),
+            detail::rpc_message_types()},
+        transport::TransportHandlers{
+            .on_message =
+                [&impl](const transport::Pipe& pipe, transport::Message m) {
+                  impl.on_message(pipe, std::move(m));
+                },
+            .on_closed =
+                [&impl](const transport::Pipe& pipe, const std::string& why) {
+                  impl.calls->on_closed(pipe, why);
+                },
         });
+    impl.calls =
+        std::make_unique<detail::Calls>(*impl.transport, impl.self.name);
     impl.rendezvous();
   } catch (...) {
     if (impl.transport) {
@@ -523,7 +617,7 @@ Future<detail::Payload> RpcAgent::call(
     milliseconds timeout,
     detail::Payload args) {
   int id = get_worker_info(to).id;
-  return impl_->transport->call(
+  return impl_->calls->start(
       id, fn, effective_timeout(timeout), std::move(args));
 }
 
@@ -536,7 +630,7 @@ milliseconds RpcAgent::effective_timeout(milliseconds timeout) const {
 }
 
 size_t RpcAgent::num_pending_calls() const {
-  return impl_->transport->pending_calls();
+  return impl_->calls->pending();
 }
 
 size_t RpcAgent::num_running_functions() const {

@@ -13,7 +13,7 @@
 // little-endian, strings and lists after a u32 count. Pure, no I/O. A
 // reader that runs short, finds a count past the end, or has bytes left
 // over throws ProtocolError naming the message.
-namespace tide::rpc::detail {
+namespace tide::transport {
 
 class FieldWriter {
  public:
@@ -117,4 +117,4 @@ class FieldReader {
   const char* what_;
 };
 
-}  // namespace tide::rpc::detail
+}  // namespace tide::transport

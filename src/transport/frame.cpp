@@ -11,7 +11,7 @@
 
 #include "tide/common/error.h"
 
-namespace tide::rpc::detail {
+namespace tide::transport {
 
 namespace {
 
@@ -62,8 +62,12 @@ std::string hex(uint8_t v) {
   return std::string("0x") + kHex[v >> 4] + kHex[v & 0xf];
 }
 
-std::string describe(uint64_t id, MessageType type) {
-  return "message " + std::to_string(id) + " (" + message_type_name(type) + ")";
+std::string describe(
+    uint64_t id, MessageType type, const MessageTypes* types = nullptr) {
+  return "message " + std::to_string(id) + " (" +
+         (types != nullptr && types->known(type) ? types->name(type)
+                                                 : "type " + hex(type)) +
+         ")";
 }
 
 // Heap bytes held by a string (none while it fits in the object itself).
@@ -74,63 +78,16 @@ size_t heap_bytes(const std::string& s) {
 
 }  // namespace
 
-const char* message_type_name(MessageType type) {
-  switch (type) {
-    case MessageType::kHandshake:
-      return "HANDSHAKE";
-    case MessageType::kHandshakeAck:
-      return "HANDSHAKE_ACK";
-    case MessageType::kShutdownIntent:
-      return "SHUTDOWN_INTENT";
-    case MessageType::kShutdownAck:
-      return "SHUTDOWN_ACK";
-    case MessageType::kPing:
-      return "PING";
-    case MessageType::kBufferRelease:
-      return "BUFFER_RELEASE";
-    case MessageType::kLaneHello:
-      return "LANE_HELLO";
-    case MessageType::kBufferPart:
-      return "BUFFER_PART";
-    case MessageType::kRequest:
-      return "REQUEST";
-    case MessageType::kResponse:
-      return "RESPONSE";
-    case MessageType::kError:
-      return "ERROR";
-    case MessageType::kCancel:
-      return "CANCEL";
-    case MessageType::kRRefCreate:
-      return "RREF_CREATE";
-    case MessageType::kRRefFetch:
-      return "RREF_FETCH";
-    case MessageType::kRRefUserDelete:
-      return "RREF_USER_DELETE";
-    case MessageType::kAutogradForward:
-      return "AUTOGRAD_FORWARD";
-    case MessageType::kAutogradBackward:
-      return "AUTOGRAD_BACKWARD";
-  }
-  return "UNKNOWN";
-}
-
-std::optional<MessageType> message_type_from_wire(uint8_t value) {
-  for (MessageType t : kMessageTypes) {
-    if (static_cast<uint8_t>(t) == value) {
-      return t;
-    }
-  }
-  return std::nullopt;
-}
-
 std::string encode_head(
-    const FrameHeaderView& frame, const FrameLimits& limits) {
+    const FrameHeaderView& frame,
+    const FrameLimits& limits,
+    const MessageTypes* types) {
   auto type = static_cast<uint8_t>(frame.type);
-  if (!message_type_from_wire(type)) {
+  if (type == 0 || (types != nullptr && !types->known(type))) {
     throw InvalidArgument(
-        "cannot encode message type " + hex(type) + ": not a MessageType");
+        "cannot encode message type " + hex(type) + ": not a known type");
   }
-  auto what = [&] { return describe(frame.id, frame.type); };
+  auto what = [&] { return describe(frame.id, frame.type, types); };
   size_t max_metadata = std::min<size_t>(limits.max_metadata, UINT32_MAX);
   if (frame.metadata.size() > max_metadata) {
     throw InvalidArgument(
@@ -207,12 +164,14 @@ std::string encode(const Frame& frame, const FrameLimits& limits) {
   return out;
 }
 
-FrameDecoder::FrameDecoder(const FrameLimits& limits)
-    : limits_(limits), rest_(limits) {}
+FrameDecoder::FrameDecoder(const MessageTypes& types, const FrameLimits& limits)
+    : types_(&types), limits_(limits), rest_(limits) {}
 
 FrameDecoder::FrameDecoder(
-    const FrameLimits& limits, const FrameLimits& first_frame)
-    : limits_(first_frame), rest_(limits) {}
+    const MessageTypes& types,
+    const FrameLimits& limits,
+    const FrameLimits& first_frame)
+    : types_(&types), limits_(first_frame), rest_(limits) {}
 
 void FrameDecoder::feed(const char* data, size_t n) {
   if (error_) {
@@ -321,7 +280,7 @@ void FrameDecoder::check_header_fields(size_t before, size_t after) {
   }
   if (arrived(kFlagsAt)) {
     auto type = static_cast<uint8_t>(header_[kTypeAt]);
-    if (!message_type_from_wire(type)) {
+    if (!types_->known(type)) {
       fail(
           "unknown message type " + hex(type) +
           ": the peer runs a newer or incompatible tide");
@@ -360,7 +319,7 @@ void FrameDecoder::check_header_fields(size_t before, size_t after) {
 }
 
 void FrameDecoder::start_frame() {
-  frame_.type = *message_type_from_wire(static_cast<uint8_t>(header_[kTypeAt]));
+  frame_.type = static_cast<MessageType>(header_[kTypeAt]);
   frame_.flags = get<uint16_t>(header_.data() + kFlagsAt);
   frame_.id = get<uint64_t>(header_.data() + kIdAt);
   metadata_len_ = get<uint32_t>(header_.data() + kMetadataLenAt);
@@ -387,7 +346,7 @@ bool FrameDecoder::read_lengths(const char*& data, size_t& n) {
     }
     length_have_ = 0;
     uint64_t len = get<uint64_t>(length_bytes_.data());
-    auto what = [this] { return describe(frame_.id, frame_.type); };
+    auto what = [this] { return describe(frame_.id, frame_.type, types_); };
     if (len > limits_.max_buffer) {
       fail(
           what() + " declares buffer " + std::to_string(lengths_.size()) +
@@ -548,4 +507,4 @@ void FrameDecoder::fail(std::string message) {
   take_frame();
 }
 
-}  // namespace tide::rpc::detail
+}  // namespace tide::transport

@@ -6,6 +6,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,7 +15,7 @@
 
 #include "tide/common/buffer.h"
 
-// The frame layer of tide's RPC (docs/rpc-protocol.md): pure encoding and
+// The frame layer of tide's transport (docs/rpc-protocol.md): pure encoding and
 // decoding, no I/O. A frame is a message type, a message id, opaque per-call
 // metadata and a list of buffers. Buffers travel after the metadata and are
 // never copied into it, so a sender can writev() tensors straight from their
@@ -26,7 +27,7 @@
 //   buffer_count x u64 buffer length
 //   metadata_len bytes of metadata
 //   the buffers, in order
-namespace tide::rpc::detail {
+namespace tide::transport {
 
 static_assert(sizeof(size_t) == 8, "the RPC frame layer needs a 64-bit host");
 
@@ -35,96 +36,65 @@ constexpr uint32_t kFrameMagic = 0x50524454;
 constexpr uint8_t kFrameVersion = 1;
 constexpr size_t kFrameHeaderSize = 24;
 
-// What a frame is for. The frame layer checks only that the value is one of
-// these; what the id, metadata and buffers mean is the message layer's.
-// A value this build does not know is a ProtocolError, so a new type needs a
-// new version or a feature agreed in the handshake before it is sent.
-//
-// value  type               message id            notes
-// 0x00   (none)             -                     never valid: a zeroed
-//                                                 header is malformed
-// 0x01   kHandshake         0                     first frame each way:
-//                                                 versions, name, features
-// 0x02   kHandshakeAck      0                     the accepted version, name
-// 0x03   kShutdownIntent    0                     the sender starts no new
-//                                                 calls; pending ones finish
-// 0x04   kShutdownAck       0                     the peer agrees; close after
-// 0x05   kPing              new                   reserved; answered by a
-//                                                 kResponse with its id
-// 0x06   kBufferRelease     0                     shared-memory segments the
-//                                                 sender's peer may reuse
-// 0x10   kRequest           new                   metadata: function name,
-//                                                 timeout, caller id; args in
-//                                                 the buffers
-// 0x11   kResponse          the request's         result in the buffers
-// 0x12   kError             the request's         a remote exception: its
-//                                                 type and message
-// 0x13   kCancel            the request's         the caller gave up (e.g.
-//                                                 timed out); best effort
-// 0x20   kRRefCreate        new                   reserved: remote(); the
-//                                                 owner makes an OwnerRRef
-// 0x21   kRRefFetch         new                   reserved: to_here()
-// 0x22   kRRefUserDelete    new                   reserved: a UserRRef died
-//        0x23-0x2f                                RRef forks, child accepts
-// 0x30   kAutogradForward   new                   reserved: a call that
-//                                                 records send/recv functions
-//                                                 in an autograd context
-// 0x31   kAutogradBackward  new                   reserved: propagate
-//                                                 gradients back to a peer
-//        0x32-0x3f                                context cleanup, ...
-//
-// A "new" id is chosen by the sender, unique among its outstanding messages
-// on the connection; replies (kResponse, kError) and kCancel carry it back.
-// RemoteModule needs no type of its own: it is kRRefCreate plus kRequest.
-enum class MessageType : uint8_t {
-  kHandshake = 0x01,
-  kHandshakeAck = 0x02,
-  kShutdownIntent = 0x03,
-  kShutdownAck = 0x04,
-  kPing = 0x05,
-  kBufferRelease = 0x06,
-  kLaneHello = 0x07,
-  kBufferPart = 0x08,
-  kRequest = 0x10,
-  kResponse = 0x11,
-  kError = 0x12,
-  kCancel = 0x13,
-  kRRefCreate = 0x20,
-  kRRefFetch = 0x21,
-  kRRefUserDelete = 0x22,
-  kAutogradForward = 0x30,
-  kAutogradBackward = 0x31,
-};
+// What a frame is for: one byte. The frame layer checks only that a
+// stream's types are among those its reader knows (a MessageTypes table);
+// what the id, metadata and buffers mean is the message layer's. The
+// transport's own messages are 0x01-0x0f (transport/control.h); the layer
+// above numbers its own from 0x10 (rpc/messages.h) and gives its table to
+// the transport. 0 is never valid: a zeroed header is malformed. A type the
+// reader does not know is a ProtocolError, so a new type needs a new
+// version or a feature agreed in the handshake before it is sent.
+using MessageType = uint8_t;
+constexpr MessageType kFirstUpperType = 0x10;
 
-// Every MessageType, in wire order.
-constexpr std::array<MessageType, 17> kMessageTypes = {
-    MessageType::kHandshake,
-    MessageType::kHandshakeAck,
-    MessageType::kShutdownIntent,
-    MessageType::kShutdownAck,
-    MessageType::kPing,
-    MessageType::kBufferRelease,
-    MessageType::kLaneHello,
-    MessageType::kBufferPart,
-    MessageType::kRequest,
-    MessageType::kResponse,
-    MessageType::kError,
-    MessageType::kCancel,
-    MessageType::kRRefCreate,
-    MessageType::kRRefFetch,
-    MessageType::kRRefUserDelete,
-    MessageType::kAutogradForward,
-    MessageType::kAutogradBackward,
+// The types a reader accepts, with their names for messages ("REQUEST").
+class MessageTypes {
+ public:
+  MessageTypes() = default;
+  MessageTypes(std::initializer_list<std::pair<MessageType, const char*>> t) {
+    for (const auto& [type, name] : t) {
+      add(type, name);
+    }
+  }
+  MessageTypes& add(MessageType type, const char* name) {
+    if (type != 0) {
+      names_[type] = name;
+    }
+    return *this;
+  }
+  MessageTypes& add(const MessageTypes& other) {
+    for (size_t t = 1; t < names_.size(); ++t) {
+      if (other.names_[t] != nullptr) {
+        names_[t] = other.names_[t];
+      }
+    }
+    return *this;
+  }
+  bool known(MessageType type) const {
+    return names_[type] != nullptr;
+  }
+  // "UNKNOWN" for a type not in the table.
+  const char* name(MessageType type) const {
+    return known(type) ? names_[type] : "UNKNOWN";
+  }
+  // Every known type, in wire order.
+  std::vector<MessageType> all() const {
+    std::vector<MessageType> out;
+    for (size_t t = 1; t < names_.size(); ++t) {
+      if (names_[t] != nullptr) {
+        out.push_back(static_cast<MessageType>(t));
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::array<const char*, 256> names_{};
 };
 
 // Storage for a received buffer of n bytes: aligned for any element type,
 // in huge pages when large. Throws ProtocolError when it cannot be had.
 Buffer allocate_buffer(uint64_t n);
-
-// "REQUEST", "RREF_FETCH", ...; "UNKNOWN" for a value not in the table.
-const char* message_type_name(MessageType type);
-// The type of a wire value, or nullopt when this build does not know it.
-std::optional<MessageType> message_type_from_wire(uint8_t value);
 
 // Limits a receiver enforces and a sender checks before encoding. Both sides
 // use the defaults unless told otherwise; a frame over a limit is a
@@ -140,7 +110,7 @@ struct FrameLimits {
 
 // A decoded frame, owning its bytes.
 struct Frame {
-  MessageType type = MessageType::kRequest;
+  MessageType type = 0;
   // Bits for the message layer, carried unchanged by the frame layer:
   // kFlagSharedMemory (the transport's, see transport/transport.h).
   uint16_t flags = 0;
@@ -153,7 +123,7 @@ struct Frame {
 
 // A frame to send, borrowing its bytes from the caller.
 struct FrameHeaderView {
-  MessageType type = MessageType::kRequest;
+  MessageType type = 0;
   uint16_t flags = 0;
   uint64_t id = 0;
   std::string_view metadata;
@@ -164,10 +134,12 @@ struct FrameHeaderView {
 
 // The 24-byte header, the buffer lengths and the metadata of `frame`: the
 // bytes to write before its buffers. Throws InvalidArgument when the type is
-// not a MessageType or the frame is over `limits` (the peer would drop the
-// connection on it). Pure; thread-safe.
+// 0 or not in `types` (when given), or the frame is over `limits` (the peer
+// would drop the connection on it). Pure; thread-safe.
 std::string encode_head(
-    const FrameHeaderView& frame, const FrameLimits& limits = {});
+    const FrameHeaderView& frame,
+    const FrameLimits& limits = {},
+    const MessageTypes* types = nullptr);
 
 // The whole frame in one string: encode_head() then the buffers. For small
 // frames and tests; throws as encode_head().
@@ -192,10 +164,16 @@ std::string encode(const Frame& frame, const FrameLimits& limits = {});
 // Not thread-safe: one reader owns a decoder.
 class FrameDecoder {
  public:
-  explicit FrameDecoder(const FrameLimits& limits = {});
+  // `types`: those the stream may carry (anything else is malformed); the
+  // table must outlive the decoder.
+  explicit FrameDecoder(
+      const MessageTypes& types, const FrameLimits& limits = {});
   // With tighter limits for the first frame (a handshake, before the peer
   // is known), then `limits`.
-  FrameDecoder(const FrameLimits& limits, const FrameLimits& first_frame);
+  FrameDecoder(
+      const MessageTypes& types,
+      const FrameLimits& limits,
+      const FrameLimits& first_frame);
 
   // Consumes n bytes of the stream. Does not block and keeps no pointer into
   // `data`. Throws the decoder's error once next() has reported it.
@@ -259,6 +237,7 @@ class FrameDecoder {
   Frame take_frame();
   void fail(std::string message);
 
+  const MessageTypes* types_;
   FrameLimits limits_;  // Those of the frame in progress.
   FrameLimits rest_;    // Those of the frames after it.
 
@@ -292,4 +271,4 @@ class FrameDecoder {
   bool trusted_ = false;
 };
 
-}  // namespace tide::rpc::detail
+}  // namespace tide::transport

@@ -7,55 +7,41 @@
 #include <string>
 #include <vector>
 
-#include "tide/common/future.h"
 #include "tide/common/buffer.h"
 
-// The transport of tide's RPC: frames (rpc/frame.h) over one connection per
-// caller/callee pair, opened on demand by the caller, chosen per pair:
+#include "common/clock.h"
+#include "transport/frame.h"
+
+// The transport: messages (a type, an id, metadata and buffers) between
+// named peers, over one connection per ordered pair, opened on demand by
+// the side that sends first (pipe_to) and chosen per pair:
 //
 //   shm  processes of one host and one network namespace: a Unix socket
 //        (abstract name) carries the frames, and buffers of kShmThreshold
 //        bytes or more travel through shared-memory segments passed over it
-//        (transport/shm/segments.h): one copy, by the sender.
+//        (transport/shm/): one copy, by the sender.
 //   tcp  anything else, or when shm is off or its socket cannot be reached;
-//        buffers follow the frame on the socket (writev, no copy). With
-//        lanes, the caller opens that many more TCP connections to the
-//        callee when the first buffer of kLaneThreshold bytes or more
-//        crosses, and from then on each such buffer is cut into one part
-//        per lane, sent on all of them at once and put together by the
-//        receiver.
+//        buffers follow the frame on the socket (sendmsg, no copy). With
+//        lanes, the opening side adds that many TCP connections when the
+//        first buffer of kLaneThreshold bytes or more crosses, and from then
+//        on each such buffer is cut into one part per lane, sent on all of
+//        them at once and put together by the receiver (transport/tcp/).
 //
-// Messages (metadata: the fields in transport/fields.h, in this order):
-//   HANDSHAKE      caller -> callee  (caller id, caller name, features,
-//                                     token)
-//   HANDSHAKE_ACK  callee -> caller  (callee id, callee name, features)
-//   ERROR, id 0    callee -> caller  the handshake was refused (type,
-//                                     message); the callee closes
-//   REQUEST        (function, timeout ms); buffers: args, out-of-band...
-//   RESPONSE       buffers: result, out-of-band...
-//   ERROR          (exception type, message)
-//   BUFFER_RELEASE either way        (segment ids the sender may reuse)
-//   LANE_HELLO     caller -> callee, first on a lane (caller id, lane
-//                                     index, token)
-//   BUFFER_PART    either way, on a lane; id: the transfer (part index,
-//                                     parts, total bytes); buffer: the part
-// A frame with kFlagSharedMemory has one more buffer, last: its table of
-// shared-memory references (docs/rpc-protocol.md), and each buffer the table
-// names is empty in the frame. A frame with kFlagLanes has its table of
-// transfers last instead (docs/rpc-protocol.md), and waits for their parts.
-// The caller sends its requests right after its handshake, without waiting
-// for the ack.
+// The transport knows its own control messages (transport/control.h:
+// handshakes, lanes, segment releases) and nothing of what the layer above
+// sends: that layer names its types (TransportOptions::message_types),
+// receives its messages in on_message, and hears when a connection it
+// opened is lost (on_closed). Calls, replies, timeouts and remote errors
+// are the rpc layer's (src/rpc/calls.h).
 //
-// Threading: the loop's handlers own every socket, connection, segment and
-// pending call; public methods post to it. They run on the I/O thread, or
-// on a thread that lends itself to the loop while it waits (help()), one
-// thread at a time.
-namespace tide::rpc::detail {
+// Threads (docs/thread_model.md): the loop's handlers own every socket,
+// connection and segment; they run on the I/O thread, or on a thread lent
+// to the loop while it waits (help()), one thread at a time. A Pipe may be
+// written from any thread.
+namespace tide::transport {
 
 constexpr uint16_t kFlagSharedMemory = 1;
 constexpr uint16_t kFlagLanes = 2;
-// Handshake features.
-constexpr uint32_t kFeatureSharedMemory = 1;
 // Buffers from this size go through shared memory on shm connections.
 constexpr size_t kShmThreshold = size_t{256} << 10;
 // Buffers from this size are cut over the lanes of TCP connections.
@@ -77,10 +63,53 @@ struct PeerAddress {
 // inode.
 std::string local_host_key();
 
-// Runs a request: called on the I/O thread, must not block; returns the
-// future of the encoded result (or of the error to send back).
-using RequestHandler =
-    std::function<Future<Payload>(int caller, std::string fn, Payload args)>;
+// A message of the layer above. buffers[0] is usually its encoded body; a
+// buffer of kShmThreshold (kLaneThreshold) bytes or more past the first may
+// travel through shared memory (lanes).
+struct Message {
+  MessageType type = 0;
+  uint64_t id = 0;
+  std::string metadata;
+  std::vector<Buffer> buffers;
+};
+
+struct Connection;
+
+// One connection as the layer above holds it: a handle that stays valid
+// (and harmless) after the connection or the whole transport is gone.
+// Copyable; thread safe.
+class Pipe {
+ public:
+  Pipe() = default;
+
+  // The peer's id (from its handshake, or the one pipe_to() was given).
+  int peer() const {
+    return peer_;
+  }
+  // This side opened it (pipe_to()).
+  bool outgoing() const {
+    return outgoing_;
+  }
+  // Whether it closed (then on_closed has run, or is about to).
+  bool closed() const;
+  // Queues m and writes what the socket takes now; never waits for the
+  // network. Dropped when the pipe is closed or the transport gone. Throws
+  // InvalidArgument when m is over the frame limits (the peer would drop
+  // the connection on it).
+  void send(Message m) const;
+  // The same connection.
+  bool same(const Pipe& other) const {
+    return !conn_.owner_before(other.conn_) && !other.conn_.owner_before(conn_);
+  }
+
+ private:
+  friend struct Connection;
+  std::weak_ptr<Connection> conn_;
+  // The transport's state, alive while the transport is.
+  std::weak_ptr<void> transport_;
+  int peer_ = -1;
+  bool outgoing_ = false;
+};
 
 struct TransportOptions {
   int self_id = 0;
@@ -89,11 +118,26 @@ struct TransportOptions {
   // Listen on an abstract Unix socket too and use shared memory with peers
   // of this host.
   bool shared_memory = true;
-  // When not empty, callers must present it and this side presents it.
+  // When not empty, peers must present it and this side presents it.
   std::string token;
   // Extra TCP connections per TCP peer for large buffers (0: none; at most
   // kMaxLanes).
   size_t lanes = 0;
+  // The layer above's message types (from kFirstUpperType); a peer sending
+  // any other type is dropped.
+  MessageTypes message_types;
+};
+
+struct TransportHandlers {
+  // A message of the layer above came on `pipe` (after its handshake). On
+  // the loop: must not block. A ProtocolError it throws drops the
+  // connection (logged); so does any other exception.
+  std::function<void(const Pipe& pipe, Message m)> on_message;
+  // A pipe this side opened (pipe_to) closed: the peer went away, a write
+  // or read failed, the peer misbehaved, or shutdown. Once per pipe, on the
+  // loop. (A connection a peer opened closes silently: what went over it
+  // is that peer's to lose.)
+  std::function<void(const Pipe& pipe, const std::string& reason)> on_closed;
 };
 
 class Transport {
@@ -101,7 +145,7 @@ class Transport {
   // Binds listen_host (port 0) and, with shared_memory, a Unix socket, and
   // starts the I/O thread. Throws NetworkError when an address cannot be
   // bound, InvalidArgument when listen_host is not an IP address.
-  Transport(TransportOptions options, RequestHandler on_request);
+  Transport(TransportOptions options, TransportHandlers handlers);
   // shutdown() and join().
   ~Transport();
 
@@ -112,19 +156,19 @@ class Transport {
   // The abstract Unix socket name ("" without shared memory).
   const std::string& local_name() const;
 
-  // Where each peer listens; before the first call.
+  // Where each peer listens; before the first pipe_to(). Thread safe.
   void set_peers(std::vector<PeerAddress> peers);
+  // "worker 'b' (id 1, host:port)", for messages. Thread safe.
+  std::string peer_label(int id) const;
 
-  // Sends a request to peer `to`; the future completes with the reply, or
-  // TimeoutError after `timeout`, or NetworkError. Thread safe, never blocks.
-  Future<Payload> call(
-      int to, std::string fn, std::chrono::milliseconds timeout, Payload args);
-
-  // Calls not yet completed. Thread safe.
-  size_t pending_calls() const;
+  // The connection this side opened to peer `to`, opened now when there is
+  // none: its messages queue until it is connected and go in order. Thread
+  // safe, never blocks on the network. Throws NetworkError after
+  // shutdown(), InvalidArgument for a peer set_peers() did not name.
+  Pipe pipe_to(int to);
 
   // "shm" or "tcp" for the connection this side opened to peer `to`, "" when
-  // there is none (yet). Thread safe; waits for the I/O thread.
+  // there is none (yet). Thread safe; waits for the loop.
   std::string connection_kind(int to);
 
   struct Stats {
@@ -140,15 +184,19 @@ class Transport {
   };
   Stats stats() const;
 
-  // Lends this thread to the I/O loop while it would otherwise wait: runs
-  // the loop's ready handlers here (replies, requests, completions of other
-  // futures and their continuations) until done() holds or nothing came for
-  // a while, then returns; the caller then blocks as it would have. Does
-  // nothing on a thread inside a handler. Thread safe.
+  // Runs fn on the loop. Thread safe.
+  void post(std::function<void()> fn);
+  // Runs fn on the loop at `when`, once, instead of what an earlier call
+  // asked; Clock::time_point::max() cancels. For the one deadline timer of
+  // the layer above. Thread safe.
+  void set_alarm(Clock::time_point when, std::function<void()> fn);
+
+  // Lends this thread to the loop while it would otherwise wait
+  // (LendableLoop::lend). Thread safe.
   void help(const std::function<bool()>& done);
 
-  // Closes everything; pending calls fail with NetworkError. Asynchronous,
-  // idempotent.
+  // Closes every connection (on_closed runs for those this side opened);
+  // later pipe_to() throws. Asynchronous, idempotent.
   void shutdown();
   // Waits for the I/O thread to end.
   void join();
@@ -156,9 +204,9 @@ class Transport {
   struct Impl;
 
  private:
-  // Shared with replies of async functions and with buffers received in
-  // shared memory, which may outlive the transport (they find it expired).
+  // Shared with pipes and with buffers received in shared memory, which
+  // may outlive the transport (they find it expired).
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace tide::rpc::detail
+}  // namespace tide::transport

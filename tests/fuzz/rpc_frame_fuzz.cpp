@@ -22,11 +22,22 @@
 
 #include "tide/common/error.h"
 
+#include "rpc/messages.h"
+#include "transport/control.h"
 #include "transport/frame.h"
 
 namespace {
 
-namespace rpc = tide::rpc::detail;
+namespace wire = tide::transport;
+
+// Every type tide's streams carry: the transport's and rpc's.
+const wire::MessageTypes& types() {
+  static const wire::MessageTypes kAll =
+      wire::MessageTypes()
+          .add(wire::control_types())
+          .add(tide::rpc::detail::rpc_message_types());
+  return kAll;
+}
 
 void require(bool cond) {
   if (!cond) {
@@ -35,21 +46,21 @@ void require(bool cond) {
 }
 
 struct Decoded {
-  std::vector<rpc::Frame> frames;
+  std::vector<wire::Frame> frames;
   std::optional<std::string> error;
 };
 
 // The memory bound FrameDecoder documents: twice the bytes of the frame in
 // progress plus a few dozen bytes per declared buffer.
 void require_bounded(
-    const rpc::FrameDecoder& d,
+    const wire::FrameDecoder& d,
     uint64_t in_progress,
-    const rpc::FrameLimits& limits) {
+    const wire::FrameLimits& limits) {
   require(
       d.bytes_reserved() <= 2 * in_progress + 64 * (limits.max_buffers + 1));
 }
 
-void require_sticky(rpc::FrameDecoder& d, const std::string& error) {
+void require_sticky(wire::FrameDecoder& d, const std::string& error) {
   for (int i = 0; i < 2; ++i) {
     try {
       d.feed("TDRP", 4);
@@ -73,10 +84,10 @@ void require_sticky(rpc::FrameDecoder& d, const std::string& error) {
 Decoded decode_stream(
     std::string_view stream,
     std::string_view chunker,
-    const rpc::FrameLimits& limits,
+    const wire::FrameLimits& limits,
     bool trusted = false) {
   Decoded out;
-  rpc::FrameDecoder d(limits);
+  wire::FrameDecoder d(types(), limits);
   if (trusted) {
     d.trust_lengths();
   }
@@ -98,7 +109,7 @@ Decoded decode_stream(
     d.feed(piece.data(), piece.size());
     try {
       while (auto f = d.next()) {
-        std::string bytes = rpc::encode(*f, limits);
+        std::string bytes = wire::encode(*f, limits);
         require(stream.substr(consumed, bytes.size()) == bytes);
         consumed += bytes.size();
         out.frames.push_back(std::move(*f));
@@ -121,7 +132,7 @@ Decoded decode_stream(
 }
 
 // A valid frame made from the stream's bytes, within `limits`.
-rpc::Frame build_frame(std::string_view in, const rpc::FrameLimits& limits) {
+wire::Frame build_frame(std::string_view in, const wire::FrameLimits& limits) {
   auto byte = [&]() -> uint8_t {
     if (in.empty()) {
       return 0;
@@ -135,8 +146,9 @@ rpc::Frame build_frame(std::string_view in, const rpc::FrameLimits& limits) {
     in.remove_prefix(s.size());
     return std::string(s);
   };
-  rpc::Frame f;
-  f.type = rpc::kMessageTypes[byte() % rpc::kMessageTypes.size()];
+  wire::Frame f;
+  static const std::vector<wire::MessageType> kTypes = types().all();
+  f.type = kTypes[byte() % kTypes.size()];
   f.flags = static_cast<uint16_t>(byte() | byte() << 8);
   for (int i = 0; i < 8; ++i) {
     f.id = f.id << 8 | byte();
@@ -159,14 +171,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Small limits so the fuzzer reaches them (bit 5: a total so tight that
   // a header alone can exceed it); bit 4: the defaults, to test the memory
   // bound against huge claims.
-  rpc::FrameLimits limits{
+  wire::FrameLimits limits{
       .max_metadata = 64,
       .max_buffers = 8,
       .max_buffer = 256,
       .max_frame = (options & 0x20) ? 120u : 1024u,
   };
   if (options & 0x10) {
-    limits = rpc::FrameLimits{};
+    limits = wire::FrameLimits{};
   }
   std::string_view all(reinterpret_cast<const char*>(data) + 1, size - 1);
   std::string_view chunker =
@@ -186,15 +198,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   if (options & 0x08) {
-    rpc::Frame f = build_frame(stream, limits);
+    wire::Frame f = build_frame(stream, limits);
     uint64_t wire_size =
-        rpc::kFrameHeaderSize + 8 * f.buffers.size() + f.metadata.size();
+        wire::kFrameHeaderSize + 8 * f.buffers.size() + f.metadata.size();
     for (const tide::Buffer& b : f.buffers) {
       wire_size += b.size();
     }
     std::string bytes;
     try {
-      bytes = rpc::encode(f, limits);
+      bytes = wire::encode(f, limits);
     } catch (const tide::InvalidArgument&) {
       // max_frame is the only limit build_frame() can break.
       require(wire_size > limits.max_frame);

@@ -10,10 +10,21 @@
 
 #include "tide/common/error.h"
 
-namespace tide::rpc::detail {
+#include "rpc/messages.h"
+#include "transport/control.h"
+
+namespace tide::transport {
 namespace {
 
 using ::testing::HasSubstr;
+using RpcType = rpc::detail::MessageType;
+
+// Every type a stream of tide's may carry: the transport's and rpc's.
+const MessageTypes& all_types() {
+  static const MessageTypes kAll =
+      MessageTypes().add(control_types()).add(rpc::detail::rpc_message_types());
+  return kAll;
+}
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
@@ -28,7 +39,7 @@ void le(std::string& out, T v) {
 struct RawHeader {
   uint32_t magic = kFrameMagic;
   uint8_t version = kFrameVersion;
-  uint8_t type = static_cast<uint8_t>(MessageType::kRequest);
+  uint8_t type = RpcType::kRequest;
   uint16_t flags = 0;
   uint64_t id = 1;
   uint32_t metadata_len = 0;
@@ -59,7 +70,7 @@ Frame sample(MessageType type, uint64_t id) {
 // Decodes `bytes` fed in chunks of `chunk` bytes; fails the test on an error.
 std::vector<Frame> decode_all(
     std::string_view bytes, size_t chunk, const FrameLimits& limits = {}) {
-  FrameDecoder d(limits);
+  FrameDecoder d(all_types(), limits);
   std::vector<Frame> out;
   for (size_t i = 0; i < bytes.size(); i += chunk) {
     std::string_view piece = bytes.substr(i, chunk);
@@ -74,7 +85,7 @@ std::vector<Frame> decode_all(
 
 // The message of the ProtocolError `bytes` make next() throw, or "".
 std::string error_of(std::string_view bytes, const FrameLimits& limits = {}) {
-  FrameDecoder d(limits);
+  FrameDecoder d(all_types(), limits);
   d.feed(bytes.data(), bytes.size());
   try {
     while (d.next()) {
@@ -87,7 +98,7 @@ std::string error_of(std::string_view bytes, const FrameLimits& limits = {}) {
 
 TEST(FrameTest, HeaderHasTheDocumentedLittleEndianLayout) {
   Frame f{
-      .type = MessageType::kResponse,
+      .type = RpcType::kResponse,
       .flags = 0x0201,
       .id = 0x0807060504030201,
       .metadata = "md",
@@ -108,38 +119,36 @@ TEST(FrameTest, EveryMessageTypeRoundTrips) {
   std::string stream;
   std::vector<Frame> sent;
   uint64_t id = 0;
-  for (MessageType t : kMessageTypes) {
+  for (MessageType t : all_types().all()) {
     sent.push_back(sample(t, id++));
     stream += encode(sent.back());
-    EXPECT_EQ(message_type_from_wire(static_cast<uint8_t>(t)), t);
-    EXPECT_STRNE(message_type_name(t), "UNKNOWN");
+    EXPECT_TRUE(all_types().known(t));
+    EXPECT_STRNE(all_types().name(t), "UNKNOWN");
   }
   EXPECT_EQ(decode_all(stream, stream.size()), sent);
 }
 
 TEST(FrameTest, TypesOutsideTheTableAreUnknown) {
-  for (int v : {0x00, 0x09, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
-    EXPECT_EQ(message_type_from_wire(static_cast<uint8_t>(v)), std::nullopt)
-        << v;
+  for (int v : {0x00, 0x0a, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
+    EXPECT_FALSE(all_types().known(static_cast<MessageType>(v))) << v;
   }
-  EXPECT_STREQ(message_type_name(static_cast<MessageType>(0x7f)), "UNKNOWN");
+  EXPECT_STREQ(all_types().name(0x7f), "UNKNOWN");
 }
 
 TEST(FrameTest, FrameWithoutMetadataOrBuffersIsJustTheHeader) {
-  Frame f{.type = MessageType::kShutdownAck, .id = 0};
+  Frame f{.type = ControlType::kHandshakeAck, .id = 0};
   std::string bytes = encode(f);
   EXPECT_EQ(bytes.size(), kFrameHeaderSize);
   EXPECT_EQ(decode_all(bytes, 1), std::vector<Frame>{f});
 }
 
 TEST(FrameTest, EmptyBuffersKeepTheirPlace) {
-  Frame f{
-      .type = MessageType::kRequest, .id = 9, .buffers = {"", "", "x", "", ""}};
+  Frame f{.type = RpcType::kRequest, .id = 9, .buffers = {"", "", "x", "", ""}};
   EXPECT_EQ(decode_all(encode(f), 3), std::vector<Frame>{f});
 }
 
 TEST(FrameTest, AsManyBuffersAsTheLimitAllows) {
-  Frame f{.type = MessageType::kRequest, .id = 5, .metadata = "m"};
+  Frame f{.type = RpcType::kRequest, .id = 5, .metadata = "m"};
   for (size_t i = 0; i < FrameLimits{}.max_buffers; ++i) {
     f.buffers.push_back(std::string(i % 7, static_cast<char>('a' + i % 26)));
   }
@@ -147,9 +156,9 @@ TEST(FrameTest, AsManyBuffersAsTheLimitAllows) {
 }
 
 TEST(FrameTest, ByteByByteFeedingReturnsTheFrameOnlyAtItsLastByte) {
-  Frame f = sample(MessageType::kError, 77);
+  Frame f = sample(RpcType::kError, 77);
   std::string bytes = encode(f);
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   EXPECT_FALSE(d.mid_frame());
   for (size_t i = 0; i + 1 < bytes.size(); ++i) {
     d.feed(&bytes[i], 1);
@@ -164,16 +173,16 @@ TEST(FrameTest, ByteByByteFeedingReturnsTheFrameOnlyAtItsLastByte) {
 
 TEST(FrameTest, SeveralFramesInOneFeedComeOutInOrder) {
   std::vector<Frame> sent = {
-      sample(MessageType::kRequest, 1),
-      Frame{.type = MessageType::kCancel, .id = 1},
-      sample(MessageType::kResponse, 2),
-      Frame{.type = MessageType::kShutdownIntent}};
+      sample(RpcType::kRequest, 1),
+      Frame{.type = RpcType::kCancel, .id = 1},
+      sample(RpcType::kResponse, 2),
+      Frame{.type = ControlType::kBufferRelease}};
   std::string stream;
   for (const Frame& f : sent) {
     stream += encode(f);
   }
   stream += encode(sent[0]).substr(0, 30);  // and the start of another
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed(stream.data(), stream.size());
   for (const Frame& f : sent) {
     EXPECT_EQ(d.next(), f);
@@ -183,7 +192,7 @@ TEST(FrameTest, SeveralFramesInOneFeedComeOutInOrder) {
 }
 
 TEST(FrameTest, EncodeHeadThenTheBuffersIsTheWholeFrame) {
-  Frame f = sample(MessageType::kAutogradForward, 3);
+  Frame f = sample(RpcType::kAutogradForward, 3);
   std::string head = encode_head(
       {.type = f.type,
        .flags = f.flags,
@@ -199,7 +208,7 @@ TEST(FrameTest, EncodeHeadThenTheBuffersIsTheWholeFrame) {
 }
 
 TEST(FrameTest, BadMagicIsRejectedFromItsFourBytes) {
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed("GET ", 4);
   try {
     d.next();
@@ -219,7 +228,7 @@ TEST(FrameTest, UnknownVersionIsRejected) {
 
 TEST(FrameTest, UnknownTypesAreRejected) {
   for (auto [t, text] : std::vector<std::pair<uint8_t, std::string>>{
-           {0x00, "0x00"}, {0x09, "0x09"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
+           {0x00, "0x00"}, {0x0a, "0x0a"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
     std::string bytes = raw({.type = t});
     EXPECT_THAT(
         error_of(bytes.substr(0, 6)),
@@ -279,7 +288,7 @@ TEST(FrameTest, DefaultLimitsAddUpWithoutOverflow) {
 }
 
 TEST(FrameTest, ErrorNamesTheOffsetOfTheBadFrame) {
-  std::string good = encode(sample(MessageType::kRequest, 1));
+  std::string good = encode(sample(RpcType::kRequest, 1));
   std::string msg = error_of(good + "HTTP/1.1");
   EXPECT_THAT(
       msg,
@@ -287,9 +296,9 @@ TEST(FrameTest, ErrorNamesTheOffsetOfTheBadFrame) {
 }
 
 TEST(FrameTest, FramesBeforeAnErrorAreDeliveredFirst) {
-  Frame f = sample(MessageType::kResponse, 4);
+  Frame f = sample(RpcType::kResponse, 4);
   std::string bytes = encode(f) + raw({.version = 9});
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed(bytes.data(), bytes.size());
   EXPECT_FALSE(d.mid_frame());
   EXPECT_EQ(d.next(), f);
@@ -297,7 +306,7 @@ TEST(FrameTest, FramesBeforeAnErrorAreDeliveredFirst) {
 }
 
 TEST(FrameTest, ErrorIsStickyForFeedAndNext) {
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   std::string bad = raw({.type = 0x66});
   d.feed(bad.data(), bad.size());
   std::string first;
@@ -307,7 +316,7 @@ TEST(FrameTest, ErrorIsStickyForFeedAndNext) {
     first = e.what();
   }
   ASSERT_FALSE(first.empty());
-  std::string good = encode(sample(MessageType::kRequest, 1));
+  std::string good = encode(sample(RpcType::kRequest, 1));
   for (int i = 0; i < 3; ++i) {
     try {
       d.feed(good.data(), good.size());
@@ -325,10 +334,10 @@ TEST(FrameTest, ErrorIsStickyForFeedAndNext) {
 }
 
 TEST(FrameTest, BytesAfterAnUnreportedErrorAreDropped) {
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   std::string bad = raw({.magic = 0});
   d.feed(bad.data(), bad.size());
-  std::string good = encode(sample(MessageType::kRequest, 1));
+  std::string good = encode(sample(RpcType::kRequest, 1));
   d.feed(good.data(), good.size());  // not yet reported: no throw
   EXPECT_EQ(d.bytes_reserved(), 0u);
   EXPECT_THROW(d.next(), ProtocolError);
@@ -338,7 +347,7 @@ TEST(FrameTest, AFailedDecoderHoldsNoMemory) {
   std::string bytes = raw({.buffer_count = 1000});
   le<uint64_t>(bytes, 10);
   le<uint64_t>(bytes, 5 * kGiB);
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed(bytes.data(), 24 + 8);
   EXPECT_GT(d.bytes_reserved(), 0u);
   d.feed(bytes.data() + 32, 8);
@@ -350,7 +359,7 @@ TEST(FrameTest, AFailedDecoderHoldsNoMemory) {
 TEST(FrameTest, AHugeClaimCostsOnlyTheBytesThatCame) {
   std::string bytes = raw({.buffer_count = 1});
   le<uint64_t>(bytes, 4 * kGiB);
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed(bytes.data(), bytes.size());
   EXPECT_LE(d.bytes_reserved(), 64u);
   std::string chunk(64 * 1024, 'x');
@@ -366,7 +375,7 @@ TEST(FrameTest, AHugeClaimCostsOnlyTheBytesThatCame) {
 
 TEST(FrameTest, AHugeMetadataClaimCostsOnlyTheBytesThatCame) {
   std::string bytes = raw({.metadata_len = 1u << 20}) + "0123456789";
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed(bytes.data(), bytes.size());
   EXPECT_EQ(d.next(), std::nullopt);
   EXPECT_LE(d.bytes_reserved(), 20u + 16u);
@@ -374,7 +383,7 @@ TEST(FrameTest, AHugeMetadataClaimCostsOnlyTheBytesThatCame) {
 
 TEST(FrameTest, DeclaredBuffersCostAFewDozenBytesEach) {
   std::string bytes = raw({.buffer_count = 1024});
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.feed(bytes.data(), bytes.size());
   EXPECT_GT(d.bytes_reserved(), 0u);
   EXPECT_LE(d.bytes_reserved(), 64u * 1024);
@@ -383,10 +392,10 @@ TEST(FrameTest, DeclaredBuffersCostAFewDozenBytesEach) {
 // A placement puts a trusted decoder's buffers where the caller wants them
 // (a lane's parts in their transfer); one of the wrong size is an error.
 TEST(FrameTest, APlacementReceivesBuffersWhereItSays) {
-  Frame f = sample(MessageType::kResponse, 9);
+  Frame f = sample(RpcType::kResponse, 9);
   std::string wire = encode(f);
   std::vector<char> home(1000);
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   d.trust_lengths();
   std::vector<size_t> asked;
   d.set_placement([&](const Frame& frame, size_t index, uint64_t length) {
@@ -403,7 +412,7 @@ TEST(FrameTest, APlacementReceivesBuffersWhereItSays) {
   EXPECT_EQ(got->buffers[1].data(), home.data());
   EXPECT_EQ(asked, (std::vector<size_t>{0, 1, 3}));  // Not the empty one.
 
-  FrameDecoder wrong;
+  FrameDecoder wrong(all_types());
   wrong.trust_lengths();
   wrong.set_placement([&](const Frame&, size_t, uint64_t length) {
     return Buffer(nullptr, home.data(), length - 1);
@@ -420,13 +429,13 @@ TEST(FrameTest, ATrustedDecoderFillsLargeBuffersInPlace) {
     big[i] = static_cast<char>(i * 7);
   }
   Frame f{
-      .type = MessageType::kResponse,
+      .type = RpcType::kResponse,
       .id = 5,
       .metadata = "m",
       .buffers = {"head", big, "", big.substr(0, 70000)}};
-  std::string wire = encode(f) + encode(sample(MessageType::kRequest, 6));
+  std::string wire = encode(f) + encode(sample(RpcType::kRequest, 6));
 
-  FrameDecoder d;
+  FrameDecoder d(all_types());
   // Untrusted: the first 100 bytes of the large buffer grow a string.
   size_t head = wire.find(big.substr(0, 64));
   d.feed(wire.data(), head + 100);
@@ -452,7 +461,7 @@ TEST(FrameTest, ATrustedDecoderFillsLargeBuffersInPlace) {
   }
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0], f);
-  EXPECT_EQ(got[1], sample(MessageType::kRequest, 6));
+  EXPECT_EQ(got[1], sample(RpcType::kRequest, 6));
   // The large buffers are aligned for any element type.
   EXPECT_EQ(reinterpret_cast<uintptr_t>(got[0].buffers[3].data()) % 64, 0u);
 }
@@ -463,21 +472,33 @@ TEST(FrameTest, EncoderRefusesWhatThePeerWouldReject) {
   std::string small(8, 'm');
   std::vector<Buffer> three = {"a", "b", "c"};
   std::vector<Buffer> big = {small, "0123456789a"};
-  EXPECT_THROW(encode_head({.metadata = "123456789"}, limits), InvalidArgument);
-  EXPECT_THROW(encode_head({.buffers = three}, limits), InvalidArgument);
-  EXPECT_THROW(encode_head({.buffers = big}, limits), InvalidArgument);
+  constexpr MessageType kRequest = RpcType::kRequest;
+  EXPECT_THROW(
+      encode_head({.type = kRequest, .metadata = "123456789"}, limits),
+      InvalidArgument);
+  EXPECT_THROW(
+      encode_head({.type = kRequest, .buffers = three}, limits),
+      InvalidArgument);
+  EXPECT_THROW(
+      encode_head({.type = kRequest, .buffers = big}, limits), InvalidArgument);
   std::vector<Buffer> total = {"0123456789", "0123456789"};
   // 24 + 2 * 8 + 8 + 2 * 10 = 68 bytes.
   EXPECT_EQ(
-      encode_head({.metadata = small, .buffers = total}, limits).size(),
+      encode_head(
+          {.type = RpcType::kRequest, .metadata = small, .buffers = total},
+          limits)
+          .size(),
       24u + 16 + 8);
   limits.max_frame = 67;
   EXPECT_THROW(
-      encode_head({.metadata = small, .buffers = total}, limits),
+      encode_head(
+          {.type = RpcType::kRequest, .metadata = small, .buffers = total},
+          limits),
       InvalidArgument);
   EXPECT_THROW(
-      encode_head({.type = static_cast<MessageType>(0x42)}), InvalidArgument);
+      encode_head({.type = 0x42}, FrameLimits{}, &all_types()),
+      InvalidArgument);
 }
 
 }  // namespace
-}  // namespace tide::rpc::detail
+}  // namespace tide::transport

@@ -24,12 +24,14 @@
 #include "tide/rpc/rpc.h"
 #include "tide/store/tcp_store.h"
 
-#include "transport/fields.h"
-#include "transport/frame.h"
+#include "rpc/messages.h"
 #include "support/netns.h"
 #include "support/raw_client.h"
 #include "support/rpc_child.h"
 #include "support/subprocess.h"
+#include "transport/control.h"
+#include "transport/fields.h"
+#include "transport/frame.h"
 
 namespace tide::rpc {
 namespace {
@@ -94,7 +96,7 @@ class TransportTest : public ::testing::Test {
   }
 
   // What worker `rank` published in the store.
-  detail::PeerAddress published(int rank) {
+  transport::PeerAddress published(int rank) {
     std::string entry = store_client(server_->port())
                             ->get("rpc/workers/" + std::to_string(rank));
     Decoder d(entry);
@@ -206,18 +208,18 @@ class RawLocalPeer {
         ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       throw std::runtime_error("RawLocalPeer: connect failed");
     }
-    std::string meta = detail::FieldWriter()
+    std::string meta = transport::FieldWriter()
                            .i32(0)
                            .str("a")
-                           .u32(detail::kFeatureSharedMemory)
+                           .u32(transport::kFeatureSharedMemory)
                            .str("")
                            .take();
     send(
-        detail::encode(
-            {.type = detail::MessageType::kHandshake, .metadata = meta}),
+        transport::encode(
+            {.type = transport::ControlType::kHandshake, .metadata = meta}),
         fd);
     // The ack.
-    detail::FrameDecoder d;
+    transport::FrameDecoder d(transport::control_types());
     std::array<char, 4096> buf{};
     while (true) {
       ssize_t k = ::recv(fd_, buf.data(), buf.size(), 0);
@@ -226,7 +228,7 @@ class RawLocalPeer {
       }
       d.feed(buf.data(), static_cast<size_t>(k));
       if (auto f = d.next()) {
-        if (f->type != detail::MessageType::kHandshakeAck) {
+        if (f->type != transport::ControlType::kHandshakeAck) {
           throw std::runtime_error("RawLocalPeer: not an ack");
         }
         return;
@@ -280,18 +282,18 @@ class RawLocalPeer {
 // A request whose one 1 MiB buffer is said to be in a segment: `table`
 // bytes of references follow the (empty) buffer.
 std::string shm_request(const std::string& table) {
-  std::string meta = detail::FieldWriter().str("echo_blob").i64(1000).take();
+  std::string meta = transport::FieldWriter().str("echo_blob").i64(1000).take();
   std::string args;
   std::vector<Buffer> buffers;
   Encoder a(args, &buffers);
   encode_args(a, Blob{});  // refers to buffer 1
-  detail::Frame f{
+  transport::Frame f{
       .type = detail::MessageType::kRequest,
-      .flags = detail::kFlagSharedMemory,
+      .flags = transport::kFlagSharedMemory,
       .id = 1,
       .metadata = meta,
       .buffers = {args, "", table}};
-  return detail::encode(f);
+  return transport::encode(f);
 }
 
 // kind: 0 the sender's segment, passed before; 1 passed with this frame;
@@ -355,12 +357,12 @@ TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
   auto agents = group({{}, {}});
   uint16_t port = published(1).port;
   std::string meta =
-      detail::FieldWriter().i32(0).str("a").u32(0).str("").take();
+      transport::FieldWriter().i32(0).str("a").u32(0).str("").take();
   test::RawClient raw(port);
   // A stranger's first frame may not bring a gigabyte: the buffer's length
   // alone ends the connection.
-  std::string hello = detail::encode(
-      {.type = detail::MessageType::kHandshake,
+  std::string hello = transport::encode(
+      {.type = transport::ControlType::kHandshake,
        .metadata = meta,
        .buffers = {"x"}});
   ASSERT_TRUE(raw.send(hello));
@@ -376,25 +378,30 @@ TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
 std::unique_ptr<test::RawClient> raw_tcp_peer(
     uint16_t port, int id, const std::string& token) {
   auto raw = std::make_unique<test::RawClient>(port);
-  EXPECT_TRUE(raw->send(detail::encode(
-      {.type = detail::MessageType::kHandshake,
-       .metadata =
-           detail::FieldWriter().i32(id).str("raw").u32(0).str(token).take()})));
-  detail::FrameDecoder d;
+  EXPECT_TRUE(raw->send(transport::encode(
+      {.type = transport::ControlType::kHandshake,
+       .metadata = transport::FieldWriter()
+                       .i32(id)
+                       .str("raw")
+                       .u32(0)
+                       .str(token)
+                       .take()})));
+  transport::FrameDecoder d(transport::control_types());
   while (true) {  // The ack, a byte at a time (it is small).
     std::string b = raw->read(1);
     d.feed(b.data(), 1);
     if (auto f = d.next()) {
-      EXPECT_EQ(f->type, detail::MessageType::kHandshakeAck);
+      EXPECT_EQ(f->type, transport::ControlType::kHandshakeAck);
       return raw;
     }
   }
 }
 
 std::string lane_hello(int id, uint32_t index, const std::string& token) {
-  return detail::encode(
-      {.type = detail::MessageType::kLaneHello,
-       .metadata = detail::FieldWriter().i32(id).u32(index).str(token).take()});
+  return transport::encode(
+      {.type = transport::ControlType::kLaneHello,
+       .metadata =
+           transport::FieldWriter().i32(id).u32(index).str(token).take()});
 }
 
 std::string buffer_part(
@@ -403,10 +410,11 @@ std::string buffer_part(
     uint32_t parts,
     uint64_t total,
     size_t bytes) {
-  return detail::encode(
-      {.type = detail::MessageType::kBufferPart,
+  return transport::encode(
+      {.type = transport::ControlType::kBufferPart,
        .id = transfer,
-       .metadata = detail::FieldWriter().u32(index).u32(parts).u64(total).take(),
+       .metadata =
+           transport::FieldWriter().u32(index).u32(parts).u64(total).take(),
        .buffers = {std::string(bytes, 'p')}});
 }
 
@@ -463,11 +471,11 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
     std::vector<Buffer> buffers;
     Encoder a(args, &buffers);
     encode_args(a, Blob{});  // refers to buffer 1
-    return detail::encode(
+    return transport::encode(
         {.type = detail::MessageType::kRequest,
-         .flags = detail::kFlagLanes,
+         .flags = transport::kFlagLanes,
          .id = 1,
-         .metadata = detail::FieldWriter().str("echo_blob").i64(1000).take(),
+         .metadata = transport::FieldWriter().str("echo_blob").i64(1000).take(),
          .buffers = {args, buffer, table}});
   };
   auto ref = [](uint32_t index) {  // 2 parts of transfer 9, of 2 MiB
@@ -494,64 +502,6 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
   Blob large = make_blob(3 << 20, 5);
   EXPECT_EQ(
       agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
-}
-
-// Replies complete call futures on the I/O thread; a continuation that
-// throws there must not end it.
-TEST(TransportLoopTest, AThrowingContinuationLeavesTheLoopServing) {
-  std::mutex mutex;
-  std::vector<Promise<detail::Payload>> held;  // Guarded by mutex.
-  detail::Transport server(
-      {.self_id = 1, .self_name = "server"},
-      [&](int, std::string fn, detail::Payload args) {
-        if (fn != "hold") {
-          return Future<detail::Payload>::make_ready(std::move(args));
-        }
-        std::lock_guard lock(mutex);
-        held.emplace_back();
-        return held.back().get_future();
-      });
-  detail::Transport client(
-      {.self_id = 0, .self_name = "client"},
-      [](int, std::string, detail::Payload) {
-        return Future<detail::Payload>::make_failed(
-            std::make_exception_ptr(std::runtime_error("no calls here")));
-      });
-  client.set_peers(
-      {{1,
-        "server",
-        "127.0.0.1",
-        server.port(),
-        detail::local_host_key(),
-        server.local_name()}});
-  std::atomic<int> ran{0};
-  for (int i = 0; i < 3; ++i) {
-    client.call(1, "hold", 10s, detail::encode_call(i))
-        .on_complete([&](const Future<detail::Payload>&) {
-          ++ran;
-          throw std::runtime_error("a careless continuation");
-        });
-  }
-  // Completed only once the continuations are in place: they run on the
-  // client's I/O thread, when the replies come.
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (true) {
-    std::unique_lock lock(mutex);
-    if (held.size() == 3) {
-      for (auto& p : held) {
-        p.set_value(detail::encode_value(int64_t{1}));
-      }
-      break;
-    }
-    lock.unlock();
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "calls missing";
-    std::this_thread::yield();
-  }
-  detail::Payload back =
-      client.call(1, "echo", 10s, detail::encode_call(int64_t{42})).wait(10s);
-  Decoder d(back.data.view(), back.buffers);
-  EXPECT_EQ(std::get<0>(decode_args<std::tuple<int64_t>>(d, "echo")), 42);
-  EXPECT_EQ(ran.load(), 3);
 }
 
 // The peer is this binary again (run_rpc_transport_child_if_requested),

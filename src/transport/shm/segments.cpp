@@ -12,7 +12,7 @@
 
 #include "tide/common/error.h"
 
-namespace tide::rpc::detail::shm {
+namespace tide::transport::shm {
 
 namespace {
 
@@ -132,4 +132,4 @@ Mapping::~Mapping() {
   ::munmap(base_, size_);
 }
 
-}  // namespace tide::rpc::detail::shm
+}  // namespace tide::transport::shm

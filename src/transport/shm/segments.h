@@ -14,7 +14,7 @@
 // The receiver gives a segment back (kBufferRelease) when the last buffer
 // in it dies, and the sender reuses it: segments are mapped and faulted in
 // once per connection, not once per message.
-namespace tide::rpc::detail::shm {
+namespace tide::transport::shm {
 
 // Segments are sized in powers of two from this, so a segment fits any
 // buffer of its class.
@@ -108,4 +108,4 @@ class Mapping {
 // The peer's segments this side has mapped, by the peer's id.
 using Mappings = std::unordered_map<uint64_t, std::shared_ptr<Mapping>>;
 
-}  // namespace tide::rpc::detail::shm
+}  // namespace tide::transport::shm

@@ -1,0 +1,56 @@
+#pragma once
+
+#include <string>
+
+#include "transport/frame.h"
+
+// The rpc layer's messages, carried by the transport (which knows only its
+// own control messages, 0x01-0x0f).
+//
+// type               id                   metadata (transport/fields.h) and
+//                                         buffers
+// REQUEST            new                  function, timeout ms i64; the
+//                                         argument stream, then its
+//                                         out-of-band buffers
+// RESPONSE           the request's        empty; the result, then its
+//                                         out-of-band buffers
+// ERROR              the request's        exception type, message
+// CANCEL             the request's        the caller gave up; ignored
+// RREF_* / AUTOGRAD_*                     reserved for remote() and
+//                                         distributed autograd
+//
+// A "new" id is unique among the sender's outstanding requests; replies
+// carry it back.
+namespace tide::rpc::detail {
+
+struct MessageType {
+  enum : transport::MessageType {
+    kRequest = 0x10,
+    kResponse = 0x11,
+    kError = 0x12,
+    kCancel = 0x13,
+    kRRefCreate = 0x20,
+    kRRefFetch = 0x21,
+    kRRefUserDelete = 0x22,
+    kAutogradForward = 0x30,
+    kAutogradBackward = 0x31,
+  };
+};
+
+// The rpc types and their names, which the rpc agent gives its transport.
+inline const transport::MessageTypes& rpc_message_types() {
+  static const transport::MessageTypes kTypes{
+      {MessageType::kRequest, "REQUEST"},
+      {MessageType::kResponse, "RESPONSE"},
+      {MessageType::kError, "ERROR"},
+      {MessageType::kCancel, "CANCEL"},
+      {MessageType::kRRefCreate, "RREF_CREATE"},
+      {MessageType::kRRefFetch, "RREF_FETCH"},
+      {MessageType::kRRefUserDelete, "RREF_USER_DELETE"},
+      {MessageType::kAutogradForward, "AUTOGRAD_FORWARD"},
+      {MessageType::kAutogradBackward, "AUTOGRAD_BACKWARD"},
+  };
+  return kTypes;
+}
+
+}  // namespace tide::rpc::detail

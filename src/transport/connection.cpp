@@ -1,0 +1,519 @@
+// A connection's life, its reading and its writing (connection.h has the
+// state machine).
+#include "transport/connection.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include <asio/post.hpp>
+
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+
+#include "transport/control.h"
+#include "transport/transport_impl.h"
+
+namespace tide::transport {
+
+const char* Connection::state_name(State s) {
+  switch (s) {
+    case State::kConnecting:
+      return "connecting";
+    case State::kAwaitingAck:
+      return "awaiting the handshake's ack";
+    case State::kAwaitingHello:
+      return "awaiting a handshake";
+    case State::kOpen:
+      return "open";
+    case State::kLane:
+      return "a lane";
+    case State::kRefused:
+      return "refused";
+    case State::kClosed:
+      return "closed";
+  }
+  return "?";
+}
+
+Connection::Connection(
+    Transport::Impl& owner, Socket socket, bool outgoing, bool local)
+    : owner(owner),
+      socket(std::move(socket)),
+      outgoing(outgoing),
+      local(local),
+      state(outgoing ? State::kConnecting : State::kAwaitingHello),
+      decoder(owner.types, FrameLimits{}, kHandshakeLimits),
+      read_buf(kReadBuffer) {}
+
+Connection::~Connection() {
+  for (int fd : received_fds) {
+    ::close(fd);
+  }
+}
+
+void Connection::set_state(State next) {
+  TIDE_LOG_TRACE(
+      "[{}] connection with {}: {} -> {}",
+      owner.options.self_name,
+      owner.peer_label(peer_id),
+      state_name(state),
+      state_name(next));
+  state = next;
+  if (next == State::kClosed) {
+    closed_flag.store(true, std::memory_order_release);
+  }
+}
+
+Pipe Connection::pipe() {
+  Pipe p;
+  p.conn_ = weak_from_this();
+  p.transport_ = owner.weak_from_this();
+  p.peer_ = peer_id;
+  p.outgoing_ = outgoing;
+  return p;
+}
+
+bool Pipe::closed() const {
+  auto c = conn_.lock();
+  return !c || c->closed_flag.load(std::memory_order_acquire);
+}
+
+void Pipe::send(Message m) const {
+  // The transport first: a connection refers to it.
+  auto alive = transport_.lock();
+  auto c = conn_.lock();
+  if (alive && c) {
+    c->send(std::move(m));
+  }
+}
+
+void Connection::start() {
+  asio::error_code ignored;
+  socket.non_blocking(true, ignored);
+  if (!local) {
+    int one = 1;
+    ::setsockopt(
+        socket.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  if (state == State::kConnecting) {
+    // A lane is a lane from its first frame; a caller waits for its ack.
+    set_state(parent.expired() ? State::kAwaitingAck : State::kLane);
+  }
+  {
+    std::unique_lock lock(wmutex);
+    if (writer == Writer::kNotConnected) {
+      writer = Writer::kIdle;
+    }
+    flush(lock);
+  }
+  wait_readable();
+}
+
+void Connection::wait_readable() {
+  socket.async_wait(
+      Socket::wait_read,
+      [self = shared_from_this()](const asio::error_code& ec) {
+        if (self->state == State::kClosed) {
+          return;
+        }
+        if (ec) {
+          self->fail(ec.message());
+          return;
+        }
+        self->read_ready();
+      });
+}
+
+void Connection::read_ready() {
+  for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+    // A large buffer in progress is read into its place; what follows it
+    // into read_buf.
+    std::span<char> direct;
+    try {
+      direct = decoder.window();
+    } catch (const std::exception& e) {
+      drop(e.what());
+      return;
+    }
+    std::array<iovec, 2> iov{};
+    size_t niov = 0;
+    if (!direct.empty()) {
+      iov[niov++] = {direct.data(), direct.size()};
+    }
+    iov[niov++] = {read_buf.data(), read_buf.size()};
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 253)> control;
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = niov;
+    if (local) {
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+    }
+    ssize_t k = ::recvmsg(
+        socket.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (k < 0) {
+      int e = errno;
+      if (e == EINTR) {
+        continue;
+      }
+      if (e == EAGAIN || e == EWOULDBLOCK) {
+        wait_readable();
+        return;
+      }
+      fail(std::strerror(e));
+      return;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; ++i) {
+          int fd = 0;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          received_fds.push_back(fd);
+        }
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0 ||
+        received_fds.size() > kMaxFdsPerFrame ||
+        (!handshaken() && !received_fds.empty())) {
+      drop("protocol error: the peer passed descriptors it may not pass");
+      return;
+    }
+    if (k == 0) {
+      fail(
+          decoder.mid_frame()
+              ? "connection closed by the peer in the middle of a frame"
+              : "connection closed by the peer");
+      return;
+    }
+    try {
+      size_t got = static_cast<size_t>(k);
+      size_t placed = std::min(got, direct.size());
+      if (placed > 0) {
+        decoder.commit(placed);
+      }
+      decoder.feed(read_buf.data(), got - placed);
+      while (auto frame = decoder.next()) {
+        on_frame(std::move(*frame));
+        if (state == State::kClosed) {
+          return;
+        }
+      }
+      // Descriptors come with their frame's first byte: between frames
+      // none may be left over.
+      if (!decoder.mid_frame() && !received_fds.empty()) {
+        throw ProtocolError("descriptors that no frame's table claimed");
+      }
+      // A read short of what was offered took all there was (on a Unix
+      // socket, unless it stopped at descriptors): wait instead of asking
+      // again only to hear EAGAIN. (Arming the wait rechecks readiness,
+      // EPOLL_CTL_MOD, so bytes that came meanwhile are not missed.)
+      if (got < direct.size() + read_buf.size() && msg.msg_controllen == 0) {
+        wait_readable();
+        return;
+      }
+    } catch (const ProtocolError& e) {
+      drop(std::string("protocol error: ") + e.what());
+      return;
+    } catch (const std::exception& e) {
+      drop(e.what());
+      return;
+    }
+  }
+  // More may be waiting: read on after the others had their turn.
+  asio::post(owner.loop.io(), [self = shared_from_this()] {
+    if (self->state != State::kClosed) {
+      self->read_ready();
+    }
+  });
+}
+
+void Connection::drop(const std::string& reason) {
+  TIDE_LOG_WARN(
+      "[{}] dropping connection with {}: {}",
+      owner.options.self_name,
+      owner.peer_label(peer_id),
+      reason);
+  fail(reason);
+}
+
+void Connection::on_frame(Frame frame) {
+  switch (state) {
+    case State::kRefused:
+      return;  // What the peer sent after its refused handshake is moot.
+    case State::kAwaitingAck:
+    case State::kAwaitingHello:
+      expect_handshake(frame);
+      return;
+    case State::kLane:
+      on_part(frame);
+      return;
+    case State::kOpen:
+      break;
+    case State::kConnecting:
+    case State::kClosed:
+      return;
+  }
+  if (frame.type == ControlType::kBufferRelease) {
+    on_release(frame);
+    return;
+  }
+  if (frame.type < kFirstUpperType) {
+    throw ProtocolError(
+        std::string("unexpected ") + owner.types.name(frame.type) +
+        " on an open connection");
+  }
+  if ((frame.flags & kFlagLanes) != 0 && !parts_in(frame)) {
+    constexpr size_t kMaxParked = 4096;
+    if (parked.size() >= kMaxParked) {
+      throw ProtocolError(
+          "more than " + std::to_string(kMaxParked) +
+          " frames waiting for their parts");
+    }
+    parked.push_back(std::move(frame));
+    return;
+  }
+  dispatch(frame);
+}
+
+void Connection::dispatch(Frame& frame) {
+  if (outgoing &&
+      std::any_of(
+          frame.buffers.begin(), frame.buffers.end(), [](const Buffer& b) {
+            return b.size() >= kLaneThreshold;
+          })) {
+    want_lanes();
+  }
+  Message m{frame.type, frame.id, std::move(frame.metadata), {}};
+  m.buffers = take_buffers(frame);
+  owner.handlers.on_message(pipe(), std::move(m));
+}
+
+void Connection::send(Message m) {
+  std::unique_lock lock(wmutex);
+  if (writer == Writer::kClosing || writer == Writer::kClosed) {
+    return;
+  }
+  queue.push_back(encode_frame(std::move(m)));
+  flush(lock);
+}
+
+OutFrame Connection::encode_frame(Message m) {
+  OutFrame out;
+  uint16_t flags = 0;
+  auto past_first = [&](size_t threshold) {
+    return std::any_of(
+        m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
+        m.buffers.end(),
+        [threshold](const Buffer& b) { return b.size() >= threshold; });
+  };
+  // With room for the table.
+  bool room = m.buffers.size() < FrameLimits{}.max_buffers;
+  if (shm && room && past_first(kShmThreshold)) {
+    // Checked against the limits as it is first (encode_head throws): a
+    // frame the limits refuse must not take segments.
+    (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
+    std::string table = place_in_segments(m, out.fds);
+    if (!table.empty()) {
+      flags |= kFlagSharedMemory;
+      m.buffers.emplace_back(std::move(table));
+    }
+  } else if (!shm && room && past_first(kLaneThreshold)) {
+    if (lanes.empty()) {
+      want_lanes();
+    } else {
+      (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
+      flags |= kFlagLanes;
+      m.buffers.emplace_back(place_on_lanes(m));
+    }
+  }
+  for (const auto& b : m.buffers) {
+    out.total += b.size();
+  }
+  out.head = encode_head(
+      {m.type, flags, m.id, m.metadata, m.buffers},
+      FrameLimits{},
+      &owner.types);
+  out.total += out.head.size();
+  out.buffers = std::move(m.buffers);
+  return out;
+}
+
+void Connection::flush(std::unique_lock<std::mutex>& lock) {
+  if (writer != Writer::kIdle) {
+    return;  // Not connected, someone writes, the loop waits, or closing.
+  }
+  writer = Writer::kWriting;
+  while (!queue.empty() && writer == Writer::kWriting) {
+    std::array<iovec, kMaxIov> iov{};
+    size_t n = 0;
+    std::vector<int>* fds = nullptr;
+    size_t skip = front_sent;
+    auto add = [&](const char* p, size_t len) {
+      if (skip >= len) {
+        skip -= len;
+        return;
+      }
+      if (n < kMaxIov) {
+        iov[n++] = {const_cast<char*>(p + skip), len - skip};
+      }
+      skip = 0;
+    };
+    for (size_t q = 0; q < queue.size() && n < kMaxIov; ++q) {
+      OutFrame& f = queue[q];
+      if (!f.fds.empty()) {
+        // Descriptors ride with their frame's first byte: it starts a
+        // sendmsg of its own.
+        if (q > 0) {
+          break;
+        }
+        fds = &f.fds;
+      }
+      add(f.head.data(), f.head.size());
+      for (const auto& b : f.buffers) {
+        add(b.data(), b.size());
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = n;
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)>
+        control{};
+    if (fds != nullptr) {
+      size_t bytes = fds->size() * sizeof(int);
+      msg.msg_control = control.data();
+      msg.msg_controllen = CMSG_SPACE(bytes);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(bytes);
+      std::memcpy(CMSG_DATA(c), fds->data(), bytes);
+    }
+    // The frames the iovecs point into stay: others only append to the
+    // queue, and fail() leaves it to this writer.
+    int fd = socket.native_handle();
+    lock.unlock();
+    ssize_t k = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    int e = errno;
+    lock.lock();
+    if (writer != Writer::kWriting) {
+      break;  // Closed meanwhile.
+    }
+    if (k < 0) {
+      if (e == EINTR) {
+        continue;
+      }
+      if (e == EAGAIN || e == EWOULDBLOCK) {
+        writer = Writer::kBlocked;
+        asio::post(owner.loop.io(), [self = shared_from_this()] {
+          self->wait_writable();
+        });
+        return;
+      }
+      fail_later(std::string("write failed: ") + std::strerror(e));
+      break;
+    }
+    if (fds != nullptr) {
+      fds->clear();
+    }
+    auto left = static_cast<size_t>(k);
+    while (left > 0) {
+      size_t rest = queue.front().total - front_sent;
+      if (left < rest) {
+        front_sent += left;
+        break;
+      }
+      left -= rest;
+      queue.pop_front();
+      front_sent = 0;
+    }
+  }
+  if (writer == Writer::kWriting) {
+    writer = Writer::kIdle;
+    if (queue.empty() && close_when_drained) {
+      fail_later("refused the peer");
+    }
+    return;
+  }
+  // Closed while this thread wrote: what is queued goes nowhere, and the
+  // socket is closed now that no one is in sendmsg.
+  queue.clear();
+  writer = Writer::kClosed;
+  asio::post(
+      owner.loop.io(), [self = shared_from_this()] { self->close_socket(); });
+}
+
+void Connection::wait_writable() {
+  if (state == State::kClosed) {
+    return;
+  }
+  socket.async_wait(
+      Socket::wait_write,
+      [self = shared_from_this()](const asio::error_code& ec) {
+        if (self->state == State::kClosed) {
+          return;
+        }
+        if (ec) {
+          self->fail("write failed: " + ec.message());
+          return;
+        }
+        std::unique_lock lock(self->wmutex);
+        if (self->writer == Writer::kBlocked) {
+          self->writer = Writer::kIdle;
+          self->flush(lock);
+        }
+      });
+}
+
+void Connection::fail_later(std::string reason) {
+  // Nothing more is written; a writer in sendmsg finishes the close.
+  writer = writer == Writer::kWriting ? Writer::kClosing : Writer::kClosed;
+  asio::post(owner.loop.io(), [self = shared_from_this(), reason] {
+    self->fail(reason);
+  });
+}
+
+void Connection::fail(const std::string& reason) {
+  if (state == State::kClosed) {
+    return;
+  }
+  set_state(State::kClosed);
+  std::vector<std::shared_ptr<Connection>> own_lanes;
+  {
+    std::lock_guard lock(wmutex);
+    if (writer != Writer::kClosing) {
+      writer = writer == Writer::kWriting ? Writer::kClosing : Writer::kClosed;
+    }
+    own_lanes.swap(lanes);
+  }
+  close_socket();
+  for (const auto& lane : own_lanes) {
+    lane->fail("its connection closed");
+  }
+  for (const auto& lane : std::exchange(opened_lanes, {})) {
+    lane->fail("its connection closed");
+  }
+  owner.connection_failed(*this, reason);
+}
+
+void Connection::close_socket() {
+  std::lock_guard lock(wmutex);
+  asio::error_code ignored;
+  socket.shutdown(Socket::shutdown_both, ignored);
+  if (writer == Writer::kClosing) {
+    return;  // The writer in sendmsg closes it when it comes out.
+  }
+  writer = Writer::kClosed;
+  queue.clear();
+  socket.close(ignored);
+}
+
+}  // namespace tide::transport

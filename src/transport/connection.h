@@ -1,0 +1,240 @@
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <asio/generic/stream_protocol.hpp>
+
+#include "transport/frame.h"
+#include "transport/shm/segments.h"
+#include "transport/transport.h"
+
+// One connection, either way, over TCP or a Unix socket, and the state of
+// its life. Its member functions live by concern: the life, reading and
+// writing here (connection.cpp), the handshake (handshake.cpp), shared
+// memory (shm/shm_buffers.cpp), lanes (tcp/lanes.cpp).
+//
+// Life (State; loop only):
+//
+//   caller:        kConnecting --connected--> kAwaitingAck --ack--> kOpen
+//   callee:        kAwaitingHello --HANDSHAKE--> kOpen
+//                                 --HANDSHAKE, wrong token--> kRefused
+//                                 --LANE_HELLO--> kLane
+//   caller's lane: kConnecting --connected--> kLane
+//   any state      --fail()--> kClosed
+//
+//   kConnecting     the socket connects; frames queue (the HANDSHAKE first)
+//   kAwaitingAck    the caller wrote its HANDSHAKE (and what queued behind
+//                   it) and waits for HANDSHAKE_ACK (or REFUSED)
+//   kAwaitingHello  the callee accepted the socket and waits for the first
+//                   frame (handshake limits: a stranger sends no buffers)
+//   kOpen           handshaken: the layer above's messages flow both ways
+//   kLane           one of a connection's lanes: BUFFER_PARTs flow
+//   kRefused        the callee sends REFUSED and closes once it is written;
+//                   what comes in meanwhile is ignored
+//   kClosed         failed or closed: nothing more is read or written, and
+//                   the transport was told (connection_failed) once
+//
+// Writing (Writer; guarded by wmutex, any thread):
+//
+//   kNotConnected --start()--> kIdle --a thread writes--> kWriting
+//   kWriting --all written--> kIdle      kWriting --socket full--> kBlocked
+//   kBlocked --the loop sees it drain--> kIdle (and writes on)
+//   kWriting --closed meanwhile--> kClosing --the writer comes out--> kClosed
+//   any other --closed--> kClosed
+//
+// One thread writes at a time, and without the lock: frames others queue
+// meanwhile go out with its next sendmsg, so a busy connection makes few
+// system calls. A connection closed while a thread is in sendmsg waits in
+// kClosing for that thread, which drops the queue and has the socket closed
+// (its descriptor is never closed under a writer). close_when_drained
+// (kRefused) closes the connection once the queue is empty.
+namespace tide::transport {
+
+using Socket = asio::generic::stream_protocol::socket;
+
+struct ShmRef;  // shm/shm_buffers.cpp
+
+// A frame on its way out: the head, then the buffers, straight from where
+// they live (sendmsg); descriptors go with its first byte.
+struct OutFrame {
+  std::string head;
+  std::vector<Buffer> buffers;
+  std::vector<int> fds;
+  size_t total = 0;
+};
+
+struct Connection : std::enable_shared_from_this<Connection> {
+  enum class State {
+    kConnecting,
+    kAwaitingAck,
+    kAwaitingHello,
+    kOpen,
+    kLane,
+    kRefused,
+    kClosed,
+  };
+  enum class Writer {
+    kNotConnected,
+    kIdle,
+    kWriting,
+    kBlocked,
+    kClosing,
+    kClosed
+  };
+  static const char* state_name(State s);
+
+  Connection(Transport::Impl& owner, Socket socket, bool outgoing, bool local);
+  ~Connection();
+
+  // --- life (connection.cpp) --------------------------------------------
+  // The socket is connected: start reading and writing.
+  void start();
+  // Fails the connection after logging why (the peer misbehaved). Loop.
+  void drop(const std::string& reason);
+  // Closes it and tells the transport once. Loop.
+  void fail(const std::string& reason);
+  // fail() on the loop; any thread, holding wmutex.
+  void fail_later(std::string reason);
+  // Closes the socket, unless a writer is in sendmsg (kClosing): it has
+  // the socket closed when it comes out. Loop.
+  void close_socket();
+  void set_state(State next);
+  bool handshaken() const {
+    return state == State::kOpen || state == State::kLane;
+  }
+  // The handle the layer above holds.
+  Pipe pipe();
+
+  // --- reading (connection.cpp) -----------------------------------------
+  void wait_readable();
+  void read_ready();
+  void on_frame(Frame frame);
+  // A frame of a connection that is open: to the layer above.
+  void dispatch(Frame& frame);
+
+  // --- writing (connection.cpp) -----------------------------------------
+  // Queues a message and writes what the socket takes now. Any thread;
+  // throws InvalidArgument when it is over the frame limits.
+  void send(Message m);
+  OutFrame encode_frame(Message m);
+  void flush(std::unique_lock<std::mutex>& lock);
+  void wait_writable();
+
+  // --- handshake (handshake.cpp) ----------------------------------------
+  // The first frame: HANDSHAKE, HANDSHAKE_ACK, REFUSED or LANE_HELLO.
+  void expect_handshake(Frame& frame);
+  void accept_hello(Frame& frame);
+  void accept_ack(Frame& frame);
+  void refuse(const std::string& name, int id, bool no_token);
+  // The callee's side: LANE_HELLO makes this a lane of the caller's
+  // connection.
+  void attach_as_lane(Frame& frame);
+
+  // --- shared memory (shm/shm_buffers.cpp) ------------------------------
+  // The frame's buffers, those in shared memory placed (leased) per its
+  // table; those its lane table names taken from their transfers.
+  std::vector<Buffer> take_buffers(Frame& frame);
+  Buffer own_segment(const ShmRef& ref);
+  std::optional<std::pair<uint64_t, size_t>> returned_segment(const Buffer& b);
+  std::string place_in_segments(Message& m, std::vector<int>& fds);
+  void on_release(Frame& frame);
+  // A buffer in segment `id` died (SegmentUse). Loop.
+  void segment_done(uint64_t id, bool own);
+  // Tells the peer it may reuse its segment `id`, batched. Loop.
+  void release_later(uint64_t id);
+
+  // --- lanes (tcp/lanes.cpp) --------------------------------------------
+  // A buffer coming in parts over lanes: its bytes, allocated whole at the
+  // first part, and which parts are in.
+  struct Transfer {
+    Buffer buffer;
+    uint32_t parts = 0;
+    uint32_t have = 0;
+    std::vector<bool> got;  // Claimed: read into place, or copied there.
+  };
+  struct PartPlace {
+    uint32_t index = 0;
+    uint32_t parts = 0;
+    uint64_t total = 0;
+    uint64_t at = 0;
+  };
+  // The caller's side of a TCP connection opens its lanes when the first
+  // large buffer crosses it, either way. Any thread.
+  void want_lanes();
+  bool parts_in(const Frame& frame) const;
+  void on_part(Frame& frame);
+  Transfer& transfer_for(uint64_t id, const PartPlace& part);
+  Buffer place_part(const Frame& frame, size_t index, uint64_t length);
+  void take_part(Frame& frame);
+  void dispatch_parked();
+  void read_parts_in_place();
+  std::vector<Buffer> take_lane_buffers(Frame& frame);
+  std::string place_on_lanes(Message& m);
+
+  // --- members ----------------------------------------------------------
+  Transport::Impl& owner;
+  Socket socket;
+  const bool outgoing;
+  // A Unix socket to a process of this host (TCP otherwise). Set before
+  // the connection starts; the loop turns it off when the local connect
+  // fails and TCP is tried instead.
+  bool local;
+  int peer_id = -1;
+
+  // Loop only.
+  State state;
+  // Mirrors state == kClosed for other threads (Pipe::closed()).
+  std::atomic<bool> closed_flag{false};
+  uint64_t handshake_seq = 0;  // Callee's side: the order of handshakes.
+  FrameDecoder decoder;
+  std::vector<char> read_buf;
+  // Descriptors received, not yet claimed by a frame's table.
+  std::deque<int> received_fds;
+  uint64_t mapped_bytes = 0;
+
+  // The sending side: any thread writes under wmutex (a reply goes out
+  // from the worker thread that made it), the loop waits for a full socket.
+  std::mutex wmutex;
+  Writer writer = Writer::kNotConnected;  // Guarded by wmutex.
+  bool close_when_drained = false;        // Guarded by wmutex.
+  // Shared-memory buffers agreed in the handshake. Guarded by wmutex.
+  bool shm = false;
+  std::deque<OutFrame> queue;  // Guarded by wmutex.
+  size_t front_sent = 0;       // Bytes of queue.front() written.
+  shm::SendSegments segments;  // Guarded by wmutex.
+  // The peer's segments mapped here, and those leased to buffers here (a
+  // sender looks for the buffers it sends back among them). Guarded by
+  // wmutex.
+  shm::Mappings mappings;
+  std::unordered_set<uint64_t> leased;
+  // Releases to send (loop only).
+  std::vector<uint64_t> releases;
+
+  // Lanes (TCP): more connections beside this one, each carrying parts of
+  // its large buffers (BUFFER_PART), both ways. Guarded by wmutex.
+  std::vector<std::shared_ptr<Connection>> lanes;
+  uint64_t next_transfer = 1;  // Guarded by wmutex.
+  // The caller's side: lanes asked for (any thread) and opened (loop: at
+  // the ack, or when asked after it). Each happens once.
+  std::atomic<bool> lanes_wanted{false};
+  bool lanes_opened = false;
+  // Every lane it opened, connected or not (loop only): closed with it.
+  std::vector<std::shared_ptr<Connection>> opened_lanes;
+  // A lane's connection.
+  std::weak_ptr<Connection> parent;
+  // Buffers coming in parts (loop only), by transfer id, and frames that
+  // wait for theirs.
+  std::unordered_map<uint64_t, Transfer> transfers;
+  uint64_t transfer_bytes = 0;
+  std::deque<Frame> parked;
+};
+
+}  // namespace tide::transport

@@ -1,0 +1,85 @@
+// TCP: connecting to a peer's host:port (a name is resolved first) and
+// accepting peers' connections.
+#include <asio/connect.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
+
+#include "tide/common/logging.h"
+
+#include "transport/connection.h"
+#include "transport/transport_impl.h"
+
+namespace tide::transport {
+
+using asio::ip::tcp;
+using Endpoint = asio::generic::stream_protocol::endpoint;
+
+void Transport::Impl::connect_tcp(
+    const std::shared_ptr<Connection>& conn, std::function<void()> connected) {
+  PeerAddress peer;
+  {
+    std::lock_guard lock(peers_mutex);
+    peer = peers.at(conn->peer_id);
+  }
+  asio::error_code ec;
+  auto address = asio::ip::make_address(peer.host, ec);
+  std::vector<Endpoint> endpoints;
+  if (!ec) {
+    endpoints.emplace_back(tcp::endpoint(address, peer.port));
+  } else {
+    tcp::resolver resolver(loop.io());
+    for (const auto& r :
+         resolver.resolve(peer.host, std::to_string(peer.port), ec)) {
+      endpoints.emplace_back(r.endpoint());
+    }
+    if (endpoints.empty()) {
+      // Failed on the next turn of the loop, like any connect error.
+      asio::post(loop.io(), [conn, what = ec.message(), host = peer.host] {
+        conn->fail("cannot resolve '" + host + "': " + what);
+      });
+      return;
+    }
+  }
+  asio::async_connect(
+      conn->socket,
+      endpoints,
+      [conn, connected = std::move(connected)](
+          const asio::error_code& e, const Endpoint&) {
+        if (conn->state == Connection::State::kClosed) {
+          return;
+        }
+        if (e) {
+          conn->fail("connect failed: " + e.message());
+          return;
+        }
+        conn->start();
+        if (connected) {
+          connected();
+        }
+      });
+}
+
+void Transport::Impl::start_accept() {
+  acceptor.async_accept([this](const asio::error_code& ec, tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) {
+      return;
+    }
+    asio::error_code ep_ec;
+    auto endpoint = s.local_endpoint(ep_ec);
+    if (!ec && !ep_ec) {
+      auto protocol = endpoint.protocol();
+      adopt(
+          Socket(
+              loop.io(),
+              asio::generic::stream_protocol(
+                  protocol.family(), protocol.protocol()),
+              s.release()),
+          false);
+    } else {
+      TIDE_LOG_WARN("[{}] accept failed: {}", options.self_name, ec.message());
+    }
+    start_accept();
+  });
+}
+
+}  // namespace tide::transport

@@ -1,0 +1,128 @@
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <asio/ip/tcp.hpp>
+#include <asio/local/stream_protocol.hpp>
+#include <asio/steady_timer.hpp>
+
+#include "transport/connection.h"
+#include "transport/lendable_loop.h"
+#include "transport/transport.h"
+
+// The transport's state, shared by its files. Private to the transport.
+namespace tide::transport {
+
+// Per sendmsg: enough to batch many small frames; sendmsg takes up to
+// IOV_MAX (1024).
+constexpr size_t kMaxIov = 128;
+// Descriptors one frame may pass (each new segment passes one); the kernel
+// takes at most 253 per message.
+constexpr size_t kMaxFdsPerFrame = 64;
+constexpr size_t kReadBuffer = 256 * 1024;
+// A handshake (or its refusal) is a few names: a peer not yet known sends
+// no more before it is.
+constexpr FrameLimits kHandshakeLimits{
+    .max_metadata = 64 * 1024,
+    .max_buffers = 0,
+    .max_buffer = 0,
+    .max_frame = 128 * 1024};
+// Reads before another connection gets the loop.
+constexpr int kReadsPerTurn = 32;
+
+struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
+  Impl(TransportOptions o, TransportHandlers h);
+
+  void start_accept();
+  void start_local_accept();
+  void adopt(Socket socket, bool local);
+  // Connects a new outgoing connection: its Unix socket, or TCP. Loop.
+  void connect_on_loop(const std::shared_ptr<Connection>& conn);
+  // Connects conn over TCP and starts it, then runs `connected`. Loop.
+  // (tcp/tcp.cpp)
+  void connect_tcp(
+      const std::shared_ptr<Connection>& conn,
+      std::function<void()> connected = {});
+  // Opens options.lanes lanes beside `parent`, a TCP connection whose
+  // handshake is done; once (nothing for a local or closed one). Loop.
+  // (tcp/lanes.cpp)
+  void open_lanes(const std::shared_ptr<Connection>& parent);
+  // A connection closed: forget it, tell the layer above about one this
+  // side opened. Loop.
+  void connection_failed(Connection& conn, const std::string& reason);
+  void stop_on_loop();
+  // HANDSHAKE's metadata: who this side is, shared memory offered or not,
+  // and the token. (handshake.cpp)
+  std::string handshake_metadata(bool offer_shm) const;
+
+  const TransportOptions options;
+  const TransportHandlers handlers;
+  // Every type a peer may send: the control types and the layer above's.
+  const MessageTypes types;
+  const std::string host_key = local_host_key();
+  std::string local_name;  // Without the leading NUL.
+
+  LendableLoop loop;
+  asio::ip::tcp::acceptor acceptor;
+  asio::local::stream_protocol::acceptor local_acceptor;
+  uint16_t port = 0;
+  std::atomic<bool> stopping{false};
+
+  std::atomic<uint64_t> buffers_via_shm{0};
+  std::atomic<uint64_t> bytes_via_shm{0};
+  std::atomic<uint64_t> segments{0};
+  std::atomic<uint64_t> buffers_returned{0};
+  std::atomic<uint64_t> buffers_via_lanes{0};
+  std::atomic<uint64_t> bytes_via_lanes{0};
+
+  // Where peers listen. Guarded by peers_mutex.
+  mutable std::mutex peers_mutex;
+  std::unordered_map<int, PeerAddress> peers;
+  std::string peer_label(int id) const;
+
+  // Connections this side opened, by peer; any thread finds (or opens) one
+  // here. Guarded by pipes_mutex, with `stopped`.
+  std::mutex pipes_mutex;
+  std::unordered_map<int, std::shared_ptr<Connection>> outgoing;
+  bool stopped = false;
+
+  // Loop only.
+  std::unordered_set<std::shared_ptr<Connection>> incoming;
+  uint64_t handshakes = 0;  // Accepted so far.
+  asio::steady_timer alarm{loop.io()};
+};
+
+// A received buffer that lives in a shared-memory segment, which is the
+// peer's (a lease: when the buffer dies, the peer may reuse the segment) or
+// this side's own, sent back by the peer (reused here once the peer's
+// release has come too). (shm/shm_buffers.cpp)
+struct SegmentUse {
+  SegmentUse(
+      std::shared_ptr<void> memory,
+      std::weak_ptr<Transport::Impl> transport,
+      std::weak_ptr<Connection> conn,
+      uint64_t segment,
+      bool own)
+      : memory(std::move(memory)),
+        transport(std::move(transport)),
+        conn(std::move(conn)),
+        segment(segment),
+        own(own) {}
+  ~SegmentUse();
+  SegmentUse(const SegmentUse&) = delete;
+  SegmentUse& operator=(const SegmentUse&) = delete;
+
+  std::shared_ptr<void> memory;  // Keeps the mapping.
+  std::weak_ptr<Transport::Impl> transport;
+  std::weak_ptr<Connection> conn;
+  uint64_t segment = 0;
+  bool own = false;
+};
+
+}  // namespace tide::transport
