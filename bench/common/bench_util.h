@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "tide/common/fd.h"
+
 // What the benchmarks under bench/ share: interrupt handling, the monotonic
 // clock, child processes with deadlines, scratch directories, statistics and
 // the report's formatting. Everything here is for the main thread of a bench
@@ -230,29 +232,6 @@ std::string now_local();
 // The kernel, "Linux 6.1.0-18-amd64".
 std::string kernel();
 
-// A file descriptor, closed when this goes away.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    std::swap(fd_, other.fd_);
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-  int get() const {
-    return fd_;
-  }
-
- private:
-  int fd_ = -1;
-};
+using tide::Fd;
 
 }  // namespace tide::bench

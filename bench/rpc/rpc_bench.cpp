@@ -34,6 +34,7 @@
 #include "tide/rpc/tensor.h"
 
 #include "bench_util.h"
+#include "net/socket.h"
 
 namespace {
 
@@ -179,18 +180,6 @@ TIDE_RPC_FUNCTION(noop, [](int64_t) {});
 TIDE_RPC_FUNCTION(echo, [](at::Tensor t) { return t; });
 TIDE_RPC_FUNCTION(echo_clone, [](at::Tensor t) { return t.clone(); });
 
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,7 +206,8 @@ int main(int argc, char** argv) {
       }
       return run_rank(a);
     }
-    a.init_method = "tcp://127.0.0.1:" + std::to_string(free_port());
+    a.init_method =
+        "tcp://127.0.0.1:" + std::to_string(tide::net::free_port("127.0.0.1"));
     bench::Child server(
         {"/proc/self/exe",
          "--rank",

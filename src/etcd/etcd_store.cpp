@@ -264,14 +264,9 @@ std::vector<std::string> EtcdStore::multi_get(
   return read_when_present(keys, timeout(), "multi_get", false);
 }
 
-void EtcdStore::multi_set(
+void EtcdStore::set_many(
     const std::vector<std::string>& keys,
     const std::vector<std::string>& values) {
-  if (keys.size() != values.size()) {
-    throw InvalidArgument(
-        "multi_set: " + std::to_string(keys.size()) + " keys but " +
-        std::to_string(values.size()) + " values");
-  }
   std::vector<std::string> full_keys = full(keys);
   clients_->with_client(timeout(), [&](EtcdClient& client) {
     client.put_many(full_keys, values);

@@ -96,14 +96,9 @@ class HashStore final : public Store {
     return values;
   }
 
-  void multi_set(
+  void set_many(
       const std::vector<std::string>& keys,
       const std::vector<std::string>& values) override {
-    if (keys.size() != values.size()) {
-      throw InvalidArgument(
-          "multi_set: " + std::to_string(keys.size()) + " keys but " +
-          std::to_string(values.size()) + " values");
-    }
     {
       std::lock_guard lock(mutex_);
       for (size_t i = 0; i < keys.size(); ++i) {

@@ -68,7 +68,7 @@ std::vector<std::string> PrefixStore::multi_get(
   return store_->multi_get(full(keys));
 }
 
-void PrefixStore::multi_set(
+void PrefixStore::set_many(
     const std::vector<std::string>& keys,
     const std::vector<std::string>& values) {
   store_->multi_set(full(keys), values);

@@ -453,14 +453,9 @@ std::vector<std::string> TcpStore::multi_get(
   });
 }
 
-void TcpStore::multi_set(
+void TcpStore::set_many(
     const std::vector<std::string>& keys,
     const std::vector<std::string>& values) {
-  if (keys.size() != values.size()) {
-    throw InvalidArgument(
-        "multi_set: " + std::to_string(keys.size()) + " keys but " +
-        std::to_string(values.size()) + " values");
-  }
   std::lock_guard lock(mutex_);
   with_connection([&](Connection& c) {
     std::string req;

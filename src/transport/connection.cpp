@@ -52,12 +52,6 @@ Connection::Connection(
       decoder(owner.types, FrameLimits{}, kHandshakeLimits),
       read_buf(kReadBuffer) {}
 
-Connection::~Connection() {
-  for (int fd : received_fds) {
-    ::close(fd);
-  }
-}
-
 void Connection::set_state(State next) {
   TIDE_LOG_TRACE(
       "[{}] connection with {}: {} -> {}",
@@ -177,7 +171,7 @@ void Connection::read_ready() {
         for (size_t i = 0; i < n; ++i) {
           int fd = 0;
           std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-          received_fds.push_back(fd);
+          received_fds.emplace_back(fd);
         }
       }
     }

@@ -12,6 +12,8 @@
 
 #include <asio/generic/stream_protocol.hpp>
 
+#include "tide/common/fd.h"
+
 #include "transport/frame.h"
 #include "transport/shm/segments.h"
 #include "transport/transport.h"
@@ -92,7 +94,6 @@ struct Connection : std::enable_shared_from_this<Connection> {
   static const char* state_name(State s);
 
   Connection(Transport::Impl& owner, Socket socket, bool outgoing, bool local);
-  ~Connection();
 
   // --- life (connection.cpp) --------------------------------------------
   // The socket is connected: start reading and writing.
@@ -197,7 +198,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   FrameDecoder decoder;
   std::vector<char> read_buf;
   // Descriptors received, not yet claimed by a frame's table.
-  std::deque<int> received_fds;
+  std::deque<Fd> received_fds;
   uint64_t mapped_bytes = 0;
 
   // The sending side: any thread writes under wmutex (a reply goes out

@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "interop/torch_peer.h"
+#include "net/socket.h"
 #include "support/temp_dir.h"
 
 namespace tide::launcher {
@@ -351,18 +352,7 @@ std::vector<std::string> tiderun(std::vector<std::string> args) {
 
 // A port nobody listens on now (bound, read back, closed).
 uint16_t free_port() {
-  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (s.get() < 0 ||
-      ::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error(
-        "cannot find a free port: " + std::string(std::strerror(errno)));
-  }
-  return ntohs(addr.sin_port);
+  return net::free_port("127.0.0.1");
 }
 
 std::string random_run_id() {

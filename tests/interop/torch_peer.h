@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "tide/common/fd.h"
+
 #include "support/line_reader.h"
 
 extern char** environ;
@@ -40,35 +42,7 @@ inline constexpr const char* kSystemPython = "/usr/bin/python3";
 inline constexpr const char* kPeerScript =
     TIDE_INTEROP_DIR "/torch_store_peer.py";
 
-// A file descriptor, closed once.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() {
-    reset();
-  }
-  int get() const {
-    return fd_;
-  }
-  void reset() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-  }
-
- private:
-  int fd_ = -1;
-};
+using tide::Fd;
 
 class TorchPeer {
  public:

@@ -28,6 +28,7 @@
 // loopback in apps/multinode_test.cpp, across network namespaces in
 // apps/netns_test.cpp). Workers print "start RANK=r WORLD_SIZE=w" (and
 // optionally " MASTER_ADDR=a"); every agent's output is read line by line.
+#include "net/socket.h"
 #include "support/subprocess.h"
 
 #ifndef TIDERUN_BIN
@@ -38,15 +39,7 @@ namespace tide::test {
 
 // A TCP port free on 127.0.0.1 right now (it may be taken again later).
 inline uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return net::free_port("127.0.0.1");
 }
 
 // What one worker start printed.

@@ -63,9 +63,6 @@ class EtcdStore final : public store::Store {
   void append(std::string_view key, std::string_view value) override;
   std::vector<std::string> multi_get(
       const std::vector<std::string>& keys) override;
-  void multi_set(
-      const std::vector<std::string>& keys,
-      const std::vector<std::string>& values) override;
 
   // The prefix every key is stored under, ending in '/'.
   const std::string& key_prefix() const {
@@ -73,6 +70,11 @@ class EtcdStore final : public store::Store {
   }
 
   class ClientPool;
+
+ protected:
+  void set_many(
+      const std::vector<std::string>& keys,
+      const std::vector<std::string>& values) override;
 
  private:
   std::string full(std::string_view key) const;

@@ -31,9 +31,6 @@ class PrefixStore : public Store {
   void append(std::string_view key, std::string_view value) override;
   std::vector<std::string> multi_get(
       const std::vector<std::string>& keys) override;
-  void multi_set(
-      const std::vector<std::string>& keys,
-      const std::vector<std::string>& values) override;
   void set_timeout(milliseconds timeout) override;
 
   const std::string& prefix() const {
@@ -42,6 +39,11 @@ class PrefixStore : public Store {
   const std::shared_ptr<Store>& underlying() const {
     return store_;
   }
+
+ protected:
+  void set_many(
+      const std::vector<std::string>& keys,
+      const std::vector<std::string>& values) override;
 
  private:
   std::string full(std::string_view key) const;

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tide/common/error.h"
+
 // Store: the key-value contract every part of tide meets at (rendezvous
 // rounds, agent bookkeeping, worker bootstrap, rpc init). It mirrors
 // PyTorch's c10d::Store. Keys are strings; values are arbitrary bytes held in
@@ -72,10 +74,17 @@ class Store {
   virtual std::vector<std::string> multi_get(
       const std::vector<std::string>& keys) = 0;
 
-  // Sets keys[i] to values[i]; the sizes must match.
-  virtual void multi_set(
+  // Sets keys[i] to values[i]; InvalidArgument when the sizes differ.
+  void multi_set(
       const std::vector<std::string>& keys,
-      const std::vector<std::string>& values) = 0;
+      const std::vector<std::string>& values) {
+    if (keys.size() != values.size()) {
+      throw InvalidArgument(
+          "multi_set: " + std::to_string(keys.size()) + " keys but " +
+          std::to_string(values.size()) + " values");
+    }
+    set_many(keys, values);
+  }
 
   // The default timeout of blocking calls. Thread safe.
   milliseconds timeout() const {
@@ -88,6 +97,11 @@ class Store {
  protected:
   explicit Store(milliseconds timeout = kDefaultTimeout)
       : timeout_ms_(timeout.count()) {}
+
+  // multi_set(), its sizes checked.
+  virtual void set_many(
+      const std::vector<std::string>& keys,
+      const std::vector<std::string>& values) = 0;
 
  private:
   std::atomic<int64_t> timeout_ms_;

@@ -140,9 +140,6 @@ class TcpStore final : public Store {
   void append(std::string_view key, std::string_view value) override;
   std::vector<std::string> multi_get(
       const std::vector<std::string>& keys) override;
-  void multi_set(
-      const std::vector<std::string>& keys,
-      const std::vector<std::string>& values) override;
 
   // Round trip to the server; kModern only (throws InvalidArgument else).
   void ping();
@@ -160,6 +157,11 @@ class TcpStore final : public Store {
   }
 
   struct Connection;
+
+ protected:
+  void set_many(
+      const std::vector<std::string>& keys,
+      const std::vector<std::string>& values) override;
 
  private:
   // Runs fn on a live connection, connecting first if needed; drops the

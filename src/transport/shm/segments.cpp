@@ -28,12 +28,6 @@ size_t segment_size_for(size_t n) {
   return std::max(kMinSegment, std::bit_ceil(n));
 }
 
-SendSegments::~SendSegments() {
-  for (auto& [id, s] : segments_) {
-    ::close(s.fd);
-  }
-}
-
 Segment& SendSegments::acquire(size_t n) {
   size_t size = segment_size_for(n);
   if (auto it = free_.lower_bound(size);
@@ -43,23 +37,24 @@ Segment& SendSegments::acquire(size_t n) {
     in_use_[id].peer = true;
     return segments_.at(id);
   }
-  int fd = ::memfd_create("tide-rpc", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) {
+  Fd fd(::memfd_create("tide-rpc", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) {
     throw NetworkError("memfd_create: " + errno_text());
   }
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-      ::fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
-    std::string why = errno_text();
-    ::close(fd);
-    throw NetworkError("sizing a shared-memory segment: " + why);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) {
+    throw NetworkError("sizing a shared-memory segment: " + errno_text());
   }
   // Faulted in now, once: every later message through it finds its pages.
   void* base = ::mmap(
-      nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+      nullptr,
+      size,
+      PROT_READ | PROT_WRITE,
+      MAP_SHARED | MAP_POPULATE,
+      fd.get(),
+      0);
   if (base == MAP_FAILED) {
-    std::string why = errno_text();
-    ::close(fd);
-    throw NetworkError("mapping a shared-memory segment: " + why);
+    throw NetworkError("mapping a shared-memory segment: " + errno_text());
   }
   uint64_t id = next_id_++;
   bytes_ += size;
@@ -67,7 +62,12 @@ Segment& SendSegments::acquire(size_t n) {
   std::shared_ptr<char> memory(
       static_cast<char*>(base), [size](char* p) { ::munmap(p, size); });
   return segments_[id] = Segment{
-             id, fd, static_cast<char*>(base), size, std::move(memory), false};
+             id,
+             std::move(fd),
+             static_cast<char*>(base),
+             size,
+             std::move(memory),
+             false};
 }
 
 bool SendSegments::release(uint64_t id) {
@@ -104,26 +104,29 @@ void SendSegments::free_if_unused(uint64_t id, const Use& use) {
   }
 }
 
-Mapping::Mapping(int fd, size_t size) : size_(size) {
+Mapping::Mapping(Fd fd, size_t size) : size_(size) {
   struct stat st {};
-  int seals = ::fcntl(fd, F_GET_SEALS);
-  bool ok = ::fstat(fd, &st) == 0 && seals >= 0 &&
+  int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  bool ok = ::fstat(fd.get(), &st) == 0 && seals >= 0 &&
             (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) ==
                 (F_SEAL_SHRINK | F_SEAL_SEAL) &&
             static_cast<uint64_t>(st.st_size) == size && size > 0;
   if (!ok) {
-    ::close(fd);
     throw ProtocolError(
         "the peer passed a shared-memory segment that is not a sealed memfd "
         "of the " +
         std::to_string(size) + " bytes it claims");
   }
   void* base = ::mmap(
-      nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  std::string why = base == MAP_FAILED ? errno_text() : "";
-  ::close(fd);
+      nullptr,
+      size,
+      PROT_READ | PROT_WRITE,
+      MAP_SHARED | MAP_POPULATE,
+      fd.get(),
+      0);
   if (base == MAP_FAILED) {
-    throw ProtocolError("mapping the peer's shared-memory segment: " + why);
+    throw ProtocolError(
+        "mapping the peer's shared-memory segment: " + errno_text());
   }
   base_ = static_cast<char*>(base);
 }

@@ -6,6 +6,8 @@
 #include <memory>
 #include <unordered_map>
 
+#include "tide/common/fd.h"
+
 // Shared-memory segments for the RPC transport between processes of one
 // host: a sender copies a large buffer into a segment (a sealed memfd) and
 // passes the segment's descriptor over the Unix socket once; the receiver
@@ -26,7 +28,7 @@ size_t segment_size_for(size_t n);
 // A segment this side created and sends through.
 struct Segment {
   uint64_t id = 0;
-  int fd = -1;
+  Fd fd;
   char* base = nullptr;
   size_t size = 0;
   // The mapping: unmapped when the last holder (the pool, or a buffer that
@@ -41,7 +43,6 @@ struct Segment {
 class SendSegments {
  public:
   SendSegments() = default;
-  ~SendSegments();
   SendSegments(const SendSegments&) = delete;
   SendSegments& operator=(const SendSegments&) = delete;
 
@@ -85,10 +86,10 @@ class SendSegments {
 // A segment this side mapped from a descriptor the peer passed.
 class Mapping {
  public:
-  // Maps fd (taking it; closed once mapped) after checking that it is a
+  // Maps fd (closed once mapped) after checking that it is a
   // sealed memfd of exactly `size` bytes, so the peer can neither shrink it
   // under us nor make us map less than it claims. Throws ProtocolError.
-  Mapping(int fd, size_t size);
+  Mapping(Fd fd, size_t size);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;

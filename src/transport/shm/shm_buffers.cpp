@@ -115,9 +115,9 @@ std::vector<Buffer> Connection::take_buffers(Frame& frame) {
         throw ProtocolError(
             "a shared-memory reference whose descriptor did not come");
       }
-      int fd = received_fds.front();
+      Fd fd = std::move(received_fds.front());
       received_fds.pop_front();
-      mapping = std::make_shared<shm::Mapping>(fd, ref.segment_size);
+      mapping = std::make_shared<shm::Mapping>(std::move(fd), ref.segment_size);
       if (!mappings.emplace(ref.segment, mapping).second) {
         throw ProtocolError(
             "the peer passed shared-memory segment " +
@@ -219,7 +219,7 @@ std::string Connection::place_in_segments(Message& m, std::vector<int>& fds) {
         seg->size,
         b.size()};
     if (!seg->peer_has_fd) {
-      fds.push_back(seg->fd);
+      fds.push_back(seg->fd.get());
       seg->peer_has_fd = true;
     }
     table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
