@@ -7,10 +7,10 @@
 #include <map>
 #include <mutex>
 
+#include "tide/agent/error_file.h"
 #include "tide/common/error.h"
 
 #include "agent/entrypoint_run.h"
-#include "agent/error_file.h"
 #include "common/demangle.h"
 
 namespace tide::agent {

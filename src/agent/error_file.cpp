@@ -1,4 +1,4 @@
-#include "agent/error_file.h"
+#include "tide/agent/error_file.h"
 
 #include <chrono>
 #include <fstream>
@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tide::agent::detail {
+namespace tide::agent {
 
 using nlohmann::json;
 
@@ -100,4 +100,4 @@ std::string with_error_code(const std::string& data, int exitcode) {
   return doc.dump();
 }
 
-}  // namespace tide::agent::detail
+}  // namespace tide::agent

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tide/agent/error_file.h"
 #include "tide/common/fd.h"
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
@@ -32,8 +33,8 @@
 #include "tide/timer/file_timer.h"
 #include "tide/timer/local_timer.h"
 
+#include "agent/agent_impl.h"
 #include "agent/entrypoint_run.h"
-#include "agent/error_file.h"
 #include "agent/janitor.h"
 #include "agent/worker_process.h"
 #include "common/clock.h"
@@ -43,7 +44,6 @@ extern char** environ;
 
 namespace tide::agent {
 
-using std::chrono::milliseconds;
 namespace fs = std::filesystem;
 
 namespace {
@@ -79,98 +79,18 @@ const char* py_bool(bool b) {
 
 }  // namespace
 
-struct LocalElasticAgent::Impl {
-  explicit Impl(LocalElasticAgent& agent, AgentOptions opts)
-      : self(agent), options(opts) {
-    wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!wake_fd) {
-      throw Error(std::string("eventfd failed: ") + std::strerror(errno));
-    }
-  }
-  ~Impl() {
-    {
-      std::lock_guard lock(status_mutex);  // status() reads it
-      timer_server.reset();
-    }
-    processes.clear();
-  }
-
-  RunResult run();
-  // Throws SignalException (after stopping the workers) once a stop was
-  // requested.
-  void check_stop();
-  void initialize_workers();
-  void rendezvous();
-  void assign_ranks();
-  void start_workers();
-  // Stops every running worker: `sig` to each process group, SIGKILL after
-  // the grace period, and gives up on those that survive even that.
-  void stop_workers(int sig, milliseconds grace);
-  // Waits for events until `deadline`; returns false on timeout.
-  bool wait_for_events(Clock::time_point deadline);
-  void reap();
-  void pump_output();
-  WorkerState group_state() const;
-  std::map<int, ProcessFailure> failures() const;
-  std::map<int, std::string> return_values() const;
-  // The exit barrier: count_in() marks this node's part of the job over
-  // (the last node to count in completes the barrier); exit_barrier()
-  // counts in a node whose workers succeeded and waits for the others.
-  void count_in(bool failed);
-  void count_in_failed();  // logs instead of throwing
-  void exit_barrier();
-  std::string attempt_dir() const;
-  std::vector<std::string> worker_env(const Worker& w) const;
-
-  LocalElasticAgent& self;
-  const AgentOptions options;
-  Fd wake_fd;
-  std::atomic<int> stop_signal{0};
-  std::unique_ptr<detail::Janitor> janitor;
-  std::string run_log_dir;
-  std::string host = tide::fqdn();
-  WorkerGroup group;
-  rendezvous::RendezvousInfo rdzv;
-  int restart_count = 0;
-  std::vector<std::unique_ptr<detail::WorkerProcess>> processes;
-  std::vector<std::string> result_files;
-  std::vector<std::string> error_files;
-  std::map<std::string, std::string> base_env;
-  bool warned_omp = false;
-
-  // Metrics, events and the status snapshot (read by other threads).
-  void set_state(WorkerState s);
-  void worker_event(
-      const Worker& w, const char* state, const std::string& raw_error = "");
-  void agent_event(const std::string& what, events::Event::Metadata meta);
-  void record_run_metrics(bool succeeded);
-  std::string metric(const std::string& name) const {
-    return "workers." + self.spec_.role + "." + name;
-  }
-  double started_at = now_seconds();
-  mutable std::mutex status_mutex;
-  AgentStatus status;  // Guarded by status_mutex.
-
-  // Expiration timers. The watchdog thread reads the worker pids and writes
-  // the reaped timers, so both are guarded by timer_mutex.
-  void start_timer_server();
-  // Whether pid is a running worker or one of its descendants: each worker
-  // leads a session of its own, which its children inherit (a child that
-  // starts a session of its own leaves the worker's care). Thread safe.
-  bool is_worker_or_descendant(pid_t pid) const;
-  std::unique_ptr<timer::TimerServer> timer_server;
-  mutable std::mutex timer_mutex;
-  std::set<pid_t> worker_pids;                  // Guarded by timer_mutex.
-  std::map<pid_t, timer::ExpiredTimer> reaped;  // Guarded by timer_mutex.
-};
-
 LocalElasticAgent::LocalElasticAgent(WorkerSpec spec, AgentOptions options)
-    : spec_(std::move(spec)), remaining_restarts_(spec_.max_restarts) {
+    : spec_(std::move(spec)) {
   validate(spec_);
   impl_ = std::make_unique<Impl>(*this, options);
+  impl_->restarts.left = spec_.max_restarts;
 }
 
 LocalElasticAgent::~LocalElasticAgent() = default;
+
+int LocalElasticAgent::remaining_restarts() const {
+  return impl_->restarts.left;
+}
 
 const WorkerGroup& LocalElasticAgent::worker_group() const {
   return impl_->group;
@@ -195,7 +115,7 @@ RunResult LocalElasticAgent::run() {
 std::string LocalElasticAgent::Impl::attempt_dir() const {
   // torch's layout, attempt_<restart count>; a membership change keeps the
   // count, and gets attempt_<n>.<k> rather than wiping the last logs.
-  std::string dir = run_log_dir + "/attempt_" + std::to_string(restart_count);
+  std::string dir = run_log_dir + "/attempt_" + std::to_string(restarts.used);
   std::string candidate = dir;
   for (int k = 1; fs::exists(candidate); ++k) {
     candidate = dir + "." + std::to_string(k);
@@ -310,7 +230,7 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
   set("MASTER_ADDR", spec.master_addr.value_or(rdzv.bootstrap.master_addr));
   set("MASTER_PORT",
       std::to_string(spec.master_port.value_or(rdzv.bootstrap.master_port)));
-  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts.used));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(spec.max_restarts));
   set("TORCHELASTIC_RUN_ID", spec.rdzv_handler->get_run_id());
   set("TORCHELASTIC_USE_AGENT_STORE",
@@ -363,7 +283,7 @@ void LocalElasticAgent::Impl::start_workers() {
   // Recorded before the first worker runs: anything a worker makes visible
   // (a line of output, a store key) happens after the agent's state says
   // this group is running.
-  metrics::put_metric(metric("remaining_restarts"), self.remaining_restarts_);
+  metrics::put_metric(metric("remaining_restarts"), restarts.left);
   set_state(WorkerState::kHealthy);
   for (const Worker& w : group.workers) {
     detail::LaunchSpec ls;
@@ -437,11 +357,11 @@ void LocalElasticAgent::Impl::start_workers() {
       "left)",
       spec.role,
       spec.local_world_size,
-      restart_count,
+      restarts.used,
       group.workers.front().global_rank,
       group.workers.back().global_rank,
       group.workers.front().world_size,
-      self.remaining_restarts_);
+      restarts.left);
 }
 
 void LocalElasticAgent::Impl::check_stop() {
@@ -570,7 +490,7 @@ std::map<int, ProcessFailure> LocalElasticAgent::Impl::failures() const {
     f.host = host;
     f.timestamp = p->exit_time();
     f.error_file = error_files[static_cast<size_t>(w.local_rank)];
-    f.error_file_data = detail::read_file(f.error_file);
+    f.error_file_data = read_file(f.error_file);
     std::optional<timer::ExpiredTimer> expired;
     {
       std::lock_guard lock(timer_mutex);
@@ -586,7 +506,7 @@ std::map<int, ProcessFailure> LocalElasticAgent::Impl::failures() const {
                   " s past its deadline and got " + f.signal_name() +
                   " from the timer server";
     } else if (!f.error_file_data.empty()) {
-      auto parsed = detail::parse_error_file(f.error_file_data);
+      auto parsed = parse_error_file(f.error_file_data);
       f.message = parsed.message;
       f.traceback = parsed.traceback;
       if (parsed.timestamp > 0) {
@@ -615,7 +535,7 @@ std::map<int, std::string> LocalElasticAgent::Impl::return_values() const {
   for (const Worker& w : group.workers) {
     out.emplace(
         w.global_rank,
-        detail::read_file(result_files[static_cast<size_t>(w.local_rank)]));
+        read_file(result_files[static_cast<size_t>(w.local_rank)]));
   }
   return out;
 }
@@ -669,277 +589,6 @@ void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
       pump.finish();
     }
   }
-}
-
-namespace {
-
-// The exit barrier's keys in the round's store (torch's terminal_state).
-const std::string kBarrier = "torchelastic/agent/terminal_state/";
-
-}  // namespace
-
-void LocalElasticAgent::Impl::count_in(bool failed) {
-  // Every node counts in once its part of the job is over, failed or not,
-  // so the nodes waiting for it learn at once that it will not come back.
-  if (rdzv.world_size <= 1 || !rdzv.store) {
-    return;
-  }
-  store::Store& st = *rdzv.store;
-  if (failed) {
-    st.set(kBarrier + "failed", std::to_string(rdzv.rank));
-  }
-  if (st.add(kBarrier + "num_members", 1) >= rdzv.world_size) {
-    st.set(kBarrier + "last_member", "1");
-  }
-}
-
-void LocalElasticAgent::Impl::count_in_failed() {
-  try {
-    count_in(/*failed=*/true);
-  } catch (const Error& e) {
-    TIDE_LOG_WARN(
-        "[{}] exit barrier: could not count this node in: {}",
-        self.spec_.role,
-        e.what());
-  }
-}
-
-void LocalElasticAgent::Impl::exit_barrier() {
-  // A node whose workers succeeded waits for the others to count in (its
-  // store may serve them until then), but not for a job that is over: a
-  // closed rendezvous (a node failed for good) or a stop request ends the
-  // wait too. The wait goes in slices of at most a second so both are seen
-  // within one; a timeout is only logged, as in torch.
-  if (rdzv.world_size <= 1) {
-    return;
-  }
-  const WorkerSpec& spec = self.spec_;
-  auto started = Clock::now();
-  auto deadline = started + spec.exit_barrier_timeout;
-  auto waited = [&] { return elapsed_ms(started); };
-  try {
-    store::Store& st = *rdzv.store;
-    count_in(/*failed=*/false);
-    for (;;) {
-      if (int sig = stop_signal.load(); sig != 0) {
-        const char* name = sigabbrev_np(sig);
-        TIDE_LOG_WARN(
-            "[{}] exit barrier: received SIG{} after {} ms; leaving it "
-            "without waiting for the other nodes (this node's workers "
-            "succeeded)",
-            spec.role,
-            name ? name : "?",
-            waited());
-        return;
-      }
-      auto now = Clock::now();
-      if (now >= deadline) {
-        TIDE_LOG_WARN(
-            "[{}] exit barrier: not every node finished within {} ms "
-            "(--exit-barrier-timeout); {} of {} counted in; leaving it",
-            spec.role,
-            spec.exit_barrier_timeout.count(),
-            st.add(kBarrier + "num_members", 0),
-            rdzv.world_size);
-        return;
-      }
-      auto slice = std::min<milliseconds>(
-          milliseconds(1000),
-          std::chrono::duration_cast<milliseconds>(deadline - now) +
-              milliseconds(1));
-      try {
-        st.wait({kBarrier + "last_member"}, slice);
-        break;
-      } catch (const TimeoutError&) {
-      }
-      if (spec.rdzv_handler->is_closed()) {
-        TIDE_LOG_WARN(
-            "[{}] exit barrier: the rendezvous is closed (a node failed for "
-            "good, or the job ended elsewhere); leaving it after {} ms "
-            "without waiting for the other nodes",
-            spec.role,
-            waited());
-        return;
-      }
-    }
-    if (st.check({kBarrier + "failed"})) {
-      TIDE_LOG_WARN(
-          "[{}] exit barrier: every node has ended, node {} (at least) "
-          "failed; leaving it after {} ms",
-          spec.role,
-          st.get(kBarrier + "failed"),
-          waited());
-    } else {
-      TIDE_LOG_INFO(
-          "[{}] exit barrier: all {} nodes finished ({} ms)",
-          spec.role,
-          rdzv.world_size,
-          waited());
-    }
-  } catch (const Error& e) {
-    TIDE_LOG_WARN("[{}] exit barrier: {}", spec.role, e.what());
-  }
-}
-
-AgentStatus LocalElasticAgent::status() const {
-  std::lock_guard lock(impl_->status_mutex);
-  AgentStatus s = impl_->status;
-  if (impl_->timer_server) {
-    s.last_progress =
-        std::max(s.last_progress, impl_->timer_server->last_progress_time());
-  }
-  return s;
-}
-
-void LocalElasticAgent::Impl::set_state(WorkerState s) {
-  group.state = s;
-  std::string name = to_string(s);
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
-    return static_cast<char>(std::tolower(c));
-  });
-  metrics::put_metric(metric(name), 1);
-  std::lock_guard lock(status_mutex);
-  status.state = s;
-  status.run_id = self.spec_.rdzv_handler->get_run_id();
-  status.restart_count = restart_count;
-  status.remaining_restarts = self.remaining_restarts_;
-  status.group_rank = group.group_rank;
-  status.group_world_size = group.group_world_size;
-  status.workers = group.workers;
-  status.started_at = started_at;
-  status.last_progress = now_seconds();
-}
-
-void LocalElasticAgent::Impl::worker_event(
-    const Worker& w, const char* state, const std::string& raw_error) {
-  if (!events::enabled()) {
-    return;
-  }
-  // An ended worker's event carries the time it ended, not the time the
-  // agent got round to reporting it.
-  int64_t at = 0;
-  for (const auto& p : processes) {
-    if (p->local_rank() == w.local_rank && p->exited()) {
-      at = static_cast<int64_t>(p->exit_time() * 1000);
-    }
-  }
-  const WorkerSpec& spec = self.spec_;
-  nlohmann::json md = {
-      {"group_world_size", group.group_world_size},
-      {"entry_point", entrypoint_name(spec.entrypoint)},
-      {"local_rank", w.local_rank},
-      {"role_rank", w.role_rank},
-      {"role_world_size", w.role_world_size},
-  };
-  events::Event e{
-      .name = std::string("torchelastic.worker.status.") + state,
-      .source = events::EventSource::kAgent,
-      .timestamp = at,
-      .metadata = {
-          {"run_id", spec.rdzv_handler->get_run_id()},
-          {"global_rank", int64_t{w.global_rank}},
-          {"group_rank", int64_t{group.group_rank}},
-          {"worker_id", std::to_string(w.pid)},
-          {"role", spec.role},
-          {"hostname", host},
-          {"state", std::string(state)},
-          {"total_run_time", static_cast<int64_t>(now_seconds() - started_at)},
-          {"rdzv_backend", spec.rdzv_handler->get_backend()},
-          {"raw_error",
-           raw_error.empty() ? events::MetadataValue{} : raw_error},
-          {"metadata", md.dump()},
-          {"agent_restarts", int64_t{restart_count}},
-      }};
-  events::record(std::move(e));
-}
-
-void LocalElasticAgent::Impl::agent_event(
-    const std::string& what, events::Event::Metadata meta) {
-  if (!events::enabled()) {
-    return;
-  }
-  meta["run_id"] = self.spec_.rdzv_handler->get_run_id();
-  meta["role"] = self.spec_.role;
-  meta["hostname"] = host;
-  meta["agent_restarts"] = int64_t{restart_count};
-  events::record(events::Event{
-      .name = "torchelastic.agent." + what,
-      .source = events::EventSource::kAgent,
-      .metadata = std::move(meta)});
-}
-
-void LocalElasticAgent::Impl::record_run_metrics(bool succeeded) {
-  // torch's _record_metrics and _record_flakiness_metric.
-  const WorkerSpec& spec = self.spec_;
-  bool retried = self.remaining_restarts_ != spec.max_restarts;
-  metrics::put_metric(metric("run_total"), 1);
-  metrics::put_metric(
-      metric(
-          std::string(succeeded ? "run_success" : "run_failed") +
-          (retried ? "_with_retries" : "_no_retries")),
-      1);
-  int64_t flakiness = 100;
-  if (succeeded) {
-    flakiness =
-        100 - 100 * (self.remaining_restarts_ + 1) / (spec.max_restarts + 1);
-  }
-  metrics::put_metric(metric("flakiness"), flakiness);
-}
-
-void LocalElasticAgent::Impl::start_timer_server() {
-  const WorkerSpec& spec = self.spec_;
-  if (spec.timer == WorkerSpec::Timer::kNone || timer_server) {
-    return;
-  }
-  timer::TimerServerOptions opts{
-      .max_interval = spec.timer_max_interval,
-      .run_id = spec.rdzv_handler->get_run_id(),
-      .allow_pid = [this](pid_t pid) { return is_worker_or_descendant(pid); },
-      .on_reap =
-          [this](const timer::ExpiredTimer& e) {
-            {
-              std::lock_guard lock(timer_mutex);
-              reaped[e.worker_id] = e;
-            }
-            metrics::put_metric(metric("timer_expired"), 1);
-            agent_event(
-                "timer_expired",
-                {{"worker_id", std::to_string(e.worker_id)},
-                 {"scope_id", e.scope_id},
-                 {"expiration_time", e.expiration_time},
-                 {"overrun_ms", static_cast<int64_t>(e.overrun_seconds * 1000)},
-                 {"signal", int64_t{e.signal}}});
-          },
-  };
-  std::string path = spec.timer_file;
-  if (spec.timer == WorkerSpec::Timer::kFile) {
-    if (path.empty()) {
-      path = run_log_dir + "/watchdog_timer";
-    }
-    auto server =
-        std::make_unique<timer::FileTimerServer>(path, std::move(opts));
-    std::lock_guard lock(status_mutex);
-    timer_server = std::move(server);
-  } else {
-    if (path.empty()) {
-      path = run_log_dir + "/timer.sock";
-    }
-    auto server =
-        std::make_unique<timer::LocalTimerServer>(path, std::move(opts));
-    std::lock_guard lock(status_mutex);
-    timer_server = std::move(server);
-  }
-  timer_server->start();
-  TIDE_LOG_INFO("[{}] expiration timer server on {}", spec.role, path);
-}
-
-bool LocalElasticAgent::Impl::is_worker_or_descendant(pid_t pid) const {
-  std::lock_guard lock(timer_mutex);
-  if (worker_pids.count(pid) > 0) {
-    return true;
-  }
-  pid_t session = ::getsid(pid);
-  return session > 0 && worker_pids.count(session) > 0;
 }
 
 RunResult LocalElasticAgent::Impl::run() {
@@ -1019,18 +668,18 @@ RunResult LocalElasticAgent::Impl::run() {
         }
       }
       check_stop();
-      if (self.remaining_restarts_ > 0) {
-        --self.remaining_restarts_;
-        ++restart_count;
+      if (restarts.left > 0) {
+        --restarts.left;
+        ++restarts.used;
         TIDE_LOG_INFO(
             "[{}] restarting the worker group ({} of {} restarts used)",
             spec.role,
-            restart_count,
+            restarts.used,
             spec.max_restarts);
         agent_event(
             "restart",
             {{"reason", std::string("worker failure")},
-             {"remaining_restarts", int64_t{self.remaining_restarts_}}});
+             {"remaining_restarts", int64_t{restarts.left}}});
         initialize_workers();
         next_membership_check = Clock::now() + spec.monitor_interval;
         continue;

@@ -4,10 +4,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "tide/agent/error_file.h"
 #include "tide/common/logging.h"
 #include "tide/rendezvous/registry.h"
-
-#include "agent/error_file.h"
 
 namespace tide::launcher {
 
@@ -173,11 +172,10 @@ void write_error_file_for_launcher(
   const agent::ProcessFailure* root = result.root_cause();
   if (root != nullptr && !root->error_file_data.empty()) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << agent::detail::with_error_code(
-        root->error_file_data, root->exitcode);
+    out << agent::with_error_code(root->error_file_data, root->exitcode);
     return;
   }
-  agent::detail::write_error_file(path, "ChildFailedError: " + summary, "");
+  agent::write_error_file(path, "ChildFailedError: " + summary, "");
 }
 
 }  // namespace tide::launcher

@@ -57,14 +57,15 @@ Future<Payload> Calls::start(
       transport_.post([this] { expire(); });
     }
   }
-  // Closed before the call was on the books: on_closed did not see it.
+  // Closed before the call was on the books: on_closed may not have seen
+  // it.
   if (pipe.closed()) {
     if (auto p = take(id)) {
       fail(
           *p,
           std::make_exception_ptr(NetworkError(
               p->fn + "() on " + transport_.peer_label(to) +
-              " failed: the connection closed")));
+              " failed: " + pipe.close_reason())));
     }
     return future;
   }

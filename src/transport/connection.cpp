@@ -79,6 +79,15 @@ bool Pipe::closed() const {
   return !c || c->closed_flag.load(std::memory_order_acquire);
 }
 
+std::string Pipe::close_reason() const {
+  auto c = conn_.lock();
+  if (!c) {
+    return "the connection closed";
+  }
+  return c->closed_flag.load(std::memory_order_acquire) ? c->close_reason
+                                                        : std::string();
+}
+
 void Pipe::send(Message m) const {
   // The transport first: a connection refers to it.
   auto alive = transport_.lock();
@@ -98,7 +107,7 @@ void Connection::start() {
   }
   if (state == State::kConnecting) {
     // A lane is a lane from its first frame; a caller waits for its ack.
-    set_state(parent.expired() ? State::kAwaitingAck : State::kLane);
+    set_state(lane ? State::kLane : State::kAwaitingAck);
   }
   {
     std::unique_lock lock(wmutex);
@@ -471,6 +480,11 @@ void Connection::fail_later(std::string reason) {
   // Nothing more is written; a writer in sendmsg finishes the close.
   writer = writer == Writer::kWriting ? Writer::kClosing : Writer::kClosed;
   asio::post(owner.loop.io(), [self = shared_from_this(), reason] {
+    // What the peer sent before it closed may say why (a REFUSED behind
+    // the broken pipe it caused): read it first.
+    if (self->state != State::kClosed && self->state != State::kConnecting) {
+      self->read_ready();
+    }
     self->fail(reason);
   });
 }
@@ -479,6 +493,7 @@ void Connection::fail(const std::string& reason) {
   if (state == State::kClosed) {
     return;
   }
+  close_reason = reason;
   set_state(State::kClosed);
   std::vector<std::shared_ptr<Connection>> own_lanes;
   {

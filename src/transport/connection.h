@@ -102,7 +102,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void drop(const std::string& reason);
   // Closes it and tells the transport once. Loop.
   void fail(const std::string& reason);
-  // fail() on the loop; any thread, holding wmutex.
+  // fail() on the loop, after reading what the socket still holds; any
+  // thread, holding wmutex.
   void fail_later(std::string reason);
   // Closes the socket, unless a writer is in sendmsg (kClosing): it has
   // the socket closed when it comes out. Loop.
@@ -189,11 +190,16 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // fails and TCP is tried instead.
   bool local;
   int peer_id = -1;
+  // Its role: a lane of another connection (the caller's lanes from their
+  // creation, the callee's from LANE_HELLO). Loop only.
+  bool lane = false;
 
   // Loop only.
   State state;
-  // Mirrors state == kClosed for other threads (Pipe::closed()).
+  // Mirrors state == kClosed for other threads (Pipe::closed()), and why:
+  // close_reason is written before closed_flag is set, read after it.
   std::atomic<bool> closed_flag{false};
+  std::string close_reason;
   uint64_t handshake_seq = 0;  // Callee's side: the order of handshakes.
   FrameDecoder decoder;
   std::vector<char> read_buf;

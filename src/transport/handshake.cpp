@@ -164,6 +164,7 @@ void Connection::attach_as_lane(Frame& frame) {
   }
   parent = p;
   peer_id = id;
+  lane = true;
   set_state(State::kLane);
   read_parts_in_place();
 }

@@ -150,7 +150,7 @@ void Transport::Impl::connect_on_loop(const std::shared_ptr<Connection>& conn) {
 void Transport::Impl::connection_failed(
     Connection& conn, const std::string& reason) {
   auto self = conn.shared_from_this();  // Keep it alive through the erase.
-  if (auto p = conn.parent.lock()) {
+  if (conn.lane) {
     incoming.erase(self);
     TIDE_LOG_DEBUG(
         "[{}] lane to {} closed: {}",
@@ -158,8 +158,9 @@ void Transport::Impl::connection_failed(
         peer_label(conn.peer_id),
         reason);
     // Its parts are lost: so are the messages of its connection.
+    auto p = conn.parent.lock();
     bool attached = false;
-    {
+    if (p) {
       std::lock_guard lock(p->wmutex);
       attached =
           std::find(p->lanes.begin(), p->lanes.end(), self) != p->lanes.end();

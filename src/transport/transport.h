@@ -90,8 +90,10 @@ class Pipe {
   bool outgoing() const {
     return outgoing_;
   }
-  // Whether it closed (then on_closed has run, or is about to).
+  // Whether it closed (then on_closed has run, or is about to), and why
+  // ("" while open).
   bool closed() const;
+  std::string close_reason() const;
   // Queues m and writes what the socket takes now; never waits for the
   // network. Dropped when the pipe is closed or the transport gone. Throws
   // InvalidArgument when m is over the frame limits (the peer would drop

@@ -75,9 +75,9 @@ class LocalElasticAgent {
   }
   // The group of the current or last attempt.
   const WorkerGroup& worker_group() const;
-  int remaining_restarts() const {
-    return remaining_restarts_;
-  }
+  // Restarts left after failures (max_restarts at first). The agent's
+  // thread, or after run() returned.
+  int remaining_restarts() const;
   // Thread safe.
   AgentStatus status() const;
   // This run's log directory (<log_dir>/<run_id>_<random>), once run() has
@@ -88,7 +88,6 @@ class LocalElasticAgent {
 
  private:
   WorkerSpec spec_;
-  int remaining_restarts_;
   std::unique_ptr<Impl> impl_;
 };
 

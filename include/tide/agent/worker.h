@@ -30,7 +30,9 @@ inline bool is_running(WorkerState s) {
   return s == WorkerState::kHealthy || s == WorkerState::kUnhealthy;
 }
 
-// One worker process of a group.
+// One worker process of a group. Plain values, copied into results and
+// status snapshots: a pid is the process's while the group runs, and may be
+// reused once the agent reaped it.
 struct Worker {
   int local_rank = 0;
   int global_rank = -1;
@@ -40,6 +42,10 @@ struct Worker {
   pid_t pid = -1;  // torch's Worker.id
 };
 
+// The agent's current group: owned by the agent and changed only by run(),
+// on its thread; read it from there (or after run() returned). `store` is
+// the round's store, shared with the rendezvous handler; it lives as long
+// as someone holds it.
 struct WorkerGroup {
   const WorkerSpec* spec = nullptr;
   std::vector<Worker> workers;

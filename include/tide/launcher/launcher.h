@@ -13,25 +13,50 @@
 // a LaunchConfig, the agent it runs, and torchrun's failure summary.
 namespace tide::launcher {
 
+// One node's share of a job: tiderun's flags, as torch's LaunchConfig has
+// them (docs/tiderun.md names each flag).
 struct LaunchConfig {
+  // --nnodes=MIN:MAX: the nodes a round needs, and takes at most.
   int min_nodes = 1;
   int max_nodes = 1;
+  // Workers on this node (--nproc-per-node).
   int nproc_per_node = 1;
+  // The job's name in the rendezvous (--rdzv-id); the same on every node.
   std::string run_id = "none";
+  // The workers' role (ROLE_NAME).
   std::string role = "default";
+  // A registered rendezvous backend: "static", "c10d", "etcd", or a
+  // plugin's (--rdzv-backend).
   std::string rdzv_backend = "static";
+  // host[:port] of the rendezvous store or of etcd (--rdzv-endpoint).
   std::string rdzv_endpoint;
+  // --rdzv-conf key=value pairs, given to the backend as they are.
   std::map<std::string, std::string> rdzv_configs;
+  // The address other nodes reach this one at (--local-addr; empty: this
+  // host's name).
   std::string local_addr;
+  // Restarts of the worker group after failures (--max-restarts).
   int max_restarts = 0;
+  // How often a healthy group asks whether nodes wait to join.
   std::chrono::milliseconds monitor_interval{100};
+  // How workers start: exec of the command, or fork (function workers).
   agent::StartMethod start_method = agent::StartMethod::kSpawn;
+  // Where <run_id>_<random>/attempt_<n>/<rank>/ goes (empty: a new
+  // directory under TMPDIR).
   std::string log_dir;
+  // Which ranks' stdout/stderr go to files only (--redirects), and to
+  // files and the console (--tee).
   agent::StdSpec redirects;
   agent::StdSpec tee;
+  // The local ranks whose console output is shown (empty: all).
   std::set<int> local_ranks_filter;
+  // From a stop signal to the workers to SIGKILL (--shutdown-timeout).
   std::chrono::milliseconds shutdown_grace{30'000};
+  // How long a node whose workers succeeded waits for the other nodes
+  // (--exit-barrier-timeout); docs/tiderun.md#the-exit-barrier.
   std::chrono::milliseconds exit_barrier_timeout{300'000};
+  // Expiration timers for the workers, and the FIFO's path for kFile
+  // (empty: in the run's log directory).
   agent::WorkerSpec::Timer timer = agent::WorkerSpec::Timer::kNone;
   std::string timer_file;
 };
@@ -44,8 +69,13 @@ struct LaunchResult {
 
 // Runs one node's agent to the end: makes the rendezvous handler, runs the
 // agent, shuts the rendezvous down (unless a signal stopped the agent, so
-// other nodes may go on). `on_agent` sees the agent before it runs (to
-// forward signals to it). Throws what the rendezvous throws.
+// other nodes may go on). Blocks the calling thread for the whole job:
+// rounds, restarts, the exit barrier. `on_agent` sees the agent before it
+// runs and null before it is destroyed (to forward signals to it; it may
+// call request_stop() from a signal handler meanwhile). Throws
+// InvalidArgument for a bad config or an unknown backend, and what the
+// rendezvous throws (RendezvousClosedError when another node ended the
+// job, RendezvousError when the backend is gone).
 LaunchResult launch(
     const LaunchConfig& config,
     const agent::Entrypoint& entrypoint,

@@ -15,6 +15,16 @@ namespace tide::rendezvous {
 // Parameters: endpoint "host[:port]" (default port 29500), max_nodes = the
 // node count, config "rank" (this node's rank, default 0) and "timeout"
 // (seconds, the store timeout, default 600).
+//
+// The constructor checks the parameters (InvalidArgument: a count that is
+// not fixed, a rank outside it, port 0 for several nodes) and connects to
+// nothing. next_rendezvous() blocks: node 0 starts the store (NetworkError
+// when it cannot listen), the others connect to it, waiting up to
+// "timeout" for it to come up (TimeoutError). Every round returns the same
+// store and ranks; is_closed() and set_closed() are this node's only (no
+// other node learns of it: a node that fails for good tells the others
+// through the exit barrier instead). Called from the agent's thread only,
+// but interrupt().
 class StaticRendezvousHandler final : public RendezvousHandler {
  public:
   explicit StaticRendezvousHandler(const RendezvousParameters& params);

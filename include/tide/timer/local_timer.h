@@ -14,9 +14,13 @@ namespace tide::timer {
 
 class LocalTimerServer final : public TimerServer {
  public:
-  // Binds a datagram socket at `path` (a filesystem path; removed by the
-  // destructor). Call start() to serve.
+  // Binds a datagram socket at `path` (a filesystem path; a stale socket
+  // there is replaced, and the destructor removes it). Throws
+  // InvalidArgument for a path over 107 bytes, Error when the socket cannot
+  // be made or bound. Call start()
+  // to serve; thread safety as TimerServer's.
   LocalTimerServer(std::string path, TimerServerOptions options = {});
+  // Stops the watchdog (joins it) and removes the socket.
   ~LocalTimerServer() override;
 
   const std::string& path() const {
@@ -34,6 +38,11 @@ class LocalTimerServer final : public TimerServer {
   Fd fd_;
 };
 
+// Thread safe: one request at a time goes out on one connected socket.
+// acquire() and release() block while the server's queue is full (a request
+// is never dropped); they throw Error when no server listens at `path`
+// (after one reconnect, for a server that was replaced) and
+// InvalidArgument for a scope over 4 KiB.
 class LocalTimerClient final : public TimerChannelClient {
  public:
   // Connects on first use.

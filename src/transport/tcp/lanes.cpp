@@ -97,7 +97,7 @@ void claim(
 }  // namespace
 
 void Connection::want_lanes() {
-  if (!outgoing || !parent.expired() || owner.options.lanes == 0 ||
+  if (!outgoing || lane || owner.options.lanes == 0 ||
       lanes_wanted.exchange(true)) {
     return;
   }
@@ -278,6 +278,7 @@ void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
         std::make_shared<Connection>(*this, Socket(loop.io()), true, false);
     parent->opened_lanes.push_back(lane);
     lane->peer_id = parent->peer_id;
+    lane->lane = true;
     lane->parent = parent;
     // Parts come from the first frame on: no handshake limits.
     lane->decoder = FrameDecoder(types, FrameLimits{});

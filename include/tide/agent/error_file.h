@@ -7,7 +7,9 @@
 //   {"message": {"message": "ValueError: bad", "extraInfo":
 //     {"py_callstack": "Traceback ...", "timestamp": "1700000000"}}}
 // or the newer flat form {"message": "...", "timestamp": 1700000000}.
-namespace tide::agent::detail {
+// The agent reads its workers' files and writes those of C++ function
+// workers; the launcher writes tiderun's own.
+namespace tide::agent {
 
 struct ErrorFileContents {
   std::string message;
@@ -33,4 +35,4 @@ std::string with_error_code(const std::string& data, int exitcode);
 // Whole file, or "" when it cannot be read.
 std::string read_file(const std::string& path);
 
-}  // namespace tide::agent::detail
+}  // namespace tide::agent

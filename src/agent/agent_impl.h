@@ -1,0 +1,126 @@
+#pragma once
+
+// The agent's state, shared by its files: the run loop
+// (local_elastic_agent.cpp), the exit barrier (exit_barrier.cpp), status,
+// events and metrics (reporting.cpp), and the workers' timers
+// (worker_timers.cpp). Private to the agent; the agent's thread owns it
+// unless a member says otherwise.
+#include <sys/eventfd.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tide/agent/local_elastic_agent.h"
+#include "tide/common/fd.h"
+#include "tide/common/host.h"
+#include "tide/events/events.h"
+#include "tide/rendezvous/rendezvous_handler.h"
+#include "tide/timer/timer_server.h"
+
+#include "agent/janitor.h"
+#include "agent/worker_process.h"
+#include "common/clock.h"
+
+namespace tide::agent {
+
+using std::chrono::milliseconds;
+
+struct LocalElasticAgent::Impl {
+  explicit Impl(LocalElasticAgent& agent, AgentOptions opts)
+      : self(agent), options(opts) {
+    wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_fd) {
+      throw Error(std::string("eventfd failed: ") + std::strerror(errno));
+    }
+  }
+  ~Impl() {
+    {
+      std::lock_guard lock(status_mutex);  // status() reads it
+      timer_server.reset();
+    }
+    processes.clear();
+  }
+
+  RunResult run();
+  // Throws SignalException (after stopping the workers) once a stop was
+  // requested.
+  void check_stop();
+  void initialize_workers();
+  void rendezvous();
+  void assign_ranks();
+  void start_workers();
+  // Stops every running worker: `sig` to each process group, SIGKILL after
+  // the grace period, and gives up on those that survive even that.
+  void stop_workers(int sig, milliseconds grace);
+  // Waits for events until `deadline`; returns false on timeout.
+  bool wait_for_events(Clock::time_point deadline);
+  void reap();
+  void pump_output();
+  WorkerState group_state() const;
+  std::map<int, ProcessFailure> failures() const;
+  std::map<int, std::string> return_values() const;
+  // The exit barrier: count_in() marks this node's part of the job over
+  // (the last node to count in completes the barrier); exit_barrier()
+  // counts in a node whose workers succeeded and waits for the others.
+  void count_in(bool failed);
+  void count_in_failed();  // logs instead of throwing
+  void exit_barrier();
+  std::string attempt_dir() const;
+  std::vector<std::string> worker_env(const Worker& w) const;
+
+  LocalElasticAgent& self;
+  const AgentOptions options;
+  Fd wake_fd;
+  std::atomic<int> stop_signal{0};
+  std::unique_ptr<detail::Janitor> janitor;
+  std::string run_log_dir;
+  std::string host = tide::fqdn();
+  WorkerGroup group;
+  rendezvous::RendezvousInfo rdzv;
+  // Restarts after failures: used so far (TORCHELASTIC_RESTART_COUNT, the
+  // attempt directories, events) and left. Admitting nodes uses none.
+  struct Restarts {
+    int used = 0;
+    int left = 0;
+  } restarts;
+  std::vector<std::unique_ptr<detail::WorkerProcess>> processes;
+  std::vector<std::string> result_files;
+  std::vector<std::string> error_files;
+  std::map<std::string, std::string> base_env;
+  bool warned_omp = false;
+
+  // Metrics, events and the status snapshot (read by other threads).
+  void set_state(WorkerState s);
+  void worker_event(
+      const Worker& w, const char* state, const std::string& raw_error = "");
+  void agent_event(const std::string& what, events::Event::Metadata meta);
+  void record_run_metrics(bool succeeded);
+  std::string metric(const std::string& name) const {
+    return "workers." + self.spec_.role + "." + name;
+  }
+  double started_at = now_seconds();
+  mutable std::mutex status_mutex;
+  AgentStatus status;  // Guarded by status_mutex.
+
+  // Expiration timers. The watchdog thread reads the worker pids and writes
+  // the reaped timers, so both are guarded by timer_mutex.
+  void start_timer_server();
+  // Whether pid is a running worker or one of its descendants: each worker
+  // leads a session of its own, which its children inherit (a child that
+  // starts a session of its own leaves the worker's care). Thread safe.
+  bool is_worker_or_descendant(pid_t pid) const;
+  std::unique_ptr<timer::TimerServer> timer_server;
+  mutable std::mutex timer_mutex;
+  std::set<pid_t> worker_pids;                  // Guarded by timer_mutex.
+  std::map<pid_t, timer::ExpiredTimer> reaped;  // Guarded by timer_mutex.
+};
+
+}  // namespace tide::agent
