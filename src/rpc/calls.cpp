@@ -22,14 +22,15 @@ Future<Payload> Calls::start(
   Future<Payload> future = promise.get_future();
   count_.fetch_add(1);
   uint64_t id = next_id_.fetch_add(1);
-  Pending call{std::move(promise), {}, to, std::move(fn), timeout, {}};
+  Pending call{std::move(promise), nullptr, to, std::move(fn), timeout, {}};
+  transport::Pipe pipe;
   try {
-    call.pipe = transport_.pipe_to(to);
+    pipe = transport_.pipe_to(to);
   } catch (...) {
     fail(call, std::current_exception());
     return future;
   }
-  transport::Pipe pipe = call.pipe;
+  call.pipe = pipe.id();
   transport::Message request{
       MessageType::kRequest,
       id,
@@ -57,24 +58,25 @@ Future<Payload> Calls::start(
       transport_.post([this] { expire(); });
     }
   }
-  // Closed before the call was on the books: on_closed may not have seen
-  // it.
-  if (pipe.closed()) {
-    if (auto p = take(id)) {
-      fail(
-          *p,
-          std::make_exception_ptr(NetworkError(
-              p->fn + "() on " + transport_.peer_label(to) +
-              " failed: " + pipe.close_reason())));
-    }
-    return future;
-  }
+  // On the books first: a connection lost after this reports the call
+  // (on_closed); one lost before it says so here.
+  std::string why_not;
   try {
-    pipe.send(std::move(request));
+    if (pipe.send(std::move(request), &why_not)) {
+      return future;
+    }
   } catch (...) {
     if (auto p = take(id)) {
       fail(*p, std::current_exception());
     }
+    return future;
+  }
+  if (auto p = take(id)) {
+    fail(
+        *p,
+        std::make_exception_ptr(NetworkError(
+            p->fn + "() on " + transport_.peer_label(to) +
+            " failed: " + why_not)));
   }
   return future;
 }
@@ -121,7 +123,7 @@ void Calls::on_closed(const transport::Pipe& pipe, const std::string& reason) {
   {
     std::lock_guard lock(mutex_);
     for (const auto& [id, call] : pending_) {
-      if (call.pipe.same(pipe)) {
+      if (call.pipe == pipe.id()) {
         ids.push_back(id);
       }
     }

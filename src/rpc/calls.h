@@ -54,7 +54,7 @@ class Calls {
   using Deadlines = std::multimap<Clock::time_point, uint64_t>;
   struct Pending {
     Promise<Payload> promise;
-    transport::Pipe pipe;
+    const void* pipe = nullptr;  // Pipe::id() of the connection it went on
     int peer = 0;
     std::string fn;
     std::chrono::milliseconds timeout{0};

@@ -716,13 +716,22 @@ void init_rpc(
 }
 
 void shutdown(bool graceful) {
-  std::unique_ptr<RpcAgent> agent;
+  RpcAgent* agent = nullptr;
   {
     std::lock_guard lock(g_agent_mutex);
-    agent = std::move(g_agent);
+    agent = g_agent.get();
   }
-  if (agent) {
-    agent->shutdown(graceful);
+  if (agent == nullptr) {
+    return;
+  }
+  // Still the process's agent while it shuts down: a graceful shutdown
+  // serves the calls still coming, and their functions may use the global
+  // API (get_worker_info(), rpc_sync, ...).
+  agent->shutdown(graceful);
+  std::unique_ptr<RpcAgent> gone;
+  {
+    std::lock_guard lock(g_agent_mutex);
+    gone = std::move(g_agent);
   }
 }
 

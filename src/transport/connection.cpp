@@ -65,36 +65,31 @@ void Connection::set_state(State next) {
   }
 }
 
-Pipe Connection::pipe() {
-  Pipe p;
-  p.conn_ = weak_from_this();
-  p.transport_ = owner.weak_from_this();
-  p.peer_ = peer_id;
-  p.outgoing_ = outgoing;
-  return p;
+void Connection::make_handle() {
+  handle.conn_ = weak_from_this();
+  handle.transport_ = owner.weak_from_this();
+  handle.id_ = this;
+  handle.peer_ = peer_id;
+  handle.outgoing_ = outgoing;
 }
 
-bool Pipe::closed() const {
-  auto c = conn_.lock();
-  return !c || c->closed_flag.load(std::memory_order_acquire);
-}
-
-std::string Pipe::close_reason() const {
-  auto c = conn_.lock();
-  if (!c) {
-    return "the connection closed";
-  }
-  return c->closed_flag.load(std::memory_order_acquire) ? c->close_reason
-                                                        : std::string();
-}
-
-void Pipe::send(Message m) const {
+bool Pipe::send(Message m, std::string* why_not) const {
   // The transport first: a connection refers to it.
   auto alive = transport_.lock();
   auto c = conn_.lock();
-  if (alive && c) {
-    c->send(std::move(m));
+  if (!alive || !c) {
+    if (why_not != nullptr) {
+      *why_not = "the connection closed";
+    }
+    return false;
   }
+  if (c->send(std::move(m))) {
+    return true;
+  }
+  if (why_not != nullptr) {
+    *why_not = c->close_reason;
+  }
+  return false;
 }
 
 void Connection::start() {
@@ -297,16 +292,19 @@ void Connection::dispatch(Frame& frame) {
   }
   Message m{frame.type, frame.id, std::move(frame.metadata), {}};
   m.buffers = take_buffers(frame);
-  owner.handlers.on_message(pipe(), std::move(m));
+  owner.handlers.on_message(handle, std::move(m));
 }
 
-void Connection::send(Message m) {
+bool Connection::send(Message m) {
   std::unique_lock lock(wmutex);
   if (writer == Writer::kClosing || writer == Writer::kClosed) {
-    return;
+    // Reported as lost once closed_flag is set (fail() sets it before it
+    // closes the writer); a write error's fail() is still on its way.
+    return !closed_flag.load(std::memory_order_acquire);
   }
   queue.push_back(encode_frame(std::move(m)));
   flush(lock);
+  return true;
 }
 
 OutFrame Connection::encode_frame(Message m) {

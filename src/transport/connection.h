@@ -112,8 +112,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool handshaken() const {
     return state == State::kOpen || state == State::kLane;
   }
-  // The handle the layer above holds.
-  Pipe pipe();
+  // The handle the layer above holds: made once the connection is owned
+  // (make_handle(), before it is shared), its peer set at the handshake.
+  void make_handle();
+  const Pipe& pipe() const {
+    return handle;
+  }
 
   // --- reading (connection.cpp) -----------------------------------------
   void wait_readable();
@@ -124,8 +128,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   // --- writing (connection.cpp) -----------------------------------------
   // Queues a message and writes what the socket takes now. Any thread;
-  // throws InvalidArgument when it is over the frame limits.
-  void send(Message m);
+  // throws InvalidArgument when it is over the frame limits. Returns false
+  // when the connection is closed and its loss reported (m dropped).
+  bool send(Message m);
   OutFrame encode_frame(Message m);
   void flush(std::unique_lock<std::mutex>& lock);
   void wait_writable();
@@ -196,10 +201,11 @@ struct Connection : std::enable_shared_from_this<Connection> {
 
   // Loop only.
   State state;
-  // Mirrors state == kClosed for other threads (Pipe::closed()), and why:
-  // close_reason is written before closed_flag is set, read after it.
+  // Mirrors state == kClosed for other threads, and why: close_reason is
+  // written before closed_flag is set, read after it.
   std::atomic<bool> closed_flag{false};
   std::string close_reason;
+  Pipe handle;
   uint64_t handshake_seq = 0;  // Callee's side: the order of handshakes.
   FrameDecoder decoder;
   std::vector<char> read_buf;

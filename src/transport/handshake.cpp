@@ -91,6 +91,7 @@ void Connection::accept_hello(Frame& frame) {
   handshake_seq = ++owner.handshakes;
   decoder.trust_lengths();
   peer_id = id;
+  handle.peer_ = id;
   bool agreed = local && (features & kFeatureSharedMemory) != 0;
   send(Message{
       ControlType::kHandshakeAck,

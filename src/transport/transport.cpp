@@ -79,6 +79,7 @@ std::string Transport::Impl::peer_label(int id) const {
 void Transport::Impl::adopt(Socket socket, bool local) {
   auto conn =
       std::make_shared<Connection>(*this, std::move(socket), false, local);
+  conn->make_handle();
   incoming.insert(conn);
   conn->start();
 }
@@ -317,6 +318,7 @@ Pipe Transport::pipe_to(int to) {
   auto conn =
       std::make_shared<Connection>(impl, Socket(impl.loop.io()), true, local);
   conn->peer_id = to;
+  conn->make_handle();
   // Queued first, written once connected; what callers send from now on
   // queues behind it.
   conn->send(

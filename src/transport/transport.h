@@ -90,18 +90,18 @@ class Pipe {
   bool outgoing() const {
     return outgoing_;
   }
-  // Whether it closed (then on_closed has run, or is about to), and why
-  // ("" while open).
-  bool closed() const;
-  std::string close_reason() const;
   // Queues m and writes what the socket takes now; never waits for the
-  // network. Dropped when the pipe is closed or the transport gone. Throws
-  // InvalidArgument when m is over the frame limits (the peer would drop
-  // the connection on it).
-  void send(Message m) const;
-  // The same connection.
+  // network. Returns false, with why in `why_not`, when the connection is
+  // closed and its loss reported (on_closed has run, or is about to) or the
+  // transport is gone: m was dropped. Throws InvalidArgument when m is over
+  // the frame limits (the peer would drop the connection on it).
+  bool send(Message m, std::string* why_not = nullptr) const;
+  // The same connection (compared by identity; never dereferenced).
   bool same(const Pipe& other) const {
-    return !conn_.owner_before(other.conn_) && !other.conn_.owner_before(conn_);
+    return id_ == other.id_;
+  }
+  const void* id() const {
+    return id_;
   }
 
  private:
@@ -109,6 +109,7 @@ class Pipe {
   std::weak_ptr<Connection> conn_;
   // The transport's state, alive while the transport is.
   std::weak_ptr<void> transport_;
+  const void* id_ = nullptr;
   int peer_ = -1;
   bool outgoing_ = false;
 };

@@ -380,6 +380,18 @@ TEST_F(
   }
 }
 
+TEST_F(TiderunTest, TheRpcHelloExampleRunsUnderTiderun) {
+  // examples/rpc_hello.cpp: typed calls between three processes, no
+  // libtorch; rank 0 exits 1 on a wrong answer.
+  auto [status, out] = run(
+      {"--standalone", "--nproc-per-node=3", "--no-python", RPC_HELLO_EXAMPLE});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(
+      out.find("worker2: add(2, 40) = 42; hello driver from worker2"),
+      std::string::npos)
+      << out;
+}
+
 TEST_F(TiderunTest, TheRpcParameterServerExampleTrainsUnderTiderun) {
   // examples/rpc_parameter_server.cpp: init_rpc through the agent's store
   // (env://, TORCHELASTIC_USE_AGENT_STORE), two trainers, a batch of async

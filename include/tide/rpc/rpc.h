@@ -318,7 +318,9 @@ void init_rpc(
     int world_size,
     RpcBackendOptions options = {});
 
-// Shuts the process's agent down and destroys it.
+// Shuts the process's agent down and destroys it. It stays the process's
+// agent until its shutdown is done: functions serving the last calls of a
+// graceful shutdown may use the free functions.
 void shutdown(bool graceful = true);
 
 inline WorkerInfo get_worker_info() {

@@ -22,6 +22,18 @@ std::string errno_text() {
 
 constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
+// Maps a segment read-write, faulted in now, once: every later message
+// through it finds its pages. MAP_FAILED (errno set) when it cannot.
+void* map_populated(const Fd& fd, size_t size) {
+  return ::mmap(
+      nullptr,
+      size,
+      PROT_READ | PROT_WRITE,
+      MAP_SHARED | MAP_POPULATE,
+      fd.get(),
+      0);
+}
+
 }  // namespace
 
 size_t segment_size_for(size_t n) {
@@ -45,14 +57,7 @@ Segment& SendSegments::acquire(size_t n) {
       ::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) {
     throw NetworkError("sizing a shared-memory segment: " + errno_text());
   }
-  // Faulted in now, once: every later message through it finds its pages.
-  void* base = ::mmap(
-      nullptr,
-      size,
-      PROT_READ | PROT_WRITE,
-      MAP_SHARED | MAP_POPULATE,
-      fd.get(),
-      0);
+  void* base = map_populated(fd, size);
   if (base == MAP_FAILED) {
     throw NetworkError("mapping a shared-memory segment: " + errno_text());
   }
@@ -117,13 +122,7 @@ Mapping::Mapping(Fd fd, size_t size) : size_(size) {
         "of the " +
         std::to_string(size) + " bytes it claims");
   }
-  void* base = ::mmap(
-      nullptr,
-      size,
-      PROT_READ | PROT_WRITE,
-      MAP_SHARED | MAP_POPULATE,
-      fd.get(),
-      0);
+  void* base = map_populated(fd, size);
   if (base == MAP_FAILED) {
     throw ProtocolError(
         "mapping the peer's shared-memory segment: " + errno_text());
