@@ -14,9 +14,9 @@ namespace {
 // see more.
 constexpr auto kSpin = std::chrono::microseconds(50);
 
-// Set on a thread while it runs the loop's handlers (the I/O thread
-// always): lending it again would wait on itself.
-thread_local bool t_on_loop = false;
+// The loop whose handlers this thread runs now (the I/O thread: always its
+// own): lending it again would wait on itself.
+thread_local const LendableLoop* t_loop = nullptr;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -33,8 +33,8 @@ LendableLoop::~LendableLoop() {
   join();
 }
 
-bool LendableLoop::on_loop() {
-  return t_on_loop;
+bool LendableLoop::on_loop() const {
+  return t_loop == this;
 }
 
 void LendableLoop::start() {
@@ -57,7 +57,7 @@ bool LendableLoop::work_is_recent() const {
 }
 
 size_t LendableLoop::poll_holding_loop(bool one) {
-  bool was_on_loop = std::exchange(t_on_loop, true);
+  const LendableLoop* was = std::exchange(t_loop, this);
   size_t n = 1;
   try {
     n = one ? io_.poll_one() : io_.poll();
@@ -66,7 +66,7 @@ size_t LendableLoop::poll_holding_loop(bool one) {
   } catch (...) {
     TIDE_LOG_ERROR("I/O loop: a handler threw a non-standard exception");
   }
-  t_on_loop = was_on_loop;
+  t_loop = was;
   if (n > 0) {
     last_work_ns_.store(now_ns(), std::memory_order_relaxed);
   }
@@ -76,7 +76,7 @@ size_t LendableLoop::poll_holding_loop(bool one) {
 // While a lent thread has work the I/O thread stands aside: two pollers
 // would only take turns.
 void LendableLoop::run_io_thread() {
-  t_on_loop = true;
+  t_loop = this;
   while (!io_.stopped()) {
     if (lenders_.load(std::memory_order_relaxed) > 0 && work_is_recent()) {
       std::this_thread::yield();
@@ -114,8 +114,8 @@ void LendableLoop::run_io_thread() {
 }
 
 void LendableLoop::lend(const std::function<bool()>& done) {
-  if (t_on_loop) {
-    return;
+  if (t_loop != nullptr) {
+    return;  // Running a handler (of this loop or another) already.
   }
   lenders_.fetch_add(1);
   auto last = std::chrono::steady_clock::now();

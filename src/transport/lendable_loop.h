@@ -44,11 +44,11 @@ class LendableLoop {
   // loop is free, until done() holds, 50 us pass without work, or the I/O
   // thread sleeps in epoll (it then takes what comes); then returns, and
   // the caller blocks as it would have. Does nothing on a thread that is
-  // running one of the loop's handlers. Thread safe.
+  // running a loop's handlers (this one's or another's). Thread safe.
   void lend(const std::function<bool()>& done);
 
-  // Whether this thread is running the loop's handlers now.
-  static bool on_loop();
+  // Whether this thread is running this loop's handlers now.
+  bool on_loop() const;
 
  private:
   // The I/O thread: polls while work is recent, then sleeps in epoll;

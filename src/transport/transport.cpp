@@ -210,6 +210,7 @@ void Transport::Impl::stop_on_loop() {
   for (const auto& conn : in) {
     conn->fail("the rpc agent shut down");
   }
+  alarm_off = true;
   alarm.cancel();
   loop.release_work();
 }
@@ -360,18 +361,24 @@ void Transport::post(std::function<void()> fn) {
 }
 
 void Transport::set_alarm(Clock::time_point when, std::function<void()> fn) {
-  asio::post(impl_->loop.io(), [impl = impl_.get(), when, fn = std::move(fn)] {
-    if (when == Clock::time_point::max()) {
+  auto arm = [impl = impl_.get(), when, fn = std::move(fn)]() mutable {
+    // After shutdown nothing may keep the loop from running out of work.
+    if (impl->alarm_off || when == Clock::time_point::max()) {
       impl->alarm.cancel();
       return;
     }
     impl->alarm.expires_at(when);
-    impl->alarm.async_wait([fn](const asio::error_code& ec) {
+    impl->alarm.async_wait([fn = std::move(fn)](const asio::error_code& ec) {
       if (!ec) {
         fn();
       }
     });
-  });
+  };
+  if (impl_->loop.on_loop()) {
+    arm();
+  } else {
+    asio::post(impl_->loop.io(), std::move(arm));
+  }
 }
 
 void Transport::help(const std::function<bool()>& done) {

@@ -96,6 +96,7 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   std::unordered_set<std::shared_ptr<Connection>> incoming;
   uint64_t handshakes = 0;  // Accepted so far.
   asio::steady_timer alarm{loop.io()};
+  bool alarm_off = false;  // After shutdown.
 };
 
 // A received buffer that lives in a shared-memory segment, which is the
