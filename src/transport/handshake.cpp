@@ -1,6 +1,8 @@
 // The first frame of a connection, each way: HANDSHAKE and its ack (or
 // REFUSED), or LANE_HELLO for a lane. Who the peer is, whether it has the
 // group's token, and whether the pair uses shared memory is settled here.
+#include <string>
+
 #include <asio/post.hpp>
 
 #include "tide/common/error.h"

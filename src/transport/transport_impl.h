@@ -17,6 +17,11 @@
 #include "transport/transport.h"
 
 // The transport's state, shared by its files. Private to the transport.
+//
+// Every file of the transport includes a standard header before asio's:
+// asio decides how it allocates (aligned_alloc or operator new) from
+// macros the standard library defines, and two files deciding differently
+// free with one what the other allocated.
 namespace tide::transport {
 
 // Per sendmsg: enough to batch many small frames; sendmsg takes up to

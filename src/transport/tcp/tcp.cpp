@@ -1,5 +1,9 @@
 // TCP: connecting to a peer's host:port (a name is resolved first) and
 // accepting peers' connections.
+#include <functional>
+#include <string>
+#include <vector>
+
 #include <asio/connect.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/post.hpp>
