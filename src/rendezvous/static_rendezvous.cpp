@@ -74,7 +74,7 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
       "joining round " + std::to_string(round_) + " as node " +
           std::to_string(rank_) + " of " + std::to_string(world_size_),
       events::NodeState::kInit,
-      host_ + ":" + std::to_string(port_),
+      net::format_host_port(host_, port_),
       rank_);
   if (!store_) {
     store::TcpStoreOptions opts{
@@ -111,7 +111,7 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
       "round " + std::to_string(round_) + " complete: world size " +
           std::to_string(world_size_),
       events::NodeState::kRunning,
-      host_ + ":" + std::to_string(port_),
+      net::format_host_port(host_, port_),
       rank_);
   ++round_;
   return RendezvousInfo{

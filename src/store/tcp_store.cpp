@@ -19,6 +19,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
+#include "net/address.h"
 #include "net/socket.h"
 #include "store/keys.h"
 #include "store/kv_map.h"
@@ -189,7 +190,7 @@ auto TcpStore::with_connection(F&& fn) {
       host = "127.0.0.1";
     }
     uint16_t port = this->port();
-    std::string where = host + ":" + std::to_string(port);
+    std::string where = net::format_host_port(host, port);
     auto deadline = Clock::now() + timeout();
     std::string error;
     auto backoff = milliseconds(10);

@@ -16,6 +16,7 @@
 #include "tide/common/logging.h"
 
 #include "common/random.h"
+#include "net/address.h"
 #include "transport/control.h"
 #include "transport/transport_impl.h"
 
@@ -73,7 +74,7 @@ std::string Transport::Impl::peer_label(int id) const {
     return "worker " + std::to_string(id);
   }
   return "worker '" + it->second.name + "' (id " + std::to_string(id) + ", " +
-         it->second.host + ":" + std::to_string(it->second.port) + ")";
+         net::format_host_port(it->second.host, it->second.port) + ")";
 }
 
 void Transport::Impl::adopt(Socket socket, bool local) {

@@ -96,10 +96,7 @@ class Pipe {
   // transport is gone: m was dropped. Throws InvalidArgument when m is over
   // the frame limits (the peer would drop the connection on it).
   bool send(Message m, std::string* why_not = nullptr) const;
-  // The same connection (compared by identity; never dereferenced).
-  bool same(const Pipe& other) const {
-    return id_ == other.id_;
-  }
+  // The connection's identity (never dereferenced).
   const void* id() const {
     return id_;
   }
