@@ -2,6 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+
+#include "tide/common/logging.h"
 #include "tide/rendezvous/dynamic_rendezvous.h"
 #include "tide/rendezvous/static_rendezvous.h"
 
@@ -85,7 +88,18 @@ void load_handler_plugin(const std::string& path) {
         " does not define extern \"C\" tide_register_rendezvous");
   }
   // The library stays loaded: the handlers it registered live in it.
+  std::vector<std::string> before = handler_registry().backends();
   fn(handler_registry());
+  std::string added;
+  for (const std::string& b : handler_registry().backends()) {
+    if (std::find(before.begin(), before.end(), b) == before.end()) {
+      added += (added.empty() ? "" : ", ") + b;
+    }
+  }
+  TIDE_LOG_INFO(
+      "rendezvous plugin {} loaded; it adds the backends: {}",
+      path,
+      added.empty() ? "none" : added);
 }
 
 }  // namespace tide::rendezvous
