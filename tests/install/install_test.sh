@@ -25,9 +25,13 @@ step() { echo "== $*"; }
 
 # expect_output PATTERN CMD...: runs CMD, shows its output, requires PATTERN.
 expect_output() {
-  local pattern=$1 out
+  local pattern=$1 out status=0
   shift
-  out=$("$@" 2>&1) || { echo "$out"; fail "exit $?: $*"; }
+  out=$("$@" 2>&1) || status=$?
+  if ((status != 0)); then
+    echo "$out"
+    fail "exit $status: $*"
+  fi
   echo "$out"
   grep -qE -- "$pattern" <<<"$out" || fail "no '$pattern' in the output of $*"
 }
