@@ -17,7 +17,12 @@ Calls::Calls(transport::Transport& transport, std::string self_name)
     : transport_(transport), self_name_(std::move(self_name)) {}
 
 Future<Payload> Calls::start(
-    int to, std::string fn, std::chrono::milliseconds timeout, Payload args) {
+    int to,
+    std::string fn,
+    std::chrono::milliseconds timeout,
+    Payload args,
+    transport::MessageType type,
+    std::string_view extra) {
   Promise<Payload> promise;
   Future<Payload> future = promise.get_future();
   count_.fetch_add(1);
@@ -32,13 +37,14 @@ Future<Payload> Calls::start(
   }
   call.pipe = pipe.id();
   transport::Message request{
-      MessageType::kRequest,
+      type,
       id,
       FieldWriter()
           .str(call.fn)
           .i64(static_cast<int64_t>(timeout.count()))
           .take(),
       {}};
+  request.metadata.append(extra);
   request.buffers.reserve(1 + args.buffers.size());
   request.buffers.push_back(std::move(args.data));
   for (auto& b : args.buffers) {

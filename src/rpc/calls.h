@@ -14,6 +14,7 @@
 #include "tide/common/future.h"
 
 #include "common/clock.h"
+#include "rpc/messages.h"
 #include "transport/transport.h"
 
 // The books of the calls a worker made: each call waits for its reply
@@ -33,8 +34,15 @@ class Calls {
   // NetworkError (connection lost, shut down) or InvalidArgument (no such
   // worker, a message over the limits). Thread safe; never blocks on the
   // network.
+  // `type` and `extra` (metadata fields after the function and timeout)
+  // make it another kind of call: an RRef's creation (rrefs.h).
   Future<Payload> start(
-      int to, std::string fn, std::chrono::milliseconds timeout, Payload args);
+      int to,
+      std::string fn,
+      std::chrono::milliseconds timeout,
+      Payload args,
+      transport::MessageType type = MessageType::kRequest,
+      std::string_view extra = {});
 
   // A RESPONSE or ERROR came on `pipe`, one this side opened. On the loop;
   // throws ProtocolError for any other message (the connection is dropped).

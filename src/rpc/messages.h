@@ -16,8 +16,17 @@
 //                                         out-of-band buffers
 // ERROR              the request's        exception type, message
 // CANCEL             the request's        the caller gave up; ignored
-// RREF_* / AUTOGRAD_*                     reserved for remote() and
-//                                         distributed autograd
+// RREF_CREATE        new                  a REQUEST's fields, then the RRef's
+//                                         id and the caller's fork id (each
+//                                         worker i32, local i64); the
+//                                         callee keeps the result as the
+//                                         RRef's value and answers an empty
+//                                         RESPONSE, or ERROR (rrefs.h)
+// AUTOGRAD_*                              reserved for distributed autograd
+//
+// The other RRef messages (fetch, fork request, child accept, user delete,
+// proxy calls) are REQUESTs of functions every agent registers
+// ("tide.rref.*", src/rpc/rrefs.cpp).
 //
 // A "new" id is unique among the sender's outstanding requests; replies
 // carry it back.
@@ -30,8 +39,6 @@ struct MessageType {
     kError = 0x12,
     kCancel = 0x13,
     kRRefCreate = 0x20,
-    kRRefFetch = 0x21,
-    kRRefUserDelete = 0x22,
     kAutogradForward = 0x30,
     kAutogradBackward = 0x31,
   };
@@ -45,8 +52,6 @@ inline const transport::MessageTypes& rpc_message_types() {
       {MessageType::kError, "ERROR"},
       {MessageType::kCancel, "CANCEL"},
       {MessageType::kRRefCreate, "RREF_CREATE"},
-      {MessageType::kRRefFetch, "RREF_FETCH"},
-      {MessageType::kRRefUserDelete, "RREF_USER_DELETE"},
       {MessageType::kAutogradForward, "AUTOGRAD_FORWARD"},
       {MessageType::kAutogradBackward, "AUTOGRAD_BACKWARD"},
   };

@@ -21,6 +21,7 @@
 #include "net/address.h"
 #include "rpc/calls.h"
 #include "rpc/messages.h"
+#include "rpc/rrefs.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
 
@@ -229,6 +230,7 @@ struct RpcAgent::Impl {
   // report to them until its thread ends.
   std::unique_ptr<detail::Calls> calls;
   std::unique_ptr<transport::Transport> transport;
+  std::shared_ptr<detail::RRefBooks> books;
 
   // Functions running here. Shared: an async function may complete after
   // the agent is gone.
@@ -281,34 +283,42 @@ struct RpcAgent::Impl {
     return out.empty() ? "none" : out;
   }
 
-  // Called on the transport's loop: runs the function on the pool.
-  Future<detail::Payload> on_request(
+  // Called on the transport's loop: decodes the arguments and runs the
+  // function on the pool, once the RRefs among its arguments are
+  // confirmed by their owners.
+  Future<detail::Value> on_request(
       int caller, std::string fn, detail::Payload args) {
-    (void)caller;
-    Promise<detail::Payload> promise;
-    Future<detail::Payload> result = promise.get_future();
+    Promise<detail::Value> promise;
+    Future<detail::Value> result = promise.get_future();
     activity->running.fetch_add(1);
-    result.on_complete([a = activity](const Future<detail::Payload>&) {
+    result.on_complete([a = activity](const Future<detail::Value>&) {
       if (a->running.fetch_sub(1) == 1) {
         { std::lock_guard lock(a->idle_mutex); }
         a->idle_cv.notify_all();
       }
     });
-    run_on_pool(
-        [this, fn = std::move(fn), args = std::move(args), promise]() mutable {
+    run_on_pool([this,
+                 caller,
+                 fn = std::move(fn),
+                 args = std::move(args),
+                 promise]() mutable {
+      try {
+        detail::Handler h = find_handler(fn);
+        if (!h) {
+          throw InvalidArgument(
+              "no function '" + fn + "' on worker '" + self.name +
+              "'; registered: " + known_functions());
+        }
+        detail::RRefBooks::ArgumentWaits waits;
+        Decoder d(args.data.view(), args.buffers);
+        d.set_context(books->wire(caller));
+        detail::Invocation run = h(d, fn);
+        auto start = [run = std::move(run), promise]() mutable {
           try {
-            detail::Handler h = find_handler(fn);
-            if (!h) {
-              throw InvalidArgument(
-                  "no function '" + fn + "' on worker '" + self.name +
-                  "'; registered: " + known_functions());
-            }
-            Decoder d(args.data.view(), args.buffers);
-            Future<detail::Payload> out = h(d, fn);
             // Async functions complete later, on whatever thread completes
             // their future; this worker thread is free now.
-            out.on_complete(
-                [promise](const Future<detail::Payload>& f) mutable {
+            run().on_complete(
+                [promise](const Future<detail::Value>& f) mutable {
                   if (auto e = f.error()) {
                     promise.set_exception(e);
                   } else {
@@ -318,8 +328,55 @@ struct RpcAgent::Impl {
           } catch (...) {
             promise.set_exception(std::current_exception());
           }
-        });
+        };
+        std::vector<Future<void>> pending = waits.take();
+        if (pending.empty()) {
+          start();
+        } else {
+          after_all(std::move(pending), std::move(start), promise);
+        }
+      } catch (...) {
+        promise.set_exception(std::current_exception());
+      }
+    });
     return result;
+  }
+
+  // Runs `start` on the pool once every future in `pending` succeeded;
+  // fails `promise` with the first error instead.
+  template <typename F>
+  void after_all(
+      std::vector<Future<void>> pending,
+      F start,
+      Promise<detail::Value> promise) {
+    struct Join {
+      std::mutex mutex;
+      size_t left = 0;
+      std::exception_ptr error;
+    };
+    auto join = std::make_shared<Join>();
+    join->left = pending.size();
+    auto go = std::make_shared<F>(std::move(start));
+    for (auto& f : pending) {
+      f.on_complete([this, join, go, promise](const Future<void>& done) mutable {
+        std::exception_ptr error;
+        {
+          std::lock_guard lock(join->mutex);
+          if (auto e = done.error(); e && !join->error) {
+            join->error = e;
+          }
+          if (--join->left > 0) {
+            return;
+          }
+          error = join->error;
+        }
+        if (error) {
+          promise.set_exception(error);
+        } else {
+          run_on_pool([go] { (*go)(); });
+        }
+      });
+    }
   }
 
   void rendezvous() {
@@ -394,6 +451,9 @@ struct RpcAgent::Impl {
   }
 
   void stop_local() {
+    if (books) {
+      books->close();
+    }
     transport->shutdown();
     transport->join();
     if (calls) {
@@ -403,7 +463,7 @@ struct RpcAgent::Impl {
   }
 
   // A message of the rpc layer, on the transport's loop: replies to the
-  // books, requests to the pool.
+  // books, requests and RRef creations to the pool.
   void on_message(const transport::Pipe& pipe, transport::Message m) {
     if (pipe.outgoing()) {
       calls->on_reply(pipe, std::move(m));
@@ -412,7 +472,8 @@ struct RpcAgent::Impl {
     if (m.type == detail::MessageType::kCancel) {
       return;  // Best effort: a running function is not interrupted.
     }
-    if (m.type != detail::MessageType::kRequest) {
+    if (m.type != detail::MessageType::kRequest &&
+        m.type != detail::MessageType::kRRefCreate) {
       throw ProtocolError(
           std::string("unexpected ") +
           detail::rpc_message_types().name(m.type) + " from a caller");
@@ -420,6 +481,12 @@ struct RpcAgent::Impl {
     transport::FieldReader r(m.metadata, "a request");
     std::string fn = r.str();
     r.i64();  // the caller's timeout, in ms
+    std::shared_ptr<detail::OwnerEntry> created;
+    if (m.type == detail::MessageType::kRRefCreate) {
+      RRefId id{r.i32(), r.i64()};
+      RRefId fork{r.i32(), r.i64()};
+      created = books->on_create(pipe.peer(), id, fork);
+    }
     r.end();
     if (m.buffers.empty()) {
       throw ProtocolError("REQUEST frame without its payload buffer");
@@ -430,16 +497,18 @@ struct RpcAgent::Impl {
         std::make_move_iterator(m.buffers.begin() + 1),
         std::make_move_iterator(m.buffers.end()));
     uint64_t id = m.id;
-    Future<detail::Payload> result = [&] {
+    Future<detail::Value> result = [&] {
       try {
         return on_request(pipe.peer(), fn, std::move(args));
       } catch (...) {
-        return Future<detail::Payload>::make_failed(std::current_exception());
+        return Future<detail::Value>::make_failed(std::current_exception());
       }
     }();
     // Completes on a pool thread (or here), which sends the reply itself:
     // no hop through the loop. The pipe drops it once the caller is gone.
-    result.on_complete([pipe, id](const Future<detail::Payload>& f) {
+    detail::WireContext* wire = books->wire(pipe.peer());
+    result.on_complete([pipe, id, wire, created, fn](
+                           const Future<detail::Value>& f) {
       auto send_error = [&](const std::exception_ptr& error) {
         std::string type = "unknown";
         std::string message = "a non-standard exception";
@@ -456,16 +525,39 @@ struct RpcAgent::Impl {
             transport::FieldWriter().str(type).str(message).take(),
             {}});
       };
+      if (created) {
+        // The value stays here, as the RRef's; the caller hears it exists.
+        if (auto error = f.error()) {
+          created->promise.set_exception(error);
+          send_error(error);
+        } else {
+          created->promise.set_value(f.wait(milliseconds(0)));
+          pipe.send(transport::Message{
+              detail::MessageType::kResponse, id, {}, {Buffer()}});
+        }
+        return;
+      }
       if (auto error = f.error()) {
         send_error(error);
         return;
       }
       try {
-        detail::Payload out = f.wait(milliseconds(0));
+        detail::Value value = f.wait(milliseconds(0));
+        if (value.type->encode == nullptr) {
+          throw InvalidArgument(
+              fn + "() returns a " + std::string(value.type->name) +
+              ", which tide cannot serialize (keep it on this worker with "
+              "remote())");
+        }
+        std::string data;
+        std::vector<Buffer> buffers;
+        Encoder e(data, &buffers);
+        e.set_context(wire);
+        value.type->encode(e, value.object.get());
         transport::Message reply{detail::MessageType::kResponse, id, {}, {}};
-        reply.buffers.reserve(1 + out.buffers.size());
-        reply.buffers.push_back(std::move(out.data));
-        for (auto& b : out.buffers) {
+        reply.buffers.reserve(1 + buffers.size());
+        reply.buffers.push_back(Buffer(std::move(data)));
+        for (auto& b : buffers) {
           reply.buffers.push_back(std::move(b));
         }
         pipe.send(std::move(reply));
@@ -555,11 +647,28 @@ RpcAgent::RpcAgent(
                 },
             .on_closed =
                 [&impl](const transport::Pipe& pipe, const std::string& why) {
-                  impl.calls->on_closed(pipe, why);
+                  impl.books->peer_lost(pipe.peer(), why);
+                  if (pipe.outgoing()) {
+                    impl.calls->on_closed(pipe, why);
+                  }
                 },
         });
     impl.calls =
         std::make_unique<detail::Calls>(*impl.transport, impl.self.name);
+    impl.books = std::make_shared<detail::RRefBooks>(
+        rank,
+        world_size,
+        *impl.calls,
+        [&impl](int id) {
+          return id >= 0 && static_cast<size_t>(id) < impl.infos.size()
+                     ? impl.infos[static_cast<size_t>(id)].name
+                     : "#" + std::to_string(id);
+        },
+        impl.options.rpc_timeout);
+    impl.books->set_agent(this);
+    for (auto& [name, handler] : impl.books->handlers()) {
+      impl.handlers[name] = std::move(handler);
+    }
     impl.rendezvous();
   } catch (...) {
     if (impl.transport) {
@@ -612,14 +721,45 @@ void RpcAgent::add_handler(const std::string& name, detail::Handler handler) {
 }
 
 Future<detail::Payload> RpcAgent::call(
+    int to, const std::string& fn, milliseconds timeout, detail::Payload args) {
+  return impl_->calls->start(
+      to, fn, effective_timeout(timeout), std::move(args));
+}
+
+detail::WireContext* RpcAgent::wire_context(int peer) const {
+  return impl_->books->wire(peer);
+}
+
+RRefReport RpcAgent::rrefs() const {
+  return impl_->books->report();
+}
+
+namespace detail {
+
+RRefPtr AgentAccess::remote(
+    RpcAgent& agent,
     const std::string& to,
     const std::string& fn,
     milliseconds timeout,
-    detail::Payload args) {
-  int id = get_worker_info(to).id;
-  return impl_->calls->start(
-      id, fn, effective_timeout(timeout), std::move(args));
+    Payload args,
+    const ValueType* type) {
+  return agent.impl_->books->start_remote(
+      agent.get_worker_info(to).id,
+      fn,
+      agent.effective_timeout(timeout),
+      std::move(args),
+      type);
 }
+
+RRefPtr AgentAccess::local(RpcAgent& agent, Value value) {
+  return agent.impl_->books->local(std::move(value));
+}
+
+WireContext* AgentAccess::wire(RpcAgent& agent, const std::string& to) {
+  return agent.wire_context(agent.get_worker_info(to).id);
+}
+
+}  // namespace detail
 
 void RpcAgent::help_until(const std::function<bool()>& done) {
   impl_->transport->help(done);
@@ -660,11 +800,23 @@ void RpcAgent::shutdown(bool graceful) {
   }
   impl.shut_down = true;
   std::exception_ptr error;
+  std::vector<std::string> leaks;
   if (graceful) {
     try {
+      for (auto& what : impl.books->delete_all(impl.options.rpc_timeout)) {
+        leaks.push_back(std::move(what));
+      }
       impl.graceful_barrier();
+      // Every worker has deleted its RRefs: what this one still owns for
+      // others leaked.
+      for (auto& what : impl.books->leaks()) {
+        leaks.push_back(std::move(what));
+      }
     } catch (...) {
       error = std::current_exception();
+    }
+    for (const auto& what : leaks) {
+      TIDE_LOG_WARN("[{}] rpc shutdown: {}", impl.self.name, what);
     }
   }
   impl.stop_local();
@@ -683,6 +835,15 @@ void RpcAgent::shutdown(bool graceful) {
   }
   if (error) {
     std::rethrow_exception(error);
+  }
+  if (!leaks.empty() && impl.options.fail_on_rref_leak) {
+    std::string all;
+    for (const auto& what : leaks) {
+      all += "\n  " + what;
+    }
+    throw InternalError(
+        "rpc shutdown of worker '" + impl.self.name + "' found " +
+        std::to_string(leaks.size()) + " RRef leak(s):" + all);
   }
 }
 

@@ -179,6 +179,9 @@ void Transport::Impl::connection_failed(
         options.self_name,
         peer_label(conn.peer_id),
         reason);
+    if (conn.peer_id >= 0) {  // it said who it is
+      handlers.on_closed(conn.pipe(), reason);
+    }
     return;
   }
   {

@@ -133,10 +133,12 @@ struct TransportHandlers {
   // the loop: must not block. A ProtocolError it throws drops the
   // connection (logged); so does any other exception.
   std::function<void(const Pipe& pipe, Message m)> on_message;
-  // A pipe this side opened (pipe_to) closed: the peer went away, a write
-  // or read failed, the peer misbehaved, or shutdown. Once per pipe, on the
-  // loop. (A connection a peer opened closes silently: what went over it
-  // is that peer's to lose.)
+  // A connection closed: the peer went away, a write or read failed, the
+  // peer misbehaved, or shutdown. Once per pipe, on the loop; for the
+  // pipes this side opened (pipe_to) and for those a peer opened once it
+  // said who it is (pipe.outgoing() tells them apart). The layer above
+  // fails what it waits for on the first, and learns of a lost peer from
+  // either.
   std::function<void(const Pipe& pipe, const std::string& reason)> on_closed;
 };
 

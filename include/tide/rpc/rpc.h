@@ -48,6 +48,13 @@ class Store;
 
 namespace tide::rpc {
 
+template <typename T>
+class RRef;
+struct RRefReport;
+namespace detail {
+struct AgentAccess;
+}  // namespace detail
+
 struct WorkerInfo {
   std::string name;
   int id = 0;
@@ -85,6 +92,10 @@ struct RpcBackendOptions {
   // multiplexed mpt_uv channel). 0 sends everything on the one connection.
   // At most 16.
   int tcp_lanes = 2;
+  // A graceful shutdown that finds RRefs it could not delete, or owned
+  // values some user still references, logs them; with this set it also
+  // throws InternalError listing them (a test's leak check).
+  bool fail_on_rref_leak = false;
 };
 
 namespace detail {
@@ -92,9 +103,47 @@ namespace detail {
 // An encoded value (argument pack or result) and its out-of-band buffers.
 using tide::Payload;
 
-// A registered function, type-erased: decodes its arguments from the
-// decoder, runs, and completes with its encoded result.
-using Handler = std::function<Future<Payload>(Decoder&, std::string_view)>;
+// The type of a value a function produced: its name (the compiler's
+// spelling) and how to encode it (null when tide cannot serialize it: such
+// a value may live on an RRef's owner, and never travels).
+struct ValueType {
+  std::string_view name;
+  void (*encode)(Encoder&, const void*) = nullptr;
+};
+
+template <typename T>
+const ValueType* value_type() {
+  static const ValueType kType = [] {
+    ValueType t{type_name<T>()};
+    if constexpr (std::is_void_v<T>) {
+      t.encode = [](Encoder& e, const void*) { encode(e, std::nullopt); };
+    } else if constexpr (Encodable<T>) {
+      t.encode = [](Encoder& e, const void* v) {
+        encode(e, *static_cast<const T*>(v));
+      };
+    }
+    return t;
+  }();
+  return &kType;
+}
+
+// A value a function produced, type-erased: a call encodes it into its
+// reply; remote() keeps it on the owner. A function without a result
+// gives an empty object of value_type<void>().
+struct Value {
+  std::shared_ptr<void> object;
+  const ValueType* type = nullptr;
+};
+
+template <typename T>
+Value make_value(T v) {
+  return {std::make_shared<T>(std::move(v)), value_type<T>()};
+}
+
+// A registered function, type-erased: decodes its arguments (on the thread
+// that reads the message) and returns what runs it (on a worker thread).
+using Invocation = std::function<Future<Value>()>;
+using Handler = std::function<Invocation(Decoder&, std::string_view)>;
 
 template <typename T>
 struct IsFuture : std::false_type {};
@@ -103,41 +152,35 @@ struct IsFuture<Future<T>> : std::true_type {
   using Value = T;
 };
 
-template <typename T>
-Payload encode_value(const T& value) {
-  Payload p;
-  std::string data;
-  Encoder e(data, &p.buffers);
-  encode(e, value);
-  p.data = Buffer(std::move(data));
-  return p;
-}
-
-// A function without a result answers with an empty optional.
-inline Payload encode_void() {
-  return encode_value(std::nullopt);
+// Runs `thunk`, which returns an R (a value, void or a Future), and gives
+// its result as a Value.
+template <typename R, typename F>
+Future<Value> run_to_value(F&& thunk) {
+  if constexpr (IsFuture<R>::value) {
+    using T = typename IsFuture<R>::Value;
+    R result = thunk();
+    if constexpr (std::is_void_v<T>) {
+      return result.then([] { return Value{nullptr, value_type<void>()}; });
+    } else {
+      return result.then([](const T& v) { return make_value<T>(v); });
+    }
+  } else if constexpr (std::is_void_v<R>) {
+    thunk();
+    return Future<Value>::make_ready(Value{nullptr, value_type<void>()});
+  } else {
+    return Future<Value>::make_ready(make_value<R>(thunk()));
+  }
 }
 
 template <typename R, typename... A>
-Handler make_handler(std::function<R(A...)> fn) {
-  return [fn = std::move(fn)](
-             Decoder& d, std::string_view name) -> Future<Payload> {
-    auto args = decode_args<std::tuple<A...>>(d, name);
-    if constexpr (IsFuture<R>::value) {
-      using T = typename IsFuture<R>::Value;
-      R result = std::apply(fn, std::move(args));
-      if constexpr (std::is_void_v<T>) {
-        return result.then([] { return encode_void(); });
-      } else {
-        return result.then([](const T& v) { return encode_value(v); });
-      }
-    } else if constexpr (std::is_void_v<R>) {
-      std::apply(fn, std::move(args));
-      return Future<Payload>::make_ready(encode_void());
-    } else {
-      return Future<Payload>::make_ready(
-          encode_value(std::apply(fn, std::move(args))));
-    }
+Handler make_handler(std::function<R(A...)> raw) {
+  auto fn = std::make_shared<std::function<R(A...)>>(std::move(raw));
+  return [fn](Decoder& d, std::string_view name) -> Invocation {
+    auto args = std::make_shared<std::tuple<std::remove_cvref_t<A>...>>(
+        decode_args<std::tuple<A...>>(d, name));
+    return [fn, args]() {
+      return run_to_value<R>([&] { return std::apply(*fn, std::move(*args)); });
+    };
   };
 }
 
@@ -147,20 +190,23 @@ Handler make_handler(F fn) {
 }
 
 template <typename... A>
-Payload encode_call(const A&... args) {
+Payload encode_call(WireContext* context, const A&... args) {
   Payload p;
   std::string data;
   Encoder e(data, &p.buffers);
+  e.set_context(context);
   encode_args(e, args...);
   p.data = Buffer(std::move(data));
   return p;
 }
 
 template <typename R>
-Future<R> decode_reply(Future<Payload> reply, std::string fn) {
-  return reply.then([fn = std::move(fn)](const Payload& p) -> R {
+Future<R> decode_reply(
+    Future<Payload> reply, std::string fn, WireContext* context) {
+  return reply.then([fn = std::move(fn), context](const Payload& p) -> R {
     if constexpr (!std::is_void_v<R>) {
       Decoder d(p.data.view(), p.buffers);
+      d.set_context(context);
       return decode_result<R>(d, fn);
     }
   });
@@ -231,8 +277,10 @@ class RpcAgent {
       const std::string& fn,
       std::chrono::milliseconds timeout,
       const A&... args) {
+    int id = get_worker_info(to).id;
+    detail::WireContext* wire = wire_context(id);
     return detail::decode_reply<R>(
-        call(to, fn, timeout, detail::encode_call(args...)), fn);
+        call(id, fn, timeout, detail::encode_call(wire, args...)), fn, wire);
   }
   template <typename R, typename... A>
   Future<R> rpc_async(
@@ -258,12 +306,31 @@ class RpcAgent {
     return rpc_sync<R>(to, fn, std::chrono::milliseconds(0), args...);
   }
 
+  // Runs `fn(args...)` on worker `to` and keeps its result there: returns
+  // at once an RRef to it (rref.h), owned by `to`. An error of the function
+  // or of the creation surfaces on the RRef's next use. timeout 0 is the
+  // agent's rpc_timeout.
+  template <typename R, typename... A>
+  RRef<R> remote(
+      const std::string& to,
+      const std::string& fn,
+      std::chrono::milliseconds timeout,
+      const A&... args);
+  template <typename R, typename... A>
+  RRef<R> remote(
+      const std::string& to, const std::string& fn, const A&... args);
+
+  // The RRefs this worker owns and holds (rref.h).
+  RRefReport rrefs() const;
+
   // graceful: waits until no worker of the group has calls pending or
   // functions running (a barrier through the store, each worker entering once
-  // its own work is done), then stops. Otherwise stops at once: pending calls
-  // fail with NetworkError. Blocks; idempotent. Throws TimeoutError when the
-  // group does not finish within 10 rpc_timeouts (the agent is stopped
-  // anyway).
+  // its own work is done), then stops. Before that it deletes the RRefs it
+  // holds and waits for their owners' acknowledgements (rref.h). Otherwise
+  // stops at once: pending calls fail with NetworkError. Blocks;
+  // idempotent. Throws TimeoutError when the group does not finish within
+  // 10 rpc_timeouts (the agent is stopped anyway), and InternalError when
+  // RRefs leaked and RpcBackendOptions::fail_on_rref_leak is set.
   void shutdown(bool graceful = true);
 
   // Calls this agent made that have not completed; functions running on it.
@@ -291,12 +358,15 @@ class RpcAgent {
   struct Impl;
 
  private:
+  friend struct detail::AgentAccess;
+
   void add_handler(const std::string& name, detail::Handler handler);
   Future<detail::Payload> call(
-      const std::string& to,
+      int to,
       const std::string& fn,
       std::chrono::milliseconds timeout,
       detail::Payload args);
+  detail::WireContext* wire_context(int peer) const;
   std::chrono::milliseconds effective_timeout(
       std::chrono::milliseconds timeout) const;
   // While a reply is near, this thread reads it itself (the transport's
@@ -339,8 +409,14 @@ template <typename R, typename... A>
 R rpc_sync(const std::string& to, const std::string& fn, const A&... args) {
   return current_agent().rpc_sync<R>(to, fn, args...);
 }
+template <typename R, typename... A>
+RRef<R> remote(const std::string& to, const std::string& fn, const A&... args) {
+  return current_agent().remote<R>(to, fn, args...);
+}
 
 }  // namespace tide::rpc
+
+#include "tide/rpc/rref.h"  // IWYU pragma: export
 
 // Registers a callable as `name` (an identifier) for every agent of the
 // process, at static-initialisation time: TIDE_RPC_FUNCTION(add, &add);

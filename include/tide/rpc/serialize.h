@@ -127,11 +127,18 @@ enum class Tag : uint8_t {
   kSome = 18,    // the value of an engaged std::optional follows
   kStruct = 19,  // a user type's fields, then kEnd
   kEnd = 20,
-  kTensor = 32,  // reserved for at::Tensor
+  kTensor = 32,  // at::Tensor (tensor.h)
+  kRRef = 33,    // an RRef (rref.h)
 };
 
 class Decoder;
 class Encoder;
+
+namespace detail {
+// What the rpc agent tells the codecs of one message: its RRef books and
+// the worker at the other end (src/rpc/rrefs.h). Null outside an agent.
+struct WireContext;
+}  // namespace detail
 
 // How tide encodes a T: a specialisation with
 //   static void write(Encoder&, const T&);
@@ -164,6 +171,14 @@ class Encoder {
     }
     buffers_->push_back(std::move(data));
     return buffers_->size() - 1;
+  }
+
+  // The message's context, set by the rpc agent (RRefs need it).
+  detail::WireContext* context() const {
+    return context_;
+  }
+  void set_context(detail::WireContext* context) {
+    context_ = context;
   }
 
   // The wire primitives, for codecs.
@@ -215,6 +230,7 @@ class Encoder {
  private:
   std::string& out_;
   std::vector<Buffer>* buffers_;
+  detail::WireContext* context_ = nullptr;
   int depth_ = 0;
 };
 
@@ -264,6 +280,8 @@ constexpr std::string_view tag_name(Tag t) {
       return "end of struct";
     case Tag::kTensor:
       return "tensor";
+    case Tag::kRRef:
+      return "rref";
   }
   return {};
 }
@@ -307,6 +325,14 @@ class Decoder {
   // must outlive the decoder.
   explicit Decoder(std::string_view in, std::span<const Buffer> buffers = {})
       : in_(in), buffers_(buffers) {}
+
+  // The message's context, set by the rpc agent (RRefs need it).
+  detail::WireContext* context() const {
+    return context_;
+  }
+  void set_context(detail::WireContext* context) {
+    context_ = context;
+  }
 
   size_t offset() const {
     return pos_;
@@ -538,6 +564,7 @@ class Decoder {
 
   std::string_view in_;
   std::span<const Buffer> buffers_;
+  detail::WireContext* context_ = nullptr;
   size_t pos_ = 0;
   // Nesting levels and at most one kCall and one kResult.
   std::array<PathEntry, kMaxDepth + 2> path_;
@@ -599,7 +626,17 @@ constexpr std::string_view type_name() {
 }
 
 template <typename T>
+constexpr void check_codec() {
+  static_assert(
+      !requires { Codec<T>::kMissing; },
+      "tide::rpc cannot serialize this type; give it members "
+      "void serialize(tide::rpc::Encoder&) const and "
+      "static T deserialize(tide::rpc::Decoder&) (see serialize.h)");
+}
+
+template <typename T>
 void write(Encoder& e, const T& v) {
+  check_codec<std::remove_cv_t<T>>();
   Codec<std::remove_cv_t<T>>::write(e, v);
 }
 
@@ -614,6 +651,7 @@ T read(Decoder& d) {
       d.read_tag();
     }
   }
+  check_codec<T>();
   return Codec<T>::read(d);
 }
 
@@ -801,14 +839,18 @@ struct MapCodec {
 
 }  // namespace detail
 
+// No codec: detail::write and detail::read refuse T at compile time, and
+// Encodable<T> is false (an RRef may hold such a value on its owner; it
+// cannot travel).
 template <typename T>
 struct Codec {
-  static_assert(
-      detail::kNoCodec<T>,
-      "tide::rpc cannot serialize this type; give it members "
-      "void serialize(tide::rpc::Encoder&) const and "
-      "static T deserialize(tide::rpc::Decoder&) (see serialize.h)");
+  static constexpr bool kMissing = true;
 };
+
+// Whether tide can serialize a T (a container of a type it cannot is a
+// compile error where it is written or read).
+template <typename T>
+concept Encodable = !requires { Codec<std::remove_cvref_t<T>>::kMissing; };
 
 template <>
 struct Codec<bool> {

@@ -1,0 +1,1015 @@
+#include "rpc/rrefs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tide/common/error.h"
+#include "tide/common/logging.h"
+
+#include "rpc/messages.h"
+#include "transport/fields.h"
+
+namespace tide::rpc {
+
+std::string RRefReport::str() const {
+  std::string out;
+  for (const auto& o : owned) {
+    out += "owns " + o.id.str() + " (" + (o.type.empty() ? "?" : o.type) +
+           (o.ready ? "" : ", being made") + "), " +
+           std::to_string(o.users.size()) + " user fork(s):";
+    for (const auto& [fork, holder] : o.users) {
+      out += " " + fork.str() + "@" + holder;
+    }
+    out += "\n";
+  }
+  for (const auto& h : held) {
+    out += "holds " + h.id.str() + " fork " + h.fork.str() + " (" + h.type +
+           ") of " + h.owner + (h.confirmed ? "" : ", unconfirmed") + "\n";
+  }
+  for (const auto& [fork, to] : passing) {
+    out += "passing fork " + fork.str() + " to " + to + "\n";
+  }
+  return out;
+}
+
+namespace detail {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+thread_local RRefBooks::ArgumentWaits* t_waits = nullptr;
+
+struct MethodRegistry {
+  std::mutex mutex;
+  std::map<std::string, Method, std::less<>> methods;  // "type.name"
+};
+
+MethodRegistry& methods() {
+  static MethodRegistry r;
+  return r;
+}
+
+std::string method_key(std::string_view type, std::string_view name) {
+  return std::string(type) + "." + std::string(name);
+}
+
+std::string ids(const RRefId& id, const RRefId& fork) {
+  return transport::FieldWriter()
+      .i32(id.worker)
+      .i64(id.local)
+      .i32(fork.worker)
+      .i64(fork.local)
+      .take();
+}
+
+// The arguments of the control functions: two ids (or one, for accept),
+// encoded as an rpc argument pack so that the functions are ordinary ones.
+std::string id_args(const RRefId& a) {
+  std::string out;
+  Encoder e(out);
+  encode_args(e, a.worker, a.local);
+  return out;
+}
+std::string id_args(const RRefId& a, const RRefId& b) {
+  std::string out;
+  Encoder e(out);
+  encode_args(e, a.worker, a.local, b.worker, b.local);
+  return out;
+}
+
+std::pair<RRefId, RRefId> read_two(Decoder& d, std::string_view fn) {
+  auto [w, l, fw, fl] =
+      decode_args<std::tuple<int32_t, int64_t, int32_t, int64_t>>(d, fn);
+  return {RRefId{w, l}, RRefId{fw, fl}};
+}
+
+int caller_of(const Decoder& d) {
+  return d.context() != nullptr ? d.context()->peer : -1;
+}
+
+Invocation done() {
+  return [] { return Future<Value>::make_ready(Value{nullptr, value_type<void>()}); };
+}
+
+bool is_retryable(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const TimeoutError&) {
+    return true;
+  } catch (const NetworkError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
+RRefNode::~RRefNode() {
+  if (books && !entry) {
+    books->user_gone(*this);
+  }
+}
+
+RRefBooks::ArgumentWaits::ArgumentWaits() : outer_(t_waits) {
+  t_waits = this;
+}
+
+RRefBooks::ArgumentWaits::~ArgumentWaits() {
+  t_waits = outer_;
+}
+
+RRefBooks::RRefBooks(
+    int self,
+    int world_size,
+    Calls& calls,
+    NameOf name_of,
+    milliseconds rpc_timeout)
+    : self_(self),
+      calls_(calls),
+      name_of_(std::move(name_of)),
+      rpc_timeout_(rpc_timeout) {
+  wires_.resize(static_cast<size_t>(world_size));
+  for (int i = 0; i < world_size; ++i) {
+    wires_[static_cast<size_t>(i)] = WireContext{this, i};
+  }
+}
+
+RRefBooks::~RRefBooks() {
+  close();
+}
+
+RpcAgent& RRefBooks::agent() {
+  std::lock_guard lock(mutex_);
+  if (closed_ || agent_ == nullptr) {
+    throw NetworkError(
+        "the rpc agent of worker '" + name_of(self_) + "' is shut down");
+  }
+  return *agent_;
+}
+
+WireContext* RRefBooks::wire(int peer) {
+  if (peer < 0 || static_cast<size_t>(peer) >= wires_.size()) {
+    throw InvalidArgument("no rpc worker with id " + std::to_string(peer));
+  }
+  return &wires_[static_cast<size_t>(peer)];
+}
+
+RRefId RRefBooks::new_id() {
+  return RRefId{self_, next_local_.fetch_add(1)};
+}
+
+std::exception_ptr RRefBooks::owner_lost(int owner, const RRefId& id) {
+  return std::make_exception_ptr(OwnerLostError(
+      "RRef " + id.str() + ": its owner, worker '" + name_of(owner) +
+      "' (id " + std::to_string(owner) + "), was lost"));
+}
+
+bool RRefBooks::is_lost(int peer) {
+  std::lock_guard lock(mutex_);
+  return lost_.contains(peer);
+}
+
+// --- the control functions ------------------------------------------------
+
+std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
+  std::weak_ptr<RRefBooks> weak = weak_from_this();
+  auto books = [weak] {
+    auto b = weak.lock();
+    if (!b) {
+      throw NetworkError("the rpc agent is shut down");
+    }
+    return b;
+  };
+  std::vector<std::pair<std::string, Handler>> out;
+  out.emplace_back(
+      "tide.rref.fetch", [books](Decoder& d, std::string_view fn) -> Invocation {
+        auto [w, l] = decode_args<std::tuple<int32_t, int64_t>>(d, fn);
+        auto entry = books()->entry_for(RRefId{w, l}, true);
+        return [entry] { return entry->value; };
+      });
+  out.emplace_back(
+      "tide.rref.fork", [books](Decoder& d, std::string_view fn) -> Invocation {
+        auto [id, fork] = read_two(d, fn);
+        books()->add_fork(id, fork, caller_of(d));
+        return done();
+      });
+  out.emplace_back(
+      "tide.rref.accept",
+      [books](Decoder& d, std::string_view fn) -> Invocation {
+        auto [w, l] = decode_args<std::tuple<int32_t, int64_t>>(d, fn);
+        books()->child_accepted(RRefId{w, l});
+        return done();
+      });
+  out.emplace_back(
+      "tide.rref.delete",
+      [books](Decoder& d, std::string_view fn) -> Invocation {
+        auto [id, fork] = read_two(d, fn);
+        books()->del_fork(id, fork);
+        return done();
+      });
+  out.emplace_back(
+      "tide.rref.invoke",
+      [books](Decoder& d, std::string_view fn) -> Invocation {
+        auto [w, l, type, method] = decode_args<
+            std::tuple<int32_t, int64_t, std::string, std::string>>(d, fn);
+        RRefId id{w, l};
+        auto b = books();
+        auto entry = b->entry_for(id, false);
+        if (!entry) {
+          throw InvalidArgument(
+              "RRef " + id.str() + " is not on worker '" +
+              b->name_of(b->self()) + "' (never made here, or deleted)");
+        }
+        Method m;
+        {
+          auto& r = methods();
+          std::lock_guard lock(r.mutex);
+          auto it = r.methods.find(method_key(type, method));
+          if (it == r.methods.end()) {
+            throw InvalidArgument(
+                "no method '" + method + "' of " + type +
+                " is registered (TIDE_RPC_METHOD) on worker '" +
+                b->name_of(b->self()) + "'");
+          }
+          m = it->second;
+        }
+        MethodInvocation run = m(d, method);
+        return [entry, run, type, id]() {
+          Promise<Value> result;
+          Future<Value> out = result.get_future();
+          entry->value.on_complete([entry, run, type, id, result](
+                                       const Future<Value>& f) mutable {
+            try {
+              Value v = f.wait(milliseconds(0));
+              if (v.type->name != type) {
+                throw InvalidArgument(
+                    "RRef " + id.str() + " holds a " +
+                    std::string(v.type->name) + ", not a " + type);
+              }
+              run(v.object.get()).on_complete(
+                  [result](const Future<Value>& r) mutable {
+                    if (auto e = r.error()) {
+                      result.set_exception(e);
+                    } else {
+                      result.set_value(r.wait(milliseconds(0)));
+                    }
+                  });
+            } catch (...) {
+              result.set_exception(std::current_exception());
+            }
+          });
+          return out;
+        };
+      });
+  return out;
+}
+
+std::shared_ptr<OwnerEntry> RRefBooks::entry_for(const RRefId& id, bool create) {
+  std::lock_guard lock(mutex_);
+  auto it = owners_.find(id);
+  if (it != owners_.end()) {
+    return it->second;
+  }
+  if (!create) {
+    return nullptr;
+  }
+  // A fetch or fork request that overtook the creation: the entry waits
+  // for the value.
+  auto entry = std::make_shared<OwnerEntry>(id);
+  owners_.emplace(id, entry);
+  return entry;
+}
+
+std::shared_ptr<OwnerEntry> RRefBooks::release_if_unused(
+    std::map<RRefId, std::shared_ptr<OwnerEntry>>::iterator it) {
+  if (!it->second->forks.empty() || it->second->creating) {
+    return nullptr;
+  }
+  auto entry = std::move(it->second);
+  owners_.erase(it);
+  return entry;
+}
+
+void RRefBooks::add_fork(const RRefId& id, const RRefId& fork, int holder) {
+  std::lock_guard lock(mutex_);
+  auto it = owners_.find(id);
+  if (it == owners_.end()) {
+    it = owners_.emplace(id, std::make_shared<OwnerEntry>(id)).first;
+  }
+  // A retried request finds its fork there already.
+  it->second->forks.emplace(fork, holder);
+}
+
+void RRefBooks::del_fork(const RRefId& id, const RRefId& fork) {
+  std::shared_ptr<OwnerEntry> gone;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = owners_.find(id);
+    if (it == owners_.end() || it->second->forks.erase(fork) == 0) {
+      TIDE_LOG_DEBUG(
+          "[{}] ignoring a repeated delete of RRef {} fork {}",
+          name_of(self_),
+          id.str(),
+          fork.str());
+      return;
+    }
+    gone = release_if_unused(it);
+  }
+  // The value may go with it, outside the lock.
+}
+
+void RRefBooks::child_accepted(const RRefId& fork) {
+  RRefPtr parent;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = pending_children_.find(fork);
+    if (it == pending_children_.end()) {
+      TIDE_LOG_DEBUG(
+          "[{}] ignoring a repeated accept of fork {}",
+          name_of(self_),
+          fork.str());
+      return;
+    }
+    parent = std::move(it->second.parent);
+    pending_children_.erase(it);
+  }
+  settled_cv_.notify_all();
+}
+
+void RRefBooks::confirm_user(const RRefId& fork, std::exception_ptr error) {
+  RRefPtr node;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = pending_users_.find(fork);
+    if (it == pending_users_.end()) {
+      return;
+    }
+    node = std::move(it->second);
+    pending_users_.erase(it);
+    if (error && !node->error) {
+      node->error = error;
+    }
+    if (!closed_) {
+      confirmed_users_[fork] = node;
+    }
+  }
+  settled_cv_.notify_all();
+  if (error) {
+    node->confirmation.set_exception(error);
+  } else {
+    node->confirmation.set_value();
+  }
+  // The last reference may go here, outside the lock: it sends the delete.
+}
+
+// --- control messages with retries -----------------------------------------
+
+Future<void> RRefBooks::control(int to, std::string fn, std::string args) {
+  Promise<void> done;
+  Future<void> f = done.get_future();
+  send_control(to, std::move(fn), std::move(args), 0, std::move(done));
+  return f;
+}
+
+void RRefBooks::send_control(
+    int to, std::string fn, std::string args, int attempt, Promise<void> done) {
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) {
+      done.set_exception(std::make_exception_ptr(
+          NetworkError("the rpc agent is shut down")));
+      return;
+    }
+  }
+  Payload p;
+  p.data = Buffer(std::string(args));
+  std::weak_ptr<RRefBooks> weak = weak_from_this();
+  calls_.start(to, fn, rpc_timeout_, std::move(p))
+      .on_complete([weak, to, fn, args = std::move(args), attempt, done](
+                       const Future<Payload>& f) mutable {
+        auto error = f.error();
+        if (!error) {
+          done.set_value();
+          return;
+        }
+        auto books = weak.lock();
+        constexpr int kTries = 5;
+        if (!books || attempt + 1 >= kTries || !is_retryable(error) ||
+            books->is_lost(to)) {
+          done.set_exception(error);
+          return;
+        }
+        auto delay = std::chrono::duration_cast<Clock::duration>(
+            std::chrono::milliseconds(500) * std::pow(1.5, attempt));
+        TIDE_LOG_DEBUG(
+            "[{}] retrying {} to worker {} in {} ms",
+            books->name_of(books->self()),
+            fn,
+            to,
+            std::chrono::duration_cast<milliseconds>(delay).count());
+        books->after(
+            delay,
+            [weak, to, fn = std::move(fn), args = std::move(args), attempt,
+             done]() mutable {
+              if (auto b = weak.lock()) {
+                b->send_control(
+                    to, std::move(fn), std::move(args), attempt + 1,
+                    std::move(done));
+              }
+            });
+      });
+}
+
+void RRefBooks::after(Clock::duration delay, std::function<void()> fn) {
+  std::lock_guard lock(mutex_);
+  if (closed_) {
+    return;
+  }
+  timers_.emplace(Clock::now() + delay, std::move(fn));
+  if (!timer_thread_.joinable()) {
+    timer_thread_ = std::thread([this] {
+      std::unique_lock lock(mutex_);
+      while (!closed_) {
+        if (timers_.empty()) {
+          timers_cv_.wait(lock);
+          continue;
+        }
+        auto next = timers_.begin();
+        if (next->first > Clock::now()) {
+          timers_cv_.wait_until(lock, next->first);
+          continue;
+        }
+        auto fn = std::move(next->second);
+        timers_.erase(next);
+        lock.unlock();
+        fn();
+        fn = nullptr;
+        lock.lock();
+      }
+    });
+  }
+  timers_cv_.notify_all();
+}
+
+// --- a user's side -----------------------------------------------------------
+
+RRefPtr RRefBooks::local(Value value) {
+  auto node = std::make_shared<RRefNode>();
+  node->books = shared_from_this();
+  node->id = new_id();
+  node->owner = self_;
+  node->type = std::string(value.type->name);
+  node->entry = std::make_shared<OwnerEntry>(node->id);
+  node->entry->promise.set_value(std::move(value));
+  node->confirmation.set_value();
+  // In the books from its first fork on (write()).
+  return node;
+}
+
+RRefPtr RRefBooks::start_remote(
+    int to,
+    const std::string& fn,
+    milliseconds timeout,
+    Payload args,
+    const ValueType* type) {
+  auto node = std::make_shared<RRefNode>();
+  node->books = shared_from_this();
+  node->id = new_id();
+  node->owner = to;
+  node->type = std::string(type->name);
+  RRefId fork;
+  if (to == self_) {
+    // The owner's handle; the books keep the entry until the call returns.
+    node->entry = std::make_shared<OwnerEntry>(node->id);
+    node->entry->creating = true;
+    node->confirmation.set_value();
+    fork = node->id;
+    std::lock_guard lock(mutex_);
+    owners_.emplace(node->id, node->entry);
+  } else {
+    fork = new_id();
+    node->fork = fork;
+    std::lock_guard lock(mutex_);
+    if (lost_.contains(to)) {
+      node->error = owner_lost(to, node->id);
+      node->deleted = true;
+      node->confirmation.set_exception(node->error);
+      return node;
+    }
+    pending_users_.emplace(fork, node);
+  }
+  std::weak_ptr<RRefBooks> weak = weak_from_this();
+  RRefId id = node->id;
+  calls_
+      .start(
+          to,
+          fn,
+          timeout,
+          std::move(args),
+          MessageType::kRRefCreate,
+          ids(id, fork))
+      .on_complete([weak, to, id, fork](const Future<Payload>& f) {
+        auto books = weak.lock();
+        if (!books) {
+          return;
+        }
+        if (to == books->self_) {
+          std::shared_ptr<OwnerEntry> gone;
+          std::lock_guard lock(books->mutex_);
+          if (auto it = books->owners_.find(id); it != books->owners_.end()) {
+            it->second->creating = false;
+            gone = books->release_if_unused(it);
+          }
+          return;
+        }
+        auto error = f.error();
+        if (error && books->is_lost(to)) {
+          error = books->owner_lost(to, id);
+        }
+        books->confirm_user(fork, error);
+      });
+  return node;
+}
+
+void RRefBooks::check_usable(const RRefNode& node) {
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex_);
+    error = node.error;
+    if (!error && node.owner != self_ && lost_.contains(node.owner)) {
+      error = owner_lost(node.owner, node.id);
+    }
+  }
+  if (error) {
+    std::rethrow_exception(error);
+  }
+}
+
+Future<Payload> RRefBooks::call_owner(
+    const RRefPtr& node,
+    const std::string& fn,
+    milliseconds timeout,
+    Payload args) {
+  try {
+    check_usable(*node);
+  } catch (...) {
+    return Future<Payload>::make_failed(std::current_exception());
+  }
+  std::weak_ptr<RRefBooks> weak = weak_from_this();
+  int owner = node->owner;
+  RRefId id = node->id;
+  Promise<Payload> result;
+  Future<Payload> out = result.get_future();
+  calls_.start(owner, fn, timeout, std::move(args))
+      .on_complete([weak, owner, id, result](const Future<Payload>& f) mutable {
+        if (auto error = f.error()) {
+          auto books = weak.lock();
+          if (books && books->is_lost(owner)) {
+            error = books->owner_lost(owner, id);
+          }
+          result.set_exception(error);
+        } else {
+          result.set_value(f.wait(milliseconds(0)));
+        }
+      });
+  return out;
+}
+
+void RRefBooks::user_gone(RRefNode& node) {
+  RRefId id = node.id;
+  RRefId fork = node.fork;
+  int owner = node.owner;
+  {
+    std::lock_guard lock(mutex_);
+    confirmed_users_.erase(fork);
+    if (node.deleted || closing_ || closed_ || lost_.contains(owner)) {
+      return;
+    }
+    node.deleted = true;
+  }
+  control(owner, "tide.rref.delete", id_args(id, fork))
+      .on_complete([](const Future<void>& f) {
+        if (auto e = f.error()) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            TIDE_LOG_DEBUG("an RRef delete was not acknowledged: {}", x.what());
+          }
+        }
+      });
+}
+
+// --- passing RRefs -------------------------------------------------------------
+
+void RRefBooks::write(Encoder& e, const RRefPtr& node) {
+  WireContext* wire = e.context();
+  if (wire == nullptr || wire->books != this) {
+    throw InvalidArgument(
+        "an RRef can be sent only in a call of the agent it belongs to");
+  }
+  check_usable(*node);
+  RRefId fork = new_id();
+  {
+    std::lock_guard lock(mutex_);
+    if (node->entry) {
+      // Early registration: the owner knows the fork before it travels.
+      auto it = owners_.find(node->id);
+      if (it == owners_.end()) {
+        it = owners_.emplace(node->id, node->entry).first;
+      }
+      it->second->forks.emplace(fork, wire->peer);
+    } else {
+      pending_children_.emplace(fork, Child{node, wire->peer});
+    }
+  }
+  e.write_tag(Tag::kRRef);
+  e.write_fixed<int32_t>(node->owner);
+  e.write_fixed<int32_t>(node->id.worker);
+  e.write_fixed<int64_t>(node->id.local);
+  e.write_fixed<int32_t>(fork.worker);
+  e.write_fixed<int64_t>(fork.local);
+  e.write_fixed<int32_t>(self_);  // the parent
+  e.write_varint(node->type.size());
+  e.write_raw(node->type.data(), node->type.size());
+}
+
+RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
+  Tag t = d.read_tag();
+  if (t != Tag::kRRef) {
+    d.mismatch("rref", t);
+  }
+  int owner = d.read_fixed<int32_t>();
+  RRefId id{d.read_fixed<int32_t>(), d.read_fixed<int64_t>()};
+  RRefId fork{d.read_fixed<int32_t>(), d.read_fixed<int64_t>()};
+  int parent = d.read_fixed<int32_t>();
+  std::string type(d.read_raw(d.read_count("an RRef's type", 1)));
+  if (type != want->name) {
+    d.fail("expected RRef<" + std::string(want->name) + ">, got RRef<" + type + ">");
+  }
+  int n = static_cast<int>(wires_.size());
+  if (owner < 0 || owner >= n || parent < 0 || parent >= n) {
+    d.fail("an RRef names a worker outside the group");
+  }
+  auto node = std::make_shared<RRefNode>();
+  node->books = shared_from_this();
+  node->id = id;
+  node->owner = owner;
+  node->type = std::move(type);
+  if (owner == self_) {
+    // Back at its owner: a handle on the entry, and no fork of its own.
+    std::shared_ptr<OwnerEntry> gone;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = owners_.find(id);
+      if (it == owners_.end()) {
+        d.fail("RRef " + id.str() + " is unknown on its owner");
+      }
+      node->entry = it->second;
+      if (parent == self_) {
+        it->second->forks.erase(fork);
+        gone = release_if_unused(it);
+      }
+    }
+    node->confirmation.set_value();
+    if (parent != self_) {
+      control(parent, "tide.rref.accept", id_args(fork));
+    }
+    return node;
+  }
+  node->fork = fork;
+  if (parent == owner) {
+    // The owner registered the fork before sending it.
+    node->confirmation.set_value();
+    std::lock_guard lock(mutex_);
+    confirmed_users_[fork] = node;
+    return node;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    pending_users_.emplace(fork, node);
+  }
+  if (t_waits != nullptr) {
+    t_waits->waits_.push_back(node->confirmed);
+  }
+  std::weak_ptr<RRefBooks> weak = weak_from_this();
+  control(owner, "tide.rref.fork", id_args(id, fork))
+      .on_complete([weak, owner, id, fork, parent](const Future<void>& f) {
+        auto books = weak.lock();
+        if (!books) {
+          return;
+        }
+        auto error = f.error();
+        if (error && books->is_lost(owner)) {
+          error = books->owner_lost(owner, id);
+        }
+        books->confirm_user(fork, error);
+        if (!error) {
+          books->control(parent, "tide.rref.accept", id_args(fork));
+        }
+      });
+  return node;
+}
+
+std::shared_ptr<OwnerEntry> RRefBooks::on_create(
+    int caller, RRefId id, RRefId fork) {
+  std::lock_guard lock(mutex_);
+  auto it = owners_.find(id);
+  if (it == owners_.end()) {
+    it = owners_.emplace(id, std::make_shared<OwnerEntry>(id)).first;
+  }
+  if (caller != self_) {
+    it->second->forks.emplace(fork, caller);
+  }
+  return it->second;
+}
+
+// --- lost peers, reports, shutdown -------------------------------------------
+
+void RRefBooks::peer_lost(int peer, const std::string& reason) {
+  std::vector<RRefPtr> failed;
+  std::vector<std::shared_ptr<OwnerEntry>> gone;
+  std::vector<Child> orphans;
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_ || peer == self_ || !lost_.insert(peer).second) {
+      return;
+    }
+    for (auto it = owners_.begin(); it != owners_.end();) {
+      auto& forks = it->second->forks;
+      std::erase_if(forks, [peer](const auto& f) { return f.second == peer; });
+      auto next = std::next(it);
+      if (auto e = release_if_unused(it)) {
+        gone.push_back(std::move(e));
+      }
+      it = next;
+    }
+    for (auto it = pending_users_.begin(); it != pending_users_.end();) {
+      if (it->second->owner == peer) {
+        failed.push_back(std::move(it->second));
+        it = pending_users_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = pending_children_.begin(); it != pending_children_.end();) {
+      if (it->second.to == peer || it->second.parent->owner == peer) {
+        orphans.push_back(std::move(it->second));
+        it = pending_children_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& node : failed) {
+      node->error = owner_lost(peer, node->id);
+      node->deleted = true;
+    }
+  }
+  settled_cv_.notify_all();
+  for (auto& node : failed) {
+    node->confirmation.set_exception(node->error);
+  }
+  TIDE_LOG_INFO(
+      "[{}] worker '{}' lost ({}): {} RRef value(s) it alone used freed here, "
+      "{} of its RRefs failed",
+      name_of(self_),
+      name_of(peer),
+      reason,
+      gone.size(),
+      failed.size());
+}
+
+RRefReport RRefBooks::report() {
+  RRefReport r;
+  std::lock_guard lock(mutex_);
+  for (const auto& [id, entry] : owners_) {
+    RRefReport::Owned o;
+    o.id = id;
+    o.ready = entry->value.ready();
+    if (o.ready && !entry->value.error()) {
+      o.type = std::string(entry->value.wait(milliseconds(0)).type->name);
+    }
+    for (const auto& [fork, holder] : entry->forks) {
+      o.users.emplace_back(fork, name_of(holder));
+    }
+    r.owned.push_back(std::move(o));
+  }
+  auto held = [&](const RRefNode& n, bool confirmed) {
+    r.held.push_back(RRefReport::Held{
+        n.id, n.fork, name_of(n.owner), n.type, confirmed});
+  };
+  for (const auto& [fork, node] : pending_users_) {
+    held(*node, false);
+  }
+  for (const auto& [fork, weak] : confirmed_users_) {
+    if (auto node = weak.lock()) {
+      held(*node, true);
+    }
+  }
+  for (const auto& [fork, child] : pending_children_) {
+    r.passing.emplace_back(fork, name_of(child.to));
+  }
+  return r;
+}
+
+std::vector<std::string> RRefBooks::delete_all(milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  std::vector<std::string> unfinished;
+  std::vector<RRefPtr> users;
+  {
+    std::unique_lock lock(mutex_);
+    settled_cv_.wait_until(lock, deadline, [this] {
+      return pending_users_.empty() && pending_children_.empty();
+    });
+    for (const auto& [fork, node] : pending_users_) {
+      unfinished.push_back(
+          "RRef " + node->id.str() + " fork " + fork.str() +
+          " still unconfirmed by its owner '" + name_of(node->owner) + "'");
+    }
+    for (const auto& [fork, child] : pending_children_) {
+      unfinished.push_back(
+          "fork " + fork.str() + " passed to '" + name_of(child.to) +
+          "' still unaccepted");
+    }
+    for (auto& [fork, weak] : confirmed_users_) {
+      if (auto node = weak.lock(); node && !node->deleted) {
+        node->deleted = true;
+        users.push_back(std::move(node));
+      }
+    }
+    confirmed_users_.clear();
+    closing_ = true;
+  }
+  std::vector<std::pair<Future<void>, std::string>> acks;
+  for (const auto& node : users) {
+    if (is_lost(node->owner)) {
+      continue;
+    }
+    acks.emplace_back(
+        control(node->owner, "tide.rref.delete", id_args(node->id, node->fork)),
+        "RRef " + node->id.str() + " fork " + node->fork.str() + " on '" +
+            name_of(node->owner) + "'");
+  }
+  for (auto& [ack, what] : acks) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    try {
+      ack.wait(std::max(left, milliseconds(0)));
+    } catch (const std::exception& e) {
+      unfinished.push_back("delete of " + what + " failed: " + e.what());
+    }
+  }
+  return unfinished;
+}
+
+std::vector<std::string> RRefBooks::leaks() {
+  std::vector<std::string> out;
+  std::lock_guard lock(mutex_);
+  for (const auto& [id, entry] : owners_) {
+    for (const auto& [fork, holder] : entry->forks) {
+      out.push_back(
+          "owned RRef " + id.str() + " still has fork " + fork.str() +
+          " held by '" + name_of(holder) + "'");
+    }
+  }
+  for (const auto& [fork, node] : pending_users_) {
+    out.push_back(
+        "RRef " + node->id.str() + " fork " + fork.str() +
+        " never confirmed by '" + name_of(node->owner) + "'");
+  }
+  for (const auto& [fork, child] : pending_children_) {
+    out.push_back(
+        "fork " + fork.str() + " passed to '" + name_of(child.to) +
+        "' never accepted");
+  }
+  return out;
+}
+
+void RRefBooks::close() {
+  std::map<RRefId, std::shared_ptr<OwnerEntry>> owners;
+  std::map<RRefId, RRefPtr> users;
+  std::map<RRefId, Child> children;
+  std::thread timer;
+  std::multimap<Clock::time_point, std::function<void()>> timers;
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) {
+      return;
+    }
+    closed_ = true;
+    owners.swap(owners_);
+    users.swap(pending_users_);
+    children.swap(pending_children_);
+    confirmed_users_.clear();
+    timers.swap(timers_);
+    timer = std::move(timer_thread_);
+  }
+  timers_cv_.notify_all();
+  settled_cv_.notify_all();
+  if (timer.joinable()) {
+    if (timer.get_id() == std::this_thread::get_id()) {
+      timer.detach();
+    } else {
+      timer.join();
+    }
+  }
+  for (auto& [fork, node] : users) {
+    node->deleted = true;
+  }
+}
+
+// --- RRef<T>'s non-template side ----------------------------------------------
+
+RRefId rref_id(const RRefNode& n) {
+  return n.id;
+}
+
+WorkerInfo rref_owner(const RRefNode& n) {
+  return WorkerInfo{n.books->name_of(n.owner), n.owner};
+}
+
+bool rref_is_owner(const RRefNode& n) {
+  return n.entry != nullptr;
+}
+
+bool rref_confirmed(const RRefNode& n) {
+  return n.confirmed.ready() && !n.confirmed.error();
+}
+
+RpcAgent& rref_agent(const RRefNode& n) {
+  return n.books->agent();
+}
+
+WireContext* rref_wire(const RRefNode& n) {
+  return n.books->wire(n.owner);
+}
+
+std::shared_ptr<void> rref_local_value(
+    const RRefNode& n, const ValueType* want, milliseconds timeout) {
+  if (!n.entry) {
+    throw InvalidArgument(
+        "local_value() of RRef " + n.id.str() + ": it lives on '" +
+        n.books->name_of(n.owner) + "', not on this worker ('" +
+        n.books->name_of(n.books->self()) + "'); use to_here() or a proxy");
+  }
+  milliseconds t = timeout.count() > 0 ? timeout : milliseconds(60000);
+  Value v;
+  try {
+    v = n.entry->value.wait(t);
+  } catch (const TimeoutError&) {
+    throw TimeoutError(
+        "RRef " + n.id.str() + ": its value was not made within " +
+        std::to_string(t.count()) + " ms");
+  }
+  if (v.type->name != want->name) {
+    throw InvalidArgument(
+        "RRef " + n.id.str() + " holds a " + std::string(v.type->name) +
+        ", not a " + std::string(want->name));
+  }
+  return v.object;
+}
+
+Future<Payload> rref_fetch(
+    const RRefPtr& n, milliseconds timeout, WireContext** wire) {
+  *wire = rref_wire(*n);
+  return n->books->call_owner(
+      n,
+      "tide.rref.fetch",
+      timeout,
+      encode_call(nullptr, n->id.worker, n->id.local));
+}
+
+Future<Payload> rref_invoke(
+    const RRefPtr& n, milliseconds timeout, Payload call, WireContext** wire) {
+  *wire = rref_wire(*n);
+  return n->books->call_owner(n, "tide.rref.invoke", timeout, std::move(call));
+}
+
+RRefPtr rref_invoke_remote(
+    const RRefPtr& n, milliseconds timeout, Payload call, const ValueType* result) {
+  n->books->check_usable(*n);
+  return n->books->start_remote(
+      n->owner, "tide.rref.invoke", timeout, std::move(call), result);
+}
+
+void rref_write(Encoder& e, const RRefPtr& n) {
+  n->books->write(e, n);
+}
+
+RRefPtr rref_read(Decoder& d, const ValueType* want) {
+  WireContext* wire = d.context();
+  if (wire == nullptr) {
+    d.fail("an RRef can be decoded only by an rpc agent");
+  }
+  return wire->books->read(d, want);
+}
+
+bool register_method(std::string_view type, const std::string& name, Method m) {
+  auto& r = methods();
+  std::lock_guard lock(r.mutex);
+  r.methods[method_key(type, name)] = std::move(m);
+  return true;
+}
+
+}  // namespace detail
+}  // namespace tide::rpc

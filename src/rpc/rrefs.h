@@ -1,0 +1,222 @@
+#pragma once
+
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tide/common/future.h"
+#include "tide/rpc/rpc.h"
+
+#include "common/clock.h"
+#include "rpc/calls.h"
+
+// The books of RRefs one agent keeps (torch's RRefContext), and the
+// protocol between agents (docs/rpc.md#rrefs):
+//
+//   remote()           RREF_CREATE (messages.h) to the owner, which makes
+//                      the value and registers the caller's fork
+//   to_here()          tide.rref.fetch(id) to the owner; a fetch that
+//                      overtakes the creation waits for it
+//   proxies            tide.rref.invoke(id, type, method) + the arguments
+//   passing an RRef    the sender mints a fork id. An owner registers the
+//                      fork at once (its holder is the message's receiver);
+//                      a user keeps its own RRef as the parent until the
+//                      child accepts. The receiver: the owner itself sends
+//                      tide.rref.accept(fork) to the parent; a user sends
+//                      tide.rref.fork(id, fork) to the owner, and on its
+//                      acknowledgement tide.rref.accept(fork) to the parent
+//   dropping an RRef   a user's last copy gone: tide.rref.delete(id, fork)
+//
+// Control messages (fork, accept, delete) are idempotent on the receiver
+// and retried with back-off; functions never are. A lost peer (a closed
+// connection, either way) fails every RRef it owns, and its forks are
+// dropped from the values this worker owns.
+namespace tide::rpc::detail {
+
+class RRefBooks;
+
+struct WireContext {
+  RRefBooks* books = nullptr;
+  int peer = -1;
+};
+
+// The owner's record of one RRef: its value, once made, and the forks
+// users hold. In the books while a fork is known or a remote() to this
+// worker runs; every owner RRefNode holds it too.
+struct OwnerEntry {
+  explicit OwnerEntry(RRefId i) : id(i), value(promise.get_future()) {}
+
+  const RRefId id;
+  Promise<Value> promise;
+  const Future<Value> value;
+  // Guarded by the books' mutex.
+  std::map<RRefId, int> forks;  // fork -> the worker holding it
+  bool creating = false;        // remote() to this worker, unanswered
+};
+
+struct RRefNode {
+  ~RRefNode();
+
+  std::shared_ptr<RRefBooks> books;
+  RRefId id;
+  int owner = -1;
+  std::string type;  // the T of RRef<T>
+  // On the owner.
+  std::shared_ptr<OwnerEntry> entry;
+  // A user's fork, and when the owner knows of it.
+  RRefId fork;
+  Promise<void> confirmation;
+  Future<void> confirmed = confirmation.get_future();
+  // Guarded by the books' mutex.
+  std::exception_ptr error;  // creation failed, or the owner was lost
+  bool deleted = false;      // USER_DELETE sent (or no longer to send)
+};
+
+class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
+ public:
+  using NameOf = std::function<std::string(int)>;
+  RRefBooks(
+      int self,
+      int world_size,
+      Calls& calls,
+      NameOf name_of,
+      std::chrono::milliseconds rpc_timeout);
+  ~RRefBooks();
+  RRefBooks(const RRefBooks&) = delete;
+  RRefBooks& operator=(const RRefBooks&) = delete;
+
+  int self() const {
+    return self_;
+  }
+  std::string name_of(int worker) const {
+    return name_of_(worker);
+  }
+  WireContext* wire(int peer);
+  // The agent these books belong to; NetworkError once closed.
+  void set_agent(RpcAgent* agent) {
+    agent_ = agent;
+  }
+  RpcAgent& agent();
+
+  // The control functions ("tide.rref.*") the agent registers.
+  std::vector<std::pair<std::string, Handler>> handlers();
+
+  // A user's side.
+  RRefPtr local(Value value);
+  RRefPtr start_remote(
+      int to,
+      const std::string& fn,
+      std::chrono::milliseconds timeout,
+      Payload args,
+      const ValueType* type);
+  Future<Payload> call_owner(
+      const RRefPtr& node,
+      const std::string& fn,
+      std::chrono::milliseconds timeout,
+      Payload args);
+  // Throws the node's error, if it has one.
+  void check_usable(const RRefNode& node);
+  void write(Encoder& e, const RRefPtr& node);
+  RRefPtr read(Decoder& d, const ValueType* want);
+  void user_gone(RRefNode& node);
+
+  // The owner's side of RREF_CREATE: the entry the value goes to, with
+  // the caller's fork registered. On the loop.
+  std::shared_ptr<OwnerEntry> on_create(int caller, RRefId id, RRefId fork);
+
+  // Collects, on this thread, the confirmations of the RRefs the
+  // arguments being decoded create: the function runs after them.
+  class ArgumentWaits {
+   public:
+    ArgumentWaits();
+    ~ArgumentWaits();
+    ArgumentWaits(const ArgumentWaits&) = delete;
+    ArgumentWaits& operator=(const ArgumentWaits&) = delete;
+    std::vector<Future<void>> take() {
+      return std::move(waits_);
+    }
+
+   private:
+    friend class RRefBooks;
+    std::vector<Future<void>> waits_;
+    ArgumentWaits* outer_;
+  };
+
+  // A connection to or from `peer` was lost. On the loop.
+  void peer_lost(int peer, const std::string& reason);
+  bool is_lost(int peer);
+
+  RRefReport report();
+  // Graceful shutdown, before the group's barrier: waits until the RRefs
+  // this worker passed on and received are confirmed, then deletes every
+  // user RRef it still holds and waits for the owners' acknowledgements,
+  // all within `timeout`. Returns what did not finish (empty: all did).
+  std::vector<std::string> delete_all(std::chrono::milliseconds timeout);
+  // After the barrier: what is still referenced, as leaks.
+  std::vector<std::string> leaks();
+  // No more messages: later drops send nothing. Stops the retry thread.
+  void close();
+
+ private:
+  struct Child {
+    RRefPtr parent;  // held until the child accepts
+    int to = -1;
+  };
+
+  RRefId new_id();
+  std::exception_ptr owner_lost(int owner, const RRefId& id);
+  // Sends a control function with retries: on a timeout or a broken
+  // connection to a live peer, again after 0.5 s, 0.75 s, ... (5 tries).
+  Future<void> control(int to, std::string fn, std::string args);
+  void send_control(
+      int to,
+      std::string fn,
+      std::string args,
+      int attempt,
+      Promise<void> done);
+  void after(Clock::duration delay, std::function<void()> fn);
+  void confirm_user(const RRefId& fork, std::exception_ptr error);
+  void add_fork(const RRefId& id, const RRefId& fork, int holder);
+  void del_fork(const RRefId& id, const RRefId& fork);
+  void child_accepted(const RRefId& fork);
+  std::shared_ptr<OwnerEntry> entry_for(const RRefId& id, bool create);
+  // Removes an entry nothing keeps in the books; the caller drops it
+  // after unlocking (its value's destructor may do anything).
+  std::shared_ptr<OwnerEntry> release_if_unused(
+      std::map<RRefId, std::shared_ptr<OwnerEntry>>::iterator it);
+
+  const int self_;
+  Calls& calls_;
+  const NameOf name_of_;
+  const std::chrono::milliseconds rpc_timeout_;
+  RpcAgent* agent_ = nullptr;
+  std::vector<WireContext> wires_;
+  std::atomic<int64_t> next_local_{1};
+
+  std::mutex mutex_;
+  std::condition_variable settled_cv_;  // pending users/children drop
+  // All guarded by mutex_.
+  std::map<RRefId, std::shared_ptr<OwnerEntry>> owners_;
+  std::map<RRefId, RRefPtr> pending_users_;  // by fork, until confirmed
+  std::map<RRefId, std::weak_ptr<RRefNode>> confirmed_users_;  // by fork
+  std::map<RRefId, Child> pending_children_;  // by fork
+  std::set<int> lost_;
+  bool closing_ = false;  // graceful shutdown deleted everything
+  bool closed_ = false;
+
+  // Retries waiting for their time; one thread, started on the first.
+  std::multimap<Clock::time_point, std::function<void()>> timers_;
+  std::condition_variable timers_cv_;
+  std::thread timer_thread_;
+};
+
+}  // namespace tide::rpc::detail
