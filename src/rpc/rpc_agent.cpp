@@ -507,18 +507,20 @@ struct RpcAgent::Impl {
     // Completes on a pool thread (or here), which sends the reply itself:
     // no hop through the loop. The pipe drops it once the caller is gone.
     detail::WireContext* wire = books->wire(pipe.peer());
-    result.on_complete([pipe, id, wire, created, fn](
+    result.on_complete([pipe, id, wire, created, fn, self = self.name](
                            const Future<detail::Value>& f) {
-      auto send_error = [&](const std::exception_ptr& error) {
-        std::string type = "unknown";
-        std::string message = "a non-standard exception";
+      auto describe = [](const std::exception_ptr& error) {
         try {
           std::rethrow_exception(error);
         } catch (const std::exception& e) {
-          type = type_name(e);
-          message = e.what();
+          return std::pair<std::string, std::string>(type_name(e), e.what());
         } catch (...) {
+          return std::pair<std::string, std::string>(
+              "unknown", "a non-standard exception");
         }
+      };
+      auto send_error = [&](const std::exception_ptr& error) {
+        auto [type, message] = describe(error);
         pipe.send(transport::Message{
             detail::MessageType::kError,
             id,
@@ -528,7 +530,11 @@ struct RpcAgent::Impl {
       if (created) {
         // The value stays here, as the RRef's; the caller hears it exists.
         if (auto error = f.error()) {
-          created->promise.set_exception(error);
+          // As every user sees it: what the function raised, and where.
+          auto [type, message] = describe(error);
+          created->promise.set_exception(std::make_exception_ptr(RemoteError(
+              fn + "() on worker '" + self + "' raised " + type + ": " +
+              message)));
           send_error(error);
         } else {
           created->promise.set_value(f.wait(milliseconds(0)));

@@ -107,7 +107,12 @@ bool is_retryable(const std::exception_ptr& e) {
 }  // namespace
 
 RRefNode::~RRefNode() {
-  if (books && !entry) {
+  if (!books) {
+    return;
+  }
+  if (entry) {
+    books->handle_gone(*this);
+  } else {
     books->user_gone(*this);
   }
 }
@@ -282,9 +287,26 @@ std::shared_ptr<OwnerEntry> RRefBooks::entry_for(const RRefId& id, bool create) 
   return entry;
 }
 
+void RRefBooks::own(RRefNode& node, const std::shared_ptr<OwnerEntry>& entry) {
+  node.entry = entry;
+  ++entry->local_handles;
+  owners_.emplace(entry->id, entry);
+}
+
+void RRefBooks::handle_gone(RRefNode& node) {
+  std::shared_ptr<OwnerEntry> gone;
+  std::lock_guard lock(mutex_);
+  --node.entry->local_handles;
+  if (auto it = owners_.find(node.id);
+      it != owners_.end() && it->second == node.entry) {
+    gone = release_if_unused(it);
+  }
+}
+
 std::shared_ptr<OwnerEntry> RRefBooks::release_if_unused(
     std::map<RRefId, std::shared_ptr<OwnerEntry>>::iterator it) {
-  if (!it->second->forks.empty() || it->second->creating) {
+  const OwnerEntry& e = *it->second;
+  if (!e.forks.empty() || e.creating || e.local_handles > 0) {
     return nullptr;
   }
   auto entry = std::move(it->second);
@@ -461,10 +483,11 @@ RRefPtr RRefBooks::local(Value value) {
   node->id = new_id();
   node->owner = self_;
   node->type = std::string(value.type->name);
-  node->entry = std::make_shared<OwnerEntry>(node->id);
-  node->entry->promise.set_value(std::move(value));
+  auto entry = std::make_shared<OwnerEntry>(node->id);
+  entry->promise.set_value(std::move(value));
   node->confirmation.set_value();
-  // In the books from its first fork on (write()).
+  std::lock_guard lock(mutex_);
+  own(*node, entry);
   return node;
 }
 
@@ -482,12 +505,12 @@ RRefPtr RRefBooks::start_remote(
   RRefId fork;
   if (to == self_) {
     // The owner's handle; the books keep the entry until the call returns.
-    node->entry = std::make_shared<OwnerEntry>(node->id);
-    node->entry->creating = true;
+    auto entry = std::make_shared<OwnerEntry>(node->id);
+    entry->creating = true;
     node->confirmation.set_value();
     fork = node->id;
     std::lock_guard lock(mutex_);
-    owners_.emplace(node->id, node->entry);
+    own(*node, entry);
   } else {
     fork = new_id();
     node->fork = fork;
@@ -557,6 +580,9 @@ Future<Payload> RRefBooks::call_owner(
   } catch (...) {
     return Future<Payload>::make_failed(std::current_exception());
   }
+  if (timeout.count() <= 0) {
+    timeout = rpc_timeout_;
+  }
   std::weak_ptr<RRefBooks> weak = weak_from_this();
   int owner = node->owner;
   RRefId id = node->id;
@@ -615,11 +641,7 @@ void RRefBooks::write(Encoder& e, const RRefPtr& node) {
     std::lock_guard lock(mutex_);
     if (node->entry) {
       // Early registration: the owner knows the fork before it travels.
-      auto it = owners_.find(node->id);
-      if (it == owners_.end()) {
-        it = owners_.emplace(node->id, node->entry).first;
-      }
-      it->second->forks.emplace(fork, wire->peer);
+      node->entry->forks.emplace(fork, wire->peer);
     } else {
       pending_children_.emplace(fork, Child{node, wire->peer});
     }
@@ -645,12 +667,20 @@ RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
   RRefId fork{d.read_fixed<int32_t>(), d.read_fixed<int64_t>()};
   int parent = d.read_fixed<int32_t>();
   std::string type(d.read_raw(d.read_count("an RRef's type", 1)));
-  if (type != want->name) {
-    d.fail("expected RRef<" + std::string(want->name) + ">, got RRef<" + type + ">");
-  }
   int n = static_cast<int>(wires_.size());
   if (owner < 0 || owner >= n || parent < 0 || parent >= n) {
     d.fail("an RRef names a worker outside the group");
+  }
+  if (type != want->name) {
+    // Refused: the fork must not stay registered, nor its parent wait.
+    if (parent == owner) {
+      control(owner, "tide.rref.delete", id_args(id, fork));
+    } else {
+      control(parent, "tide.rref.accept", id_args(fork));
+    }
+    d.fail(
+        "expected RRef<" + std::string(want->name) + ">, got RRef<" + type +
+        ">");
   }
   auto node = std::make_shared<RRefNode>();
   node->books = shared_from_this();
@@ -666,7 +696,7 @@ RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
       if (it == owners_.end()) {
         d.fail("RRef " + id.str() + " is unknown on its owner");
       }
-      node->entry = it->second;
+      own(*node, it->second);
       if (parent == self_) {
         it->second->forks.erase(fork);
         gone = release_if_unused(it);
@@ -952,7 +982,7 @@ std::shared_ptr<void> rref_local_value(
         n.books->name_of(n.owner) + "', not on this worker ('" +
         n.books->name_of(n.books->self()) + "'); use to_here() or a proxy");
   }
-  milliseconds t = timeout.count() > 0 ? timeout : milliseconds(60000);
+  milliseconds t = timeout.count() > 0 ? timeout : n.books->rpc_timeout();
   Value v;
   try {
     v = n.entry->value.wait(t);
@@ -989,7 +1019,11 @@ RRefPtr rref_invoke_remote(
     const RRefPtr& n, milliseconds timeout, Payload call, const ValueType* result) {
   n->books->check_usable(*n);
   return n->books->start_remote(
-      n->owner, "tide.rref.invoke", timeout, std::move(call), result);
+      n->owner,
+      "tide.rref.invoke",
+      timeout.count() > 0 ? timeout : n->books->rpc_timeout(),
+      std::move(call),
+      result);
 }
 
 void rref_write(Encoder& e, const RRefPtr& n) {

@@ -61,6 +61,7 @@ struct OwnerEntry {
   // Guarded by the books' mutex.
   std::map<RRefId, int> forks;  // fork -> the worker holding it
   bool creating = false;        // remote() to this worker, unanswered
+  int local_handles = 0;        // owner RRefNodes alive here
 };
 
 struct RRefNode {
@@ -70,7 +71,7 @@ struct RRefNode {
   RRefId id;
   int owner = -1;
   std::string type;  // the T of RRef<T>
-  // On the owner.
+  // On the owner (RRefBooks::own() sets it).
   std::shared_ptr<OwnerEntry> entry;
   // A user's fork, and when the owner knows of it.
   RRefId fork;
@@ -101,6 +102,9 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
     return name_of_(worker);
   }
   WireContext* wire(int peer);
+  std::chrono::milliseconds rpc_timeout() const {
+    return rpc_timeout_;
+  }
   // The agent these books belong to; NetworkError once closed.
   void set_agent(RpcAgent* agent) {
     agent_ = agent;
@@ -127,7 +131,9 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   void check_usable(const RRefNode& node);
   void write(Encoder& e, const RRefPtr& node);
   RRefPtr read(Decoder& d, const ValueType* want);
+  // A node's last copy is gone: a user's deletes its fork on the owner.
   void user_gone(RRefNode& node);
+  void handle_gone(RRefNode& node);
 
   // The owner's side of RREF_CREATE: the entry the value goes to, with
   // the caller's fork registered. On the loop.
@@ -189,6 +195,9 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   void del_fork(const RRefId& id, const RRefId& fork);
   void child_accepted(const RRefId& fork);
   std::shared_ptr<OwnerEntry> entry_for(const RRefId& id, bool create);
+  // Makes `node` a handle on `entry`, which stays in the books while
+  // handles, forks or a creation keep it. Under mutex_.
+  void own(RRefNode& node, const std::shared_ptr<OwnerEntry>& entry);
   // Removes an entry nothing keeps in the books; the caller drops it
   // after unlocking (its value's destructor may do anything).
   std::shared_ptr<OwnerEntry> release_if_unused(

@@ -8,5 +8,7 @@ namespace tide::test {
 void run_rpc_child_if_requested();
 // The same for tests/rpc/transport_test.cpp's children.
 void run_rpc_transport_child_if_requested();
+// The same for tests/rpc/rref_test.cpp's children.
+void run_rref_child_if_requested();
 
 }  // namespace tide::test

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tide::agent::run_worker_if_spawned(argc, argv);
   tide::test::run_rpc_child_if_requested();
   tide::test::run_rpc_transport_child_if_requested();
+  tide::test::run_rref_child_if_requested();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

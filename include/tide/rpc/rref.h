@@ -426,6 +426,8 @@ RRef<R> RpcAgent::remote(
 // Makes a method of Type callable through RRef<Type> proxies, on every
 // agent of the process: TIDE_RPC_METHOD(Table, lookup, &Table::lookup);
 // a member function (const or not) or a callable taking Type& first.
-#define TIDE_RPC_METHOD(Type, name, ...)                                  \
-  [[maybe_unused]] static const bool tide_rpc_method_##Type##_##name##_ = \
+#define TIDE_RPC_METHOD(Type, name, ...)                                   \
+  [[maybe_unused]] static const bool TIDE_RPC_METHOD_NAME_(__COUNTER__) = \
       ::tide::rpc::detail::register_method_of<Type>(#name, __VA_ARGS__)
+#define TIDE_RPC_METHOD_NAME_(n) TIDE_RPC_METHOD_NAME2_(n)
+#define TIDE_RPC_METHOD_NAME2_(n) tide_rpc_method_##n##_
