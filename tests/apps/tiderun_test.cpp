@@ -392,6 +392,20 @@ TEST_F(TiderunTest, TheRpcHelloExampleRunsUnderTiderun) {
       << out;
 }
 
+TEST_F(TiderunTest, TheRRefEmbeddingServerExampleTrainsThroughProxies) {
+  // examples/rref_embedding_server.cpp: a table made with remote(), its
+  // RRef passed to another trainer, proxies only; trainer1 exits 1 unless
+  // the table's norm fell. The graceful shutdown deletes every RRef.
+  auto [status, out] = run(
+      {"--standalone", "--nproc-per-node=3", "--no-python", RREF_PS_EXAMPLE});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(
+      out.find("40 steps from 2 trainers on one table owned by 'ps'"),
+      std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("leak"), std::string::npos) << out;
+}
+
 TEST_F(TiderunTest, TheRpcParameterServerExampleTrainsUnderTiderun) {
   // examples/rpc_parameter_server.cpp: init_rpc through the agent's store
   // (env://, TORCHELASTIC_USE_AGENT_STORE), two trainers, a batch of async
