@@ -84,6 +84,24 @@ def echo_clone(t):
     return t.clone()
 
 
+def value(x):
+    return x
+
+
+class Box:
+    """What an RRef proxy reaches: a value with a method, living on the server."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def get(self):
+        return self.v
+
+
+def take_rref(r):
+    return None
+
+
 def p99(xs):
     xs = sorted(xs)
     return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
@@ -150,6 +168,36 @@ def measure_echo(head, size, reps, fn=echo, metric="echo"):
          bytes_each_way_per_s=round(size / median, 1), n=reps)
 
 
+def timed_us(fn, calls, warmup):
+    """Median and p99 of fn()'s wall time, in microseconds."""
+    for _ in range(warmup):
+        fn()
+    clock = time.perf_counter_ns
+    times = []
+    for _ in range(calls):
+        t0 = clock()
+        fn()
+        times.append((clock() - t0) / 1e3)
+    return round(statistics.median(times), 2), round(p99(times), 2)
+
+
+def measure_rrefs(head, calls, warmup):
+    """remote()+to_here(), a proxy call, and an RRef passed user -> user (to this
+    rank itself: a fork request to the owner, then the child's accept)."""
+    def remote_to_here():
+        rpc.remote(SERVER, value, args=(1,)).to_here()
+    median, tail = timed_us(remote_to_here, calls, warmup)
+    emit(head, metric="remote_to_here_us", median=median, p99=tail, n=calls)
+    box = rpc.remote(SERVER, Box, args=(1,))
+    median, tail = timed_us(lambda: box.rpc_sync().get(), calls, warmup)
+    emit(head, metric="proxy_rtt_us", median=median, p99=tail, n=calls)
+    held = rpc.remote(SERVER, value, args=(1,))
+    held.to_here()
+    me = rpc.get_worker_info().name
+    median, tail = timed_us(lambda: rpc.rpc_sync(me, take_rref, args=(held,)), calls, warmup)
+    emit(head, metric="rref_pass_us", median=median, p99=tail, n=calls)
+
+
 def drive(a):
     head = {"impl": "torch"}
     if a.transport != "default":
@@ -166,6 +214,7 @@ def drive(a):
     # received.
     for size, reps in ECHO_SIZES:
         measure_echo(head, size, reps, echo_clone, "echo_clone")
+    measure_rrefs(head, max(a.calls // 5, 1), max(a.warmup // 5, 1))
 
 
 def die_with(parent):

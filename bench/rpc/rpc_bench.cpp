@@ -157,6 +157,65 @@ void drive(RpcAgent& agent, const Args& a) {
   }
 }
 
+// A value with a method, for RRef proxies.
+struct Box {
+  int64_t v = 0;
+  int64_t get() const {
+    return v;
+  }
+};
+
+// Median and p99 of fn()'s wall time, in microseconds, as emit() fields.
+template <typename F>
+std::string timed_us(F fn, int calls, int warmup) {
+  for (int i = 0; i < warmup; ++i) {
+    fn();
+  }
+  std::vector<double> lat;
+  lat.reserve(static_cast<size_t>(calls));
+  for (int i = 0; i < calls; ++i) {
+    int64_t t0 = bench::mono_ns();
+    fn();
+    lat.push_back(static_cast<double>(bench::mono_ns() - t0) / 1e3);
+  }
+  return fmt::format(
+      "\"median\":{:.2f},\"p99\":{:.2f},\"n\":{}",
+      bench::median(lat),
+      percentile(lat, 99),
+      lat.size());
+}
+
+// remote()+to_here(), a proxy call, and an RRef passed user -> user (to
+// this rank itself: a fork request to the owner, then the child's accept).
+void drive_rrefs(RpcAgent& agent, const Args& a) {
+  const std::string to = "worker1";
+  const std::string kind = agent.transport_to(to);
+  int calls = std::max(a.calls / 5, 1);
+  int warmup = std::max(a.warmup / 5, 1);
+  emit(
+      kind,
+      "\"metric\":\"remote_to_here_us\"," + timed_us(
+          [&] { agent.remote<int64_t>(to, "value", int64_t{1}).to_here(); },
+          calls,
+          warmup));
+  auto box = agent.remote<Box>(to, "make_box", int64_t{1});
+  emit(
+      kind,
+      "\"metric\":\"proxy_rtt_us\"," +
+          timed_us(
+              [&] { box.rpc_sync().call<int64_t>("get"); }, calls, warmup));
+  auto held = agent.remote<int64_t>(to, "value", int64_t{1});
+  held.to_here();
+  const std::string me = agent.get_worker_info().name;
+  emit(
+      kind,
+      "\"metric\":\"rref_pass_us\"," +
+          timed_us(
+              [&] { agent.rpc_sync<void>(me, "take_rref", held); },
+              calls,
+              warmup));
+}
+
 int run_rank(const Args& a) {
   tide::rpc::RpcBackendOptions o;
   o.init_method = a.init_method;
@@ -169,6 +228,7 @@ int run_rank(const Args& a) {
   RpcAgent agent("worker" + std::to_string(a.rank), a.rank, a.world_size, o);
   if (a.rank == 0) {
     drive(agent, a);
+    drive_rrefs(agent, a);
   }
   agent.shutdown(true);
   return 0;
@@ -179,6 +239,10 @@ int run_rank(const Args& a) {
 TIDE_RPC_FUNCTION(noop, [](int64_t) {});
 TIDE_RPC_FUNCTION(echo, [](at::Tensor t) { return t; });
 TIDE_RPC_FUNCTION(echo_clone, [](at::Tensor t) { return t.clone(); });
+TIDE_RPC_FUNCTION(value, [](int64_t v) { return v; });
+TIDE_RPC_FUNCTION(make_box, [](int64_t v) { return Box{v}; });
+TIDE_RPC_FUNCTION(take_rref, [](tide::rpc::RRef<int64_t>) {});
+TIDE_RPC_METHOD(Box, get, &Box::get);
 
 }  // namespace
 

@@ -52,6 +52,9 @@ ROWS = (
     Row("echo 64 MiB tensor, each way (RTT)", "echo", "echo", size_bytes=64 * MIB),
     Row("echo 1 MiB, a new tensor back (clone)", "echo_clone", "echo", size_bytes=MIB),
     Row("echo 64 MiB, a new tensor back (clone)", "echo_clone", "echo", size_bytes=64 * MIB),
+    Row("remote() + to_here(), median", "remote_to_here_us", "us", "median"),
+    Row("RRef proxy call (rpc_sync().get), median", "proxy_rtt_us", "us", "median"),
+    Row("pass an RRef user -> user (fork + accept), median", "rref_pass_us", "us", "median"),
 )
 
 

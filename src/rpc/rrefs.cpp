@@ -999,9 +999,7 @@ std::shared_ptr<void> rref_local_value(
   return v.object;
 }
 
-Future<Payload> rref_fetch(
-    const RRefPtr& n, milliseconds timeout, WireContext** wire) {
-  *wire = rref_wire(*n);
+Future<Payload> rref_fetch(const RRefPtr& n, milliseconds timeout) {
   return n->books->call_owner(
       n,
       "tide.rref.fetch",
@@ -1010,8 +1008,7 @@ Future<Payload> rref_fetch(
 }
 
 Future<Payload> rref_invoke(
-    const RRefPtr& n, milliseconds timeout, Payload call, WireContext** wire) {
-  *wire = rref_wire(*n);
+    const RRefPtr& n, milliseconds timeout, Payload call) {
   return n->books->call_owner(n, "tide.rref.invoke", timeout, std::move(call));
 }
 

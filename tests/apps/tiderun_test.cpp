@@ -406,6 +406,21 @@ TEST_F(TiderunTest, TheRRefEmbeddingServerExampleTrainsThroughProxies) {
   EXPECT_EQ(out.find("leak"), std::string::npos) << out;
 }
 
+TEST_F(TiderunTest, TheRemoteModulePipelineMatchesTheLocalComputation) {
+  // examples/remote_module_pipeline.cpp: two RemoteModule stages on two
+  // workers, one passed to the other in an rpc; rank 0 exits 1 unless the
+  // output equals the pipeline rebuilt from remote_parameters().
+  auto [status, out] = run(
+      {"--standalone", "--nproc-per-node=3", "--no-python",
+       REMOTE_MODULE_EXAMPLE});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(
+      out.find("pipeline over worker1 and worker2: output 5x3, equal to the "
+               "local computation"),
+      std::string::npos)
+      << out;
+}
+
 TEST_F(TiderunTest, TheRpcParameterServerExampleTrainsUnderTiderun) {
   // examples/rpc_parameter_server.cpp: init_rpc through the agent's store
   // (env://, TORCHELASTIC_USE_AGENT_STORE), two trainers, a batch of async

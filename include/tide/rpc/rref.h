@@ -113,21 +113,18 @@ std::shared_ptr<void> rref_local_value(
     const RRefNode& n, const ValueType* want, std::chrono::milliseconds timeout);
 // A user's copy of the value, encoded (to_here); fails at once when the
 // RRef is unusable (creation failed, owner lost).
-Future<Payload> rref_fetch(
-    const RRefPtr& n, std::chrono::milliseconds timeout, WireContext** wire);
+Future<Payload> rref_fetch(const RRefPtr& n, std::chrono::milliseconds timeout);
 // Runs a registered method of the value on the owner (proxies). `call` is
 // encode_invoke()'s. With `result`, keeps the method's result there as a
 // new RRef (remote()); otherwise the future holds it, encoded.
 Future<Payload> rref_invoke(
-    const RRefPtr& n,
-    std::chrono::milliseconds timeout,
-    Payload call,
-    WireContext** wire);
+    const RRefPtr& n, std::chrono::milliseconds timeout, Payload call);
 RRefPtr rref_invoke_remote(
     const RRefPtr& n,
     std::chrono::milliseconds timeout,
     Payload call,
     const ValueType* result);
+// The wire to the RRef's owner: what its replies decode with.
 WireContext* rref_wire(const RRefNode& n);
 // The codec of RRef<T> (tag kRRef): forks the RRef for the message's peer.
 void rref_write(Encoder& e, const RRefPtr& n);
@@ -256,11 +253,10 @@ class RRef {
           local_value_for(detail::value_type<T>(), timeout));
       return Future<T>::make_ready(*v);
     }
-    detail::WireContext* wire = nullptr;
-    return detail::rref_fetch(node_, timeout, &wire)
-        .then([wire](const Payload& p) {
-          return detail::decode_value<T>(p, wire, "to_here");
-        });
+    detail::WireContext* wire = detail::rref_wire(*node_);
+    return detail::rref_fetch(node_, timeout).then([wire](const Payload& p) {
+      return detail::decode_value<T>(p, wire, "to_here");
+    });
   }
 
   // The value itself, on the owner only (InvalidArgument elsewhere, or for
@@ -338,12 +334,11 @@ class RRef<T>::AsyncProxy {
 
   template <typename R, typename... A>
   Future<R> call(const std::string& method, const A&... args) const {
-    detail::WireContext* wire = nullptr;
     return detail::decode_reply<R>(
         detail::rref_invoke(
-            rref_.node_, timeout_, rref_.invoke_payload(method, args...), &wire),
+            rref_.node_, timeout_, rref_.invoke_payload(method, args...)),
         method,
-        wire);
+        detail::rref_wire(*rref_.node_));
   }
 
  private:
