@@ -12,22 +12,27 @@
 namespace tide::rpc {
 
 std::string RRefReport::str() const {
+  // Appends rather than operator+ chains: GCC 12 at -O3 warns falsely
+  // (-Wrestrict) on some of those.
   std::string out;
   for (const auto& o : owned) {
-    out += "owns " + o.id.str() + " (" + (o.type.empty() ? "?" : o.type) +
-           (o.ready ? "" : ", being made") + "), " +
-           std::to_string(o.users.size()) + " user fork(s):";
+    out.append("owns ").append(o.id.str()).append(" (");
+    out.append(o.type.empty() ? "?" : o.type);
+    out.append(o.ready ? "), " : ", being made), ");
+    out.append(std::to_string(o.users.size())).append(" user fork(s):");
     for (const auto& [fork, holder] : o.users) {
-      out += " " + fork.str() + "@" + holder;
+      out.append(" ").append(fork.str()).append("@").append(holder);
     }
-    out += "\n";
+    out.append("\n");
   }
   for (const auto& h : held) {
-    out += "holds " + h.id.str() + " fork " + h.fork.str() + " (" + h.type +
-           ") of " + h.owner + (h.confirmed ? "" : ", unconfirmed") + "\n";
+    out.append("holds ").append(h.id.str()).append(" fork ");
+    out.append(h.fork.str()).append(" (").append(h.type).append(") of ");
+    out.append(h.owner).append(h.confirmed ? "\n" : ", unconfirmed\n");
   }
   for (const auto& [fork, to] : passing) {
-    out += "passing fork " + fork.str() + " to " + to + "\n";
+    out.append("passing fork ").append(fork.str()).append(" to ");
+    out.append(to).append("\n");
   }
   return out;
 }
