@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
@@ -154,7 +155,11 @@ bool register_global_handler(const std::string& name, Handler handler) {
 
 }  // namespace detail
 
+// The agent whose function this thread is running (current_agent()).
+thread_local RpcAgent* t_serving = nullptr;
+
 struct RpcAgent::Impl {
+  RpcAgent* agent = nullptr;
   WorkerInfo self;
   int world_size = 0;
   RpcBackendOptions options;
@@ -313,7 +318,8 @@ struct RpcAgent::Impl {
         Decoder d(args.data.view(), args.buffers);
         d.set_context(books->wire(caller));
         detail::Invocation run = h(d, fn);
-        auto start = [run = std::move(run), promise]() mutable {
+        auto start = [this, run = std::move(run), promise]() mutable {
+          RpcAgent* outer = std::exchange(t_serving, agent);
           try {
             // Async functions complete later, on whatever thread completes
             // their future; this worker thread is free now.
@@ -328,6 +334,7 @@ struct RpcAgent::Impl {
           } catch (...) {
             promise.set_exception(std::current_exception());
           }
+          t_serving = outer;
         };
         std::vector<Future<void>> pending = waits.take();
         if (pending.empty()) {
@@ -630,6 +637,7 @@ RpcAgent::RpcAgent(
         "num_worker_threads must be at least 1, got " +
         std::to_string(options.num_worker_threads));
   }
+  impl.agent = this;
   impl.self = WorkerInfo{std::move(name), rank};
   impl.world_size = world_size;
   impl.options = with_defaults(std::move(options));
@@ -861,6 +869,9 @@ std::unique_ptr<RpcAgent> g_agent;  // Guarded by g_agent_mutex.
 }  // namespace
 
 RpcAgent& current_agent() {
+  if (t_serving != nullptr) {
+    return *t_serving;
+  }
   std::lock_guard lock(g_agent_mutex);
   if (!g_agent) {
     throw InvalidArgument("rpc is not initialised; call init_rpc() first");

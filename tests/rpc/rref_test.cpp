@@ -414,6 +414,25 @@ TEST_F(RRefTest, ToHereTimesOutAndRepeatedControlMessagesAreIgnored) {
   expect_all_released();
 }
 
+TEST_F(RRefTest, AFunctionMakesLocalRRefsOnTheAgentServingIt) {
+  start(3);
+  for (int i = 1; i < 3; ++i) {
+    // Several agents in this process and no process agent: RRef<T>(value)
+    // inside a function belongs to the agent running it.
+    w(i).register_function("make_local", [](int64_t v) {
+      return RRef<int64_t>(v * 2);
+    });
+  }
+  {
+    RRef<int64_t> r = w(0).rpc_sync<RRef<int64_t>>("w2", "make_local", 21);
+    EXPECT_EQ(r.owner_name(), "w2");
+    EXPECT_EQ(r.to_here(), 42);
+    EXPECT_EQ(w(0).rpc_sync<int64_t>("w1", "rref_value", r), 42);
+  }
+  EXPECT_THROW(current_agent(), InvalidArgument);
+  expect_all_released();
+}
+
 TEST_F(RRefTest, AnRRefOfAnotherTypeIsRefusedNamingBoth) {
   start(2);
   RRef<int64_t> r = w(0).remote<int64_t>("w1", "rref_add", 1, 1);

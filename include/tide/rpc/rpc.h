@@ -376,8 +376,10 @@ class RpcAgent {
   std::unique_ptr<Impl> impl_;
 };
 
-// The process's agent, for the free functions below. Throws InvalidArgument
-// when init_rpc has not run (or shutdown has).
+// The agent serving the function this thread runs (while it runs), or else
+// the process's agent: what the free functions below and RRef<T>(value)
+// use. Throws InvalidArgument when there is none (init_rpc has not run, or
+// shutdown has).
 RpcAgent& current_agent();
 
 // Creates the process's agent (torch.distributed.rpc.init_rpc). Throws
