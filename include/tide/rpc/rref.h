@@ -100,7 +100,7 @@ namespace detail {
 struct RRefNode;
 using RRefPtr = std::shared_ptr<RRefNode>;
 
-// The non-template side of RRef<T> (src/rpc/rrefs.cpp).
+// The non-template side of RRef<T> (src/rpc/rref_api.cpp).
 RRefId rref_id(const RRefNode& n);
 WorkerInfo rref_owner(const RRefNode& n);
 bool rref_is_owner(const RRefNode& n);
@@ -114,11 +114,11 @@ std::shared_ptr<void> rref_local_value(
 // A user's copy of the value, encoded (to_here); fails at once when the
 // RRef is unusable (creation failed, owner lost).
 Future<Payload> rref_fetch(const RRefPtr& n, std::chrono::milliseconds timeout);
-// Runs a registered method of the value on the owner (proxies). `call` is
-// encode_invoke()'s. With `result`, keeps the method's result there as a
-// new RRef (remote()); otherwise the future holds it, encoded.
+// Runs a registered method of the value on the owner (proxies); `call` is
+// encode_invoke()'s. The future holds the method's result, encoded.
 Future<Payload> rref_invoke(
     const RRefPtr& n, std::chrono::milliseconds timeout, Payload call);
+// The same, keeping the result on the owner as a new RRef of type `result`.
 RRefPtr rref_invoke_remote(
     const RRefPtr& n,
     std::chrono::milliseconds timeout,
@@ -130,6 +130,7 @@ WireContext* rref_wire(const RRefNode& n);
 void rref_write(Encoder& e, const RRefPtr& n);
 RRefPtr rref_read(Decoder& d, const ValueType* want);
 
+// What RRef<T> needs of an RpcAgent (rpc_agent.cpp).
 struct AgentAccess {
   static RRefPtr remote(
       RpcAgent& agent,
@@ -140,10 +141,8 @@ struct AgentAccess {
       const ValueType* type);
   static RRefPtr local(RpcAgent& agent, Value value);
   static WireContext* wire(RpcAgent& agent, const std::string& to);
-  static std::chrono::milliseconds timeout(
-      const RpcAgent& agent, std::chrono::milliseconds t) {
-    return agent.effective_timeout(t);
-  }
+  // Waits for f, lending this thread to the agent's loop meanwhile (as
+  // rpc_sync does).
   template <typename T>
   static T wait(RpcAgent& agent, const Future<T>& f, std::chrono::milliseconds t) {
     agent.help_until([&f] { return f.ready(); });
