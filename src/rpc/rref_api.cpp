@@ -30,6 +30,9 @@ std::string RRefReport::str() const {
     out.append(h.fork.str()).append(" (").append(h.type).append(") of ");
     out.append(h.owner).append(h.confirmed ? "\n" : ", unconfirmed\n");
   }
+  if (control_retries > 0) {
+    out.append(std::to_string(control_retries)).append(" control retries\n");
+  }
   for (const auto& [fork, to] : passing) {
     out.append("passing fork ").append(fork.str()).append(" to ");
     out.append(to).append("\n");

@@ -281,6 +281,7 @@ void RRefBooks::send_control(
         }
         auto delay = std::chrono::duration_cast<Clock::duration>(
             std::chrono::milliseconds(500) * std::pow(1.5, attempt));
+        books->retries_.fetch_add(1);
         TIDE_LOG_DEBUG(
             "[{}] retrying {} to worker {} in {} ms",
             books->name_of(books->self()),
@@ -668,6 +669,7 @@ void RRefBooks::peer_lost(int peer, const std::string& reason) {
 
 RRefReport RRefBooks::report() {
   RRefReport r;
+  r.control_retries = retries_.load();
   std::lock_guard lock(mutex_);
   for (const auto& [id, entry] : owners_) {
     RRefReport::Owned o;

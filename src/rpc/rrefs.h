@@ -210,6 +210,7 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   RpcAgent* agent_ = nullptr;
   std::vector<WireContext> wires_;
   std::atomic<int64_t> next_local_{1};
+  std::atomic<uint64_t> retries_{0};
 
   std::mutex mutex_;
   std::condition_variable settled_cv_;  // pending users/children drop

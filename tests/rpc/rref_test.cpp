@@ -433,6 +433,34 @@ TEST_F(RRefTest, AFunctionMakesLocalRRefsOnTheAgentServingIt) {
   expect_all_released();
 }
 
+TEST_F(RRefTest, AControlMessageThatTimesOutIsRetriedAndItsRepeatIsHarmless) {
+  // w1 has one worker thread, which the test blocks: w2's fork request for
+  // an RRef it receives times out (1 s) and is sent again; once w1 is
+  // free, both the first request and its retry run there.
+  start(3, RpcBackendOptions{.num_worker_threads = 1, .rpc_timeout = 1000ms});
+  std::promise<void> unblock;
+  std::shared_future<void> unblocked = unblock.get_future().share();
+  w(1).register_function("block", [unblocked] { unblocked.wait(); });
+  {
+    RRef<int64_t> r = w(0).remote<int64_t>("w1", "rref_add", 40, 2);
+    ASSERT_EQ(r.to_here(), 42);
+    Future<void> blocking = w(0).rpc_async<void>("w1", "block", 30000ms);
+    Future<int64_t> passed =
+        w(0).rpc_async<int64_t>("w2", "rref_value", 30000ms, r);
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (w(2).rrefs().control_retries == 0) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << "w2 never retried its fork request";
+      std::this_thread::sleep_for(5ms);
+    }
+    unblock.set_value();
+    blocking.wait(10s);
+    EXPECT_EQ(passed.wait(20s), 42);
+    EXPECT_GE(w(2).rrefs().control_retries, 1u);
+  }
+  expect_all_released();
+}
+
 TEST_F(RRefTest, AnRRefOfAnotherTypeIsRefusedNamingBoth) {
   start(2);
   RRef<int64_t> r = w(0).remote<int64_t>("w1", "rref_add", 1, 1);

@@ -88,6 +88,9 @@ struct RRefReport {
   // Forks this worker passed on that their receivers have not yet had
   // confirmed, and the workers they went to.
   std::vector<std::pair<RRefId, std::string>> passing;
+  // Control messages (fork, accept, delete) this worker sent again after a
+  // timeout or a broken connection, since it started.
+  uint64_t control_retries = 0;
 
   // One line per entry, for logs.
   std::string str() const;
