@@ -69,14 +69,16 @@ int main() {
     std::fprintf(stderr, "run me with 3 processes\n");
     return 2;
   }
-  rpc::init_rpc(rank == 0 ? "driver" : "worker" + std::to_string(rank), rank, world);
+  rpc::init_rpc(
+      rank == 0 ? "driver" : "worker" + std::to_string(rank), rank, world);
   int status = 0;
   if (rank == 0) {
     rpc::RemoteModule<Stage> first("worker1/cpu", int64_t{4}, int64_t{8});
     rpc::RemoteModule<Stage> second("rank:2/cpu", int64_t{8}, int64_t{3});
     at::Tensor x = at::randn({5, 4});
     at::Tensor y = second.forward<at::Tensor>(first.forward<at::Tensor>(x));
-    at::Tensor y2 = rpc::rpc_sync<at::Tensor>("worker2", "run_both", first, second, x);
+    at::Tensor y2 =
+        rpc::rpc_sync<at::Tensor>("worker2", "run_both", first, second, x);
 
     // The same computation, locally, from the stages' parameters.
     auto fetch = [](const rpc::RemoteModule<Stage>& s) {

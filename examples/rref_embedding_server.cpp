@@ -45,7 +45,9 @@ class EmbeddingTable {
   }
 
   void update(
-      const std::vector<int64_t>& ids, const std::vector<float>& grads, double lr) {
+      const std::vector<int64_t>& ids,
+      const std::vector<float>& grads,
+      double lr) {
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < ids.size(); ++i) {
       for (int64_t d = 0; d < dim_; ++d) {
@@ -83,9 +85,10 @@ TIDE_RPC_METHOD(Table, lookup, [](Table& t, std::vector<int64_t> ids) {
 TIDE_RPC_METHOD(
     Table,
     update,
-    [](Table& t, std::vector<int64_t> ids, std::vector<float> grads, double lr) {
-      t->update(ids, grads, lr);
-    });
+    [](Table& t,
+       std::vector<int64_t> ids,
+       std::vector<float> grads,
+       double lr) { t->update(ids, grads, lr); });
 TIDE_RPC_METHOD(Table, norm, [](Table& t) { return t->norm(); });
 
 constexpr int64_t kRows = 64;

@@ -194,10 +194,11 @@ void drive_rrefs(RpcAgent& agent, const Args& a) {
   int warmup = std::max(a.warmup / 5, 1);
   emit(
       kind,
-      "\"metric\":\"remote_to_here_us\"," + timed_us(
-          [&] { agent.remote<int64_t>(to, "value", int64_t{1}).to_here(); },
-          calls,
-          warmup));
+      "\"metric\":\"remote_to_here_us\"," +
+          timed_us(
+              [&] { agent.remote<int64_t>(to, "value", int64_t{1}).to_here(); },
+              calls,
+              warmup));
   auto box = agent.remote<Box>(to, "make_box", int64_t{1});
   emit(
       kind,

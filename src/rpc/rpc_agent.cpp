@@ -365,24 +365,25 @@ struct RpcAgent::Impl {
     join->left = pending.size();
     auto go = std::make_shared<F>(std::move(start));
     for (auto& f : pending) {
-      f.on_complete([this, join, go, promise](const Future<void>& done) mutable {
-        std::exception_ptr error;
-        {
-          std::lock_guard lock(join->mutex);
-          if (auto e = done.error(); e && !join->error) {
-            join->error = e;
-          }
-          if (--join->left > 0) {
-            return;
-          }
-          error = join->error;
-        }
-        if (error) {
-          promise.set_exception(error);
-        } else {
-          run_on_pool([go] { (*go)(); });
-        }
-      });
+      f.on_complete(
+          [this, join, go, promise](const Future<void>& done) mutable {
+            std::exception_ptr error;
+            {
+              std::lock_guard lock(join->mutex);
+              if (auto e = done.error(); e && !join->error) {
+                join->error = e;
+              }
+              if (--join->left > 0) {
+                return;
+              }
+              error = join->error;
+            }
+            if (error) {
+              promise.set_exception(error);
+            } else {
+              run_on_pool([go] { (*go)(); });
+            }
+          });
     }
   }
 

@@ -70,7 +70,9 @@ int caller_of(const Decoder& d) {
 }
 
 Invocation done() {
-  return [] { return Future<Value>::make_ready(Value{nullptr, value_type<void>()}); };
+  return [] {
+    return Future<Value>::make_ready(Value{nullptr, value_type<void>()});
+  };
 }
 
 }  // namespace
@@ -88,7 +90,8 @@ std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
   };
   std::vector<std::pair<std::string, Handler>> out;
   out.emplace_back(
-      "tide.rref.fetch", [books](Decoder& d, std::string_view fn) -> Invocation {
+      "tide.rref.fetch",
+      [books](Decoder& d, std::string_view fn) -> Invocation {
         auto [w, l] = decode_args<std::tuple<int32_t, int64_t>>(d, fn);
         auto entry = books()->entry_for(RRefId{w, l}, true);
         return [entry] { return entry->value; };
@@ -116,8 +119,9 @@ std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
   out.emplace_back(
       "tide.rref.invoke",
       [books](Decoder& d, std::string_view fn) -> Invocation {
-        auto [w, l, type, method] = decode_args<
-            std::tuple<int32_t, int64_t, std::string, std::string>>(d, fn);
+        auto [w, l, type, method] =
+            decode_args<std::tuple<int32_t, int64_t, std::string, std::string>>(
+                d, fn);
         RRefId id{w, l};
         auto b = books();
         auto entry = b->entry_for(id, false);
@@ -143,34 +147,35 @@ std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
         return [entry, run, type, id]() {
           Promise<Value> result;
           Future<Value> out = result.get_future();
-          entry->value.on_complete([entry, run, type, id, result](
-                                       const Future<Value>& f) mutable {
-            try {
-              Value v = f.wait(milliseconds(0));
-              if (v.type->name != type) {
-                throw InvalidArgument(
-                    "RRef " + id.str() + " holds a " +
-                    std::string(v.type->name) + ", not a " + type);
-              }
-              run(v.object.get()).on_complete(
-                  [result](const Future<Value>& r) mutable {
-                    if (auto e = r.error()) {
-                      result.set_exception(e);
-                    } else {
-                      result.set_value(r.wait(milliseconds(0)));
-                    }
-                  });
-            } catch (...) {
-              result.set_exception(std::current_exception());
-            }
-          });
+          entry->value.on_complete(
+              [entry, run, type, id, result](const Future<Value>& f) mutable {
+                try {
+                  Value v = f.wait(milliseconds(0));
+                  if (v.type->name != type) {
+                    throw InvalidArgument(
+                        "RRef " + id.str() + " holds a " +
+                        std::string(v.type->name) + ", not a " + type);
+                  }
+                  run(v.object.get())
+                      .on_complete([result](const Future<Value>& r) mutable {
+                        if (auto e = r.error()) {
+                          result.set_exception(e);
+                        } else {
+                          result.set_value(r.wait(milliseconds(0)));
+                        }
+                      });
+                } catch (...) {
+                  result.set_exception(std::current_exception());
+                }
+              });
           return out;
         };
       });
   return out;
 }
 
-// --- RRef<T>'s non-template side ----------------------------------------------
+// --- RRef<T>'s non-template side
+// ----------------------------------------------
 
 RRefId rref_id(const RRefNode& n) {
   return n.id;
@@ -235,7 +240,10 @@ Future<Payload> rref_invoke(
 }
 
 RRefPtr rref_invoke_remote(
-    const RRefPtr& n, milliseconds timeout, Payload call, const ValueType* result) {
+    const RRefPtr& n,
+    milliseconds timeout,
+    Payload call,
+    const ValueType* result) {
   n->books->check_usable(*n);
   return n->books->start_remote(
       n->owner,

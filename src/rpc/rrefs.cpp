@@ -43,7 +43,6 @@ std::string id_args(const RRefId& a, const RRefId& b) {
   return out;
 }
 
-
 bool is_retryable(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -118,8 +117,13 @@ RRefId RRefBooks::new_id() {
 
 std::exception_ptr RRefBooks::owner_lost(int owner, const RRefId& id) {
   return std::make_exception_ptr(OwnerLostError(
-      "RRef " + id.str() + ": its owner, worker '" + name_of(owner) +
-      "' (id " + std::to_string(owner) + "), was lost"));
+      "RRef " + id.str() + ": its owner, worker '" + name_of(owner) + "' (id " +
+      std::to_string(owner) + "), was lost"));
+}
+
+std::exception_ptr RRefBooks::as_owner_lost(
+    std::exception_ptr error, int owner, const RRefId& id) {
+  return error && is_lost(owner) ? owner_lost(owner, id) : error;
 }
 
 bool RRefBooks::is_lost(int peer) {
@@ -127,7 +131,8 @@ bool RRefBooks::is_lost(int peer) {
   return lost_.contains(peer);
 }
 
-std::shared_ptr<OwnerEntry> RRefBooks::entry_for(const RRefId& id, bool create) {
+std::shared_ptr<OwnerEntry> RRefBooks::entry_for(
+    const RRefId& id, bool create) {
   std::lock_guard lock(mutex_);
   auto it = owners_.find(id);
   if (it != owners_.end()) {
@@ -256,8 +261,8 @@ void RRefBooks::send_control(
   {
     std::lock_guard lock(mutex_);
     if (closed_) {
-      done.set_exception(std::make_exception_ptr(
-          NetworkError("the rpc agent is shut down")));
+      done.set_exception(
+          std::make_exception_ptr(NetworkError("the rpc agent is shut down")));
       return;
     }
   }
@@ -290,11 +295,18 @@ void RRefBooks::send_control(
             std::chrono::duration_cast<milliseconds>(delay).count());
         books->after(
             delay,
-            [weak, to, fn = std::move(fn), args = std::move(args), attempt,
+            [weak,
+             to,
+             fn = std::move(fn),
+             args = std::move(args),
+             attempt,
              done]() mutable {
               if (auto b = weak.lock()) {
                 b->send_control(
-                    to, std::move(fn), std::move(args), attempt + 1,
+                    to,
+                    std::move(fn),
+                    std::move(args),
+                    attempt + 1,
                     std::move(done));
               }
             });
@@ -404,10 +416,7 @@ RRefPtr RRefBooks::start_remote(
           }
           return;
         }
-        auto error = f.error();
-        if (error && books->is_lost(to)) {
-          error = books->owner_lost(to, id);
-        }
+        auto error = books->as_owner_lost(f.error(), to, id);
         books->confirm_user(fork, error);
       });
   return node;
@@ -448,9 +457,8 @@ Future<Payload> RRefBooks::call_owner(
   calls_.start(owner, fn, timeout, std::move(args))
       .on_complete([weak, owner, id, result](const Future<Payload>& f) mutable {
         if (auto error = f.error()) {
-          auto books = weak.lock();
-          if (books && books->is_lost(owner)) {
-            error = books->owner_lost(owner, id);
+          if (auto books = weak.lock()) {
+            error = books->as_owner_lost(error, owner, id);
           }
           result.set_exception(error);
         } else {
@@ -484,7 +492,8 @@ void RRefBooks::user_gone(RRefNode& node) {
       });
 }
 
-// --- passing RRefs -------------------------------------------------------------
+// --- passing RRefs
+// -------------------------------------------------------------
 
 void RRefBooks::write(Encoder& e, const RRefPtr& node) {
   WireContext* wire = e.context();
@@ -587,10 +596,7 @@ RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
         if (!books) {
           return;
         }
-        auto error = f.error();
-        if (error && books->is_lost(owner)) {
-          error = books->owner_lost(owner, id);
-        }
+        auto error = books->as_owner_lost(f.error(), owner, id);
         books->confirm_user(fork, error);
         if (!error) {
           books->control(parent, "tide.rref.accept", id_args(fork));
@@ -684,8 +690,8 @@ RRefReport RRefBooks::report() {
     r.owned.push_back(std::move(o));
   }
   auto held = [&](const RRefNode& n, bool confirmed) {
-    r.held.push_back(RRefReport::Held{
-        n.id, n.fork, name_of(n.owner), n.type, confirmed});
+    r.held.push_back(
+        RRefReport::Held{n.id, n.fork, name_of(n.owner), n.type, confirmed});
   };
   for (const auto& [fork, node] : pending_users_) {
     held(*node, false);
@@ -740,7 +746,8 @@ std::vector<std::string> RRefBooks::delete_all(milliseconds timeout) {
             name_of(node->owner) + "'");
   }
   for (auto& [ack, what] : acks) {
-    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     try {
       ack.wait(std::max(left, milliseconds(0)));
     } catch (const std::exception& e) {

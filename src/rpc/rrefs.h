@@ -180,6 +180,9 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
 
   RRefId new_id();
   std::exception_ptr owner_lost(int owner, const RRefId& id);
+  // A call to `owner` failed: as OwnerLostError when the owner is lost.
+  std::exception_ptr as_owner_lost(
+      std::exception_ptr error, int owner, const RRefId& id);
   // Sends a control function with retries: on a timeout or a broken
   // connection to a live peer, again after 0.5 s, 0.75 s, ... (5 tries).
   Future<void> control(int to, std::string fn, std::string args);
@@ -218,7 +221,7 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   std::map<RRefId, std::shared_ptr<OwnerEntry>> owners_;
   std::map<RRefId, RRefPtr> pending_users_;  // by fork, until confirmed
   std::map<RRefId, std::weak_ptr<RRefNode>> confirmed_users_;  // by fork
-  std::map<RRefId, Child> pending_children_;  // by fork
+  std::map<RRefId, Child> pending_children_;                   // by fork
   std::set<int> lost_;
   bool closing_ = false;  // graceful shutdown deleted everything
   bool closed_ = false;

@@ -411,7 +411,9 @@ TEST_F(TiderunTest, TheRemoteModulePipelineMatchesTheLocalComputation) {
   // workers, one passed to the other in an rpc; rank 0 exits 1 unless the
   // output equals the pipeline rebuilt from remote_parameters().
   auto [status, out] = run(
-      {"--standalone", "--nproc-per-node=3", "--no-python",
+      {"--standalone",
+       "--nproc-per-node=3",
+       "--no-python",
        REMOTE_MODULE_EXAMPLE});
   EXPECT_EQ(exit_code(status), 0) << out;
   EXPECT_NE(

@@ -62,7 +62,9 @@ struct Table {
   }
 };
 
-TIDE_RPC_FUNCTION(rref_make_counter, [](int64_t start) { return Counter{start}; });
+TIDE_RPC_FUNCTION(rref_make_counter, [](int64_t start) {
+  return Counter{start};
+});
 TIDE_RPC_FUNCTION(rref_make_table, [](int64_t n) {
   Table t;
   for (int64_t i = 0; i < n; ++i) {
@@ -335,8 +337,7 @@ TEST_F(RRefTest, TheFunctionsErrorSurfacesOnEveryUse) {
     EXPECT_THAT(
         [&] { r.to_here(); },
         testing::ThrowsMessage<RemoteError>(HasSubstr("no value today")));
-    EXPECT_THROW(
-        w(0).rpc_sync<int64_t>("w2", "rref_value", r), RemoteError);
+    EXPECT_THROW(w(0).rpc_sync<int64_t>("w2", "rref_value", r), RemoteError);
     RRef<int64_t> self = w(0).remote<int64_t>("w0", "rref_fail", int64_t{1});
     EXPECT_THROW(self.to_here(), RemoteError);
     RRef<int64_t> unknown = w(0).remote<int64_t>("w1", "no_such_function");
@@ -394,8 +395,12 @@ TEST_F(RRefTest, ToHereTimesOutAndRepeatedControlMessagesAreIgnored) {
     // A fork request repeated: the owner's books do not change.
     for (int i = 0; i < 2; ++i) {
       w(0).rpc_sync<void>(
-          "w1", "tide.rref.fork", v.id().worker, v.id().local,
-          mine->fork.worker, mine->fork.local);
+          "w1",
+          "tide.rref.fork",
+          v.id().worker,
+          v.id().local,
+          mine->fork.worker,
+          mine->fork.local);
     }
     auto owned = w(1).rrefs().owned;
     auto entry = std::find_if(owned.begin(), owned.end(), [&](const auto& o) {
@@ -419,9 +424,8 @@ TEST_F(RRefTest, AFunctionMakesLocalRRefsOnTheAgentServingIt) {
   for (int i = 1; i < 3; ++i) {
     // Several agents in this process and no process agent: RRef<T>(value)
     // inside a function belongs to the agent running it.
-    w(i).register_function("make_local", [](int64_t v) {
-      return RRef<int64_t>(v * 2);
-    });
+    w(i).register_function(
+        "make_local", [](int64_t v) { return RRef<int64_t>(v * 2); });
   }
   {
     RRef<int64_t> r = w(0).rpc_sync<RRef<int64_t>>("w2", "make_local", 21);
@@ -464,9 +468,8 @@ TEST_F(RRefTest, AControlMessageThatTimesOutIsRetriedAndItsRepeatIsHarmless) {
 TEST_F(RRefTest, AnRRefOfAnotherTypeIsRefusedNamingBoth) {
   start(2);
   RRef<int64_t> r = w(0).remote<int64_t>("w1", "rref_add", 1, 1);
-  w(1).register_function("want_string", [](RRef<std::string> s) {
-    return s.is_owner();
-  });
+  w(1).register_function(
+      "want_string", [](RRef<std::string> s) { return s.is_owner(); });
   EXPECT_THAT(
       [&] { w(0).rpc_sync<bool>("w1", "want_string", r); },
       testing::ThrowsMessage<RemoteError>(HasSubstr("RRef<std::")));
@@ -615,9 +618,10 @@ TEST_F(RRefDeathTest, AKilledUsersForksAreDroppedByTheOwner) {
   }
   std::printf(
       "the owner dropped the dead user's forks %lld ms after its SIGKILL\n",
-      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::steady_clock::now() - killed)
-                                 .count()));
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::chrono::steady_clock::now() - killed)
+              .count()));
   // Its own handles still work; without them, nothing is left.
   EXPECT_EQ(mine.local_value()->total, 5);
   EXPECT_EQ(made.to_here().total, 9);

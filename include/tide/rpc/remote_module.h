@@ -75,7 +75,8 @@ inline std::string remote_device_worker(
   if (where.empty()) {
     throw InvalidArgument(
         "RemoteModule needs a remote device like \"worker1/cpu\" or "
-        "\"rank:1/cpu\"; got '" + remote_device + "'");
+        "\"rank:1/cpu\"; got '" +
+        remote_device + "'");
   }
   return agent.get_worker_info(where).name;
 }
@@ -124,7 +125,8 @@ class RemoteModule {
   explicit RemoteModule(const std::string& remote_device, const A&... args)
       : RemoteModule(current_agent(), remote_device, args...) {}
   template <typename... A>
-  RemoteModule(RpcAgent& agent, const std::string& remote_device, const A&... args)
+  RemoteModule(
+      RpcAgent& agent, const std::string& remote_device, const A&... args)
       : module_(agent.remote<ModulePtr>(
             detail::remote_device_worker(agent, remote_device),
             detail::module_factory<M>(),
@@ -186,6 +188,6 @@ struct Codec<RemoteModule<M>> {
 // process: its factory, taking the constructor arguments of the types
 // listed, and the methods RemoteModule calls. Once per program, in a file
 // the linker keeps: TIDE_RPC_MODULE(Stage, int64_t, int64_t);
-#define TIDE_RPC_MODULE(M, ...)                                        \
+#define TIDE_RPC_MODULE(M, ...)                                           \
   [[maybe_unused]] static const bool TIDE_RPC_METHOD_NAME_(__COUNTER__) = \
       ::tide::rpc::detail::register_module<M __VA_OPT__(, ) __VA_ARGS__>()

@@ -113,7 +113,9 @@ RpcAgent& rref_agent(const RRefNode& n);
 // not `want`; the creation's error when it failed; waits up to `timeout`
 // for a value still being made (TimeoutError).
 std::shared_ptr<void> rref_local_value(
-    const RRefNode& n, const ValueType* want, std::chrono::milliseconds timeout);
+    const RRefNode& n,
+    const ValueType* want,
+    std::chrono::milliseconds timeout);
 // A user's copy of the value, encoded (to_here); fails at once when the
 // RRef is unusable (creation failed, owner lost).
 Future<Payload> rref_fetch(const RRefPtr& n, std::chrono::milliseconds timeout);
@@ -147,7 +149,8 @@ struct AgentAccess {
   // Waits for f, lending this thread to the agent's loop meanwhile (as
   // rpc_sync does).
   template <typename T>
-  static T wait(RpcAgent& agent, const Future<T>& f, std::chrono::milliseconds t) {
+  static T wait(
+      RpcAgent& agent, const Future<T>& f, std::chrono::milliseconds t) {
     agent.help_until([&f] { return f.ready(); });
     return f.wait(agent.effective_timeout(t) + std::chrono::seconds(30));
   }
@@ -181,13 +184,15 @@ Method make_method(std::function<R(T&, A...)> raw) {
 
 template <typename T, typename R, typename C, typename... A>
 Method make_method(R (C::*method)(A...)) {
-  return make_method(std::function<R(T&, A...)>(
-      [method](T& self, A... a) { return (self.*method)(std::forward<A>(a)...); }));
+  return make_method(std::function<R(T&, A...)>([method](T& self, A... a) {
+    return (self.*method)(std::forward<A>(a)...);
+  }));
 }
 template <typename T, typename R, typename C, typename... A>
 Method make_method(R (C::*method)(A...) const) {
-  return make_method(std::function<R(T&, A...)>(
-      [method](T& self, A... a) { return (self.*method)(std::forward<A>(a)...); }));
+  return make_method(std::function<R(T&, A...)>([method](T& self, A... a) {
+    return (self.*method)(std::forward<A>(a)...);
+  }));
 }
 template <typename T, typename F>
 Method make_method(F fn) {
@@ -423,7 +428,7 @@ RRef<R> RpcAgent::remote(
 // Makes a method of Type callable through RRef<Type> proxies, on every
 // agent of the process: TIDE_RPC_METHOD(Table, lookup, &Table::lookup);
 // a member function (const or not) or a callable taking Type& first.
-#define TIDE_RPC_METHOD(Type, name, ...)                                   \
+#define TIDE_RPC_METHOD(Type, name, ...)                                  \
   [[maybe_unused]] static const bool TIDE_RPC_METHOD_NAME_(__COUNTER__) = \
       ::tide::rpc::detail::register_method_of<Type>(#name, __VA_ARGS__)
 #define TIDE_RPC_METHOD_NAME_(n) TIDE_RPC_METHOD_NAME2_(n)

@@ -850,7 +850,9 @@ struct Codec {
 // Whether tide can serialize a T (a container of a type it cannot is a
 // compile error where it is written or read).
 template <typename T>
-concept Encodable = !requires { Codec<std::remove_cvref_t<T>>::kMissing; };
+concept Encodable = !requires {
+  Codec<std::remove_cvref_t<T>>::kMissing;
+};
 
 template <>
 struct Codec<bool> {
