@@ -19,6 +19,7 @@ src=$1 build=$2 mode=$3
 work=$build/install_test
 packages=$work/packages
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/tide-ccache}
+mkdir -p "$work"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 step() { echo "== $*"; }
@@ -152,7 +153,7 @@ packages)
     grep -q "\./$f\$" <<<"$dev_files" || fail "tide-dev lacks $f"
   done
   # Stripped: the programs and the archives carry no debugging sections.
-  mkdir -p "$work/peek" && rm -rf "$work/peek"/* && dpkg-deb -x "$deb" "$work/peek"
+  rm -rf "$work/peek" && dpkg-deb -x "$deb" "$work/peek"
   if readelf -S "$work/peek/usr/bin/tiderun" | grep -q '\.debug_info'; then
     fail "tiderun in the package is not stripped"
   fi
