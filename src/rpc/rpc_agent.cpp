@@ -153,6 +153,29 @@ bool register_global_handler(const std::string& name, Handler handler) {
   return true;
 }
 
+namespace {
+std::atomic<AutogradHooks*> g_autograd_hooks{nullptr};
+}  // namespace
+
+void set_autograd_hooks(AutogradHooks* hooks) {
+  g_autograd_hooks.store(hooks);
+}
+
+GradsPtr autograd_call(RpcAgent& agent, int to) {
+  AutogradHooks* hooks = g_autograd_hooks.load(std::memory_order_acquire);
+  return hooks != nullptr ? hooks->call(agent, to) : nullptr;
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> read_autograd_ids(Decoder& d) {
+  if (d.remaining() == 0 || d.peek_tag() != Tag::kAutograd) {
+    return std::nullopt;
+  }
+  d.read_tag();
+  uint64_t context = d.read_varint();
+  uint64_t message = d.read_varint();
+  return std::pair{context, message};
+}
+
 }  // namespace detail
 
 // The agent whose function this thread is running (current_agent()).
@@ -247,6 +270,9 @@ struct RpcAgent::Impl {
   };
   std::shared_ptr<Activity> activity = std::make_shared<Activity>();
 
+  std::mutex extension_mutex;
+  std::shared_ptr<detail::AgentExtension> extension;  // Guarded by it.
+
   std::mutex shutdown_mutex;
   bool shut_down = false;  // Guarded by shutdown_mutex.
 
@@ -292,7 +318,10 @@ struct RpcAgent::Impl {
   // function on the pool, once the RRefs among its arguments are
   // confirmed by their owners.
   Future<detail::Value> on_request(
-      int caller, std::string fn, detail::Payload args) {
+      int caller,
+      std::string fn,
+      detail::Payload args,
+      detail::GradsPtr grads) {
     Promise<detail::Value> promise;
     Future<detail::Value> result = promise.get_future();
     activity->running.fetch_add(1);
@@ -306,6 +335,7 @@ struct RpcAgent::Impl {
                  caller,
                  fn = std::move(fn),
                  args = std::move(args),
+                 grads = std::move(grads),
                  promise]() mutable {
       try {
         detail::Handler h = find_handler(fn);
@@ -317,9 +347,14 @@ struct RpcAgent::Impl {
         detail::RRefBooks::ArgumentWaits waits;
         Decoder d(args.data.view(), args.buffers);
         d.set_context(books->wire(caller));
+        detail::read_autograd_ids(d);  // on_message read them
+        d.set_grads(grads.get());
         detail::Invocation run = h(d, fn);
-        auto start = [this, run = std::move(run), promise]() mutable {
+        auto start = [this, run = std::move(run), grads, promise]() mutable {
           RpcAgent* outer = std::exchange(t_serving, agent);
+          if (grads) {
+            grads->enter();
+          }
           try {
             // Async functions complete later, on whatever thread completes
             // their future; this worker thread is free now.
@@ -333,6 +368,9 @@ struct RpcAgent::Impl {
                 });
           } catch (...) {
             promise.set_exception(std::current_exception());
+          }
+          if (grads) {
+            grads->leave();
           }
           t_serving = outer;
         };
@@ -462,12 +500,40 @@ struct RpcAgent::Impl {
     if (books) {
       books->close();
     }
+    std::shared_ptr<detail::AgentExtension> ext;
+    {
+      std::lock_guard lock(extension_mutex);
+      ext = extension;
+    }
+    if (ext) {
+      ext->close();
+    }
     transport->shutdown();
     transport->join();
     if (calls) {
       calls->fail_all("rpc agent '" + self.name + "' is shut down");
     }
     pool->join();
+  }
+
+  // The autograd record of a call that came inside a distributed autograd
+  // context (its payload starts with the context's ids), else null.
+  detail::GradsPtr autograd_of(int caller, const detail::Payload& args) {
+    Decoder d(args.data.view());
+    auto ids = detail::read_autograd_ids(d);
+    if (!ids) {
+      return nullptr;
+    }
+    detail::AutogradHooks* hooks =
+        detail::g_autograd_hooks.load(std::memory_order_acquire);
+    if (hooks == nullptr) {
+      throw InvalidArgument(
+          "worker '" + self.name +
+          "' got a call made inside a distributed autograd context but has "
+          "no distributed autograd: link tide::autograd and call "
+          "tide::rpc::dist_autograd::enable() before init_rpc");
+    }
+    return hooks->serve(*agent, caller, ids->first, ids->second);
   }
 
   // A message of the rpc layer, on the transport's loop: replies to the
@@ -505,9 +571,11 @@ struct RpcAgent::Impl {
         std::make_move_iterator(m.buffers.begin() + 1),
         std::make_move_iterator(m.buffers.end()));
     uint64_t id = m.id;
+    detail::GradsPtr grads;
     Future<detail::Value> result = [&] {
       try {
-        return on_request(pipe.peer(), fn, std::move(args));
+        grads = autograd_of(pipe.peer(), args);
+        return on_request(pipe.peer(), fn, std::move(args), grads);
       } catch (...) {
         return Future<detail::Value>::make_failed(std::current_exception());
       }
@@ -515,7 +583,7 @@ struct RpcAgent::Impl {
     // Completes on a pool thread (or here), which sends the reply itself:
     // no hop through the loop. The pipe drops it once the caller is gone.
     detail::WireContext* wire = books->wire(pipe.peer());
-    result.on_complete([pipe, id, wire, created, fn, self = self.name](
+    result.on_complete([pipe, id, wire, grads, created, fn, self = self.name](
                            const Future<detail::Value>& f) {
       auto describe = [](const std::exception_ptr& error) {
         try {
@@ -567,6 +635,7 @@ struct RpcAgent::Impl {
         std::vector<Buffer> buffers;
         Encoder e(data, &buffers);
         e.set_context(wire);
+        e.set_grads(grads.get());
         value.type->encode(e, value.object.get());
         transport::Message reply{detail::MessageType::kResponse, id, {}, {}};
         reply.buffers.reserve(1 + buffers.size());
@@ -764,6 +833,17 @@ RRefPtr AgentAccess::remote(
       agent.effective_timeout(timeout),
       std::move(args),
       type);
+}
+
+std::shared_ptr<AgentExtension> AgentAccess::extension(
+    RpcAgent& agent,
+    const std::function<std::shared_ptr<AgentExtension>()>& make) {
+  RpcAgent::Impl& impl = *agent.impl_;
+  std::lock_guard lock(impl.extension_mutex);
+  if (!impl.extension) {
+    impl.extension = make();
+  }
+  return impl.extension;
 }
 
 RRefPtr AgentAccess::local(RpcAgent& agent, Value value) {

@@ -226,12 +226,13 @@ std::shared_ptr<void> rref_local_value(
   return v.object;
 }
 
-Future<Payload> rref_fetch(const RRefPtr& n, milliseconds timeout) {
+Future<Payload> rref_fetch(
+    const RRefPtr& n, milliseconds timeout, GradRecorder* grads) {
   return n->books->call_owner(
       n,
       "tide.rref.fetch",
       timeout,
-      encode_call(nullptr, n->id.worker, n->id.local));
+      encode_call(nullptr, grads, n->id.worker, n->id.local));
 }
 
 Future<Payload> rref_invoke(

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -48,6 +49,7 @@ class Store;
 
 namespace tide::rpc {
 
+class RpcAgent;
 template <typename T>
 class RRef;
 struct RRefReport;
@@ -189,27 +191,77 @@ Handler make_handler(F fn) {
   return make_handler(std::function{std::move(fn)});
 }
 
+using GradsPtr = std::shared_ptr<GradRecorder>;
+
+// What distributed autograd (tide/autograd/dist_autograd.h) adds to the
+// rpc agent: it records the calls made inside a context and the calls
+// that carry one. Installed once per process; none until then.
+struct AutogradHooks {
+  virtual ~AutogradHooks() = default;
+  // A call `agent` makes to worker `to` on this thread: its record, or null
+  // when the thread is in no context of that agent.
+  virtual GradsPtr call(RpcAgent& agent, int to) = 0;
+  // A call worker `from` made to `agent` inside `context_id`: its record
+  // (the context is made on this worker if new).
+  virtual GradsPtr serve(
+      RpcAgent& agent, int from, uint64_t context_id, uint64_t message_id) = 0;
+};
+void set_autograd_hooks(AutogradHooks* hooks);
+// The record of a call `agent` makes to `to` now; null outside a context.
+GradsPtr autograd_call(RpcAgent& agent, int to);
+
+// Per-agent state of an extension (distributed autograd's contexts): made
+// on first use (AgentAccess::extension), closed when the agent stops, freed
+// with it.
+struct AgentExtension {
+  virtual ~AgentExtension() = default;
+  virtual void close() = 0;
+};
+
+// Starts a call's payload: inside a distributed autograd context
+// (`grads`), the context's ids come before the arguments.
+inline void begin_call(Encoder& e, WireContext* context, GradRecorder* grads) {
+  e.set_context(context);
+  if (grads != nullptr) {
+    e.write_tag(Tag::kAutograd);
+    e.write_varint(grads->context_id());
+    e.write_varint(grads->message_id());
+    e.set_grads(grads);
+  }
+}
+
 template <typename... A>
-Payload encode_call(WireContext* context, const A&... args) {
+Payload encode_call(
+    WireContext* context, GradRecorder* grads, const A&... args) {
   Payload p;
   std::string data;
   Encoder e(data, &p.buffers);
-  e.set_context(context);
+  begin_call(e, context, grads);
   encode_args(e, args...);
   p.data = Buffer(std::move(data));
   return p;
 }
 
+// Reads what begin_call put before the arguments: the autograd context's
+// and message's ids, if any.
+std::optional<std::pair<uint64_t, uint64_t>> read_autograd_ids(Decoder& d);
+
 template <typename R>
 Future<R> decode_reply(
-    Future<Payload> reply, std::string fn, WireContext* context) {
-  return reply.then([fn = std::move(fn), context](const Payload& p) -> R {
-    if constexpr (!std::is_void_v<R>) {
-      Decoder d(p.data.view(), p.buffers);
-      d.set_context(context);
-      return decode_result<R>(d, fn);
-    }
-  });
+    Future<Payload> reply,
+    std::string fn,
+    WireContext* context,
+    GradsPtr grads = nullptr) {
+  return reply.then(
+      [fn = std::move(fn), context, grads = std::move(grads)](
+          const Payload& p) -> R {
+        if constexpr (!std::is_void_v<R>) {
+          Decoder d(p.data.view(), p.buffers);
+          d.set_context(context);
+          d.set_grads(grads.get());
+          return decode_result<R>(d, fn);
+        }
+      });
 }
 
 // The process-wide registry TIDE_RPC_FUNCTION fills; every agent consults it
@@ -279,8 +331,12 @@ class RpcAgent {
       const A&... args) {
     int id = get_worker_info(to).id;
     detail::WireContext* wire = wire_context(id);
+    detail::GradsPtr grads = detail::autograd_call(*this, id);
     return detail::decode_reply<R>(
-        call(id, fn, timeout, detail::encode_call(wire, args...)), fn, wire);
+        call(id, fn, timeout, detail::encode_call(wire, grads.get(), args...)),
+        fn,
+        wire,
+        grads);
   }
   template <typename R, typename... A>
   Future<R> rpc_async(

@@ -118,7 +118,8 @@ std::shared_ptr<void> rref_local_value(
     std::chrono::milliseconds timeout);
 // A user's copy of the value, encoded (to_here); fails at once when the
 // RRef is unusable (creation failed, owner lost).
-Future<Payload> rref_fetch(const RRefPtr& n, std::chrono::milliseconds timeout);
+Future<Payload> rref_fetch(
+    const RRefPtr& n, std::chrono::milliseconds timeout, GradRecorder* grads);
 // Runs a registered method of the value on the owner (proxies); `call` is
 // encode_invoke()'s. The future holds the method's result, encoded.
 Future<Payload> rref_invoke(
@@ -146,6 +147,10 @@ struct AgentAccess {
       const ValueType* type);
   static RRefPtr local(RpcAgent& agent, Value value);
   static WireContext* wire(RpcAgent& agent, const std::string& to);
+  // The agent's extension, made by `make` on first use (rpc.h).
+  static std::shared_ptr<AgentExtension> extension(
+      RpcAgent& agent,
+      const std::function<std::shared_ptr<AgentExtension>()>& make);
   // Waits for f, lending this thread to the agent's loop meanwhile (as
   // rpc_sync does).
   template <typename T>
@@ -209,6 +214,7 @@ bool register_method_of(const std::string& name, F fn) {
 template <typename... A>
 Payload encode_invoke(
     WireContext* wire,
+    GradRecorder* grads,
     const RRefId& id,
     std::string_view type,
     const std::string& method,
@@ -216,18 +222,11 @@ Payload encode_invoke(
   Payload p;
   std::string data;
   Encoder e(data, &p.buffers);
-  e.set_context(wire);
+  begin_call(e, wire, grads);
   encode_args(e, id.worker, id.local, type, method);
   encode_args(e, args...);
   p.data = Buffer(std::move(data));
   return p;
-}
-
-template <typename T>
-T decode_value(const Payload& p, WireContext* wire, std::string_view what) {
-  Decoder d(p.data.view(), p.buffers);
-  d.set_context(wire);
-  return decode_result<T>(d, what);
 }
 
 }  // namespace detail
@@ -260,10 +259,12 @@ class RRef {
           local_value_for(detail::value_type<T>(), timeout));
       return Future<T>::make_ready(*v);
     }
-    detail::WireContext* wire = detail::rref_wire(*node_);
-    return detail::rref_fetch(node_, timeout).then([wire](const Payload& p) {
-      return detail::decode_value<T>(p, wire, "to_here");
-    });
+    detail::GradsPtr grads = detail::autograd_call(agent(), owner().id);
+    return detail::decode_reply<T>(
+        detail::rref_fetch(node_, timeout, grads.get()),
+        "to_here",
+        detail::rref_wire(*node_),
+        grads);
   }
 
   // The value itself, on the owner only (InvalidArgument elsewhere, or for
@@ -321,9 +322,13 @@ class RRef {
     return detail::rref_local_value(*node_, want, timeout);
   }
   template <typename... A>
-  Payload invoke_payload(const std::string& method, const A&... args) const {
+  Payload invoke_payload(
+      detail::GradRecorder* grads,
+      const std::string& method,
+      const A&... args) const {
     return detail::encode_invoke(
         detail::rref_wire(*node_),
+        grads,
         id(),
         detail::type_name<T>(),
         method,
@@ -341,11 +346,16 @@ class RRef<T>::AsyncProxy {
 
   template <typename R, typename... A>
   Future<R> call(const std::string& method, const A&... args) const {
+    detail::GradsPtr grads =
+        detail::autograd_call(rref_.agent(), rref_.owner().id);
     return detail::decode_reply<R>(
         detail::rref_invoke(
-            rref_.node_, timeout_, rref_.invoke_payload(method, args...)),
+            rref_.node_,
+            timeout_,
+            rref_.invoke_payload(grads.get(), method, args...)),
         method,
-        detail::rref_wire(*rref_.node_));
+        detail::rref_wire(*rref_.node_),
+        grads);
   }
 
  private:
@@ -383,7 +393,10 @@ class RRef<T>::RemoteProxy {
     return RRef<R>(detail::rref_invoke_remote(
         rref_.node_,
         timeout_,
-        rref_.invoke_payload(method, args...),
+        rref_.invoke_payload(
+            detail::autograd_call(rref_.agent(), rref_.owner().id).get(),
+            method,
+            args...),
         detail::value_type<R>()));
   }
 
@@ -413,7 +426,10 @@ RRef<R> RpcAgent::remote(
       to,
       fn,
       timeout,
-      detail::encode_call(detail::AgentAccess::wire(*this, to), args...),
+      detail::encode_call(
+          detail::AgentAccess::wire(*this, to),
+          detail::autograd_call(*this, get_worker_info(to).id).get(),
+          args...),
       detail::value_type<R>()));
 }
 

@@ -129,6 +129,9 @@ enum class Tag : uint8_t {
   kEnd = 20,
   kTensor = 32,  // at::Tensor (tensor.h)
   kRRef = 33,    // an RRef (rref.h)
+  // A call's distributed autograd context, before its arguments: varint
+  // context id, varint message id (tide/autograd/dist_autograd.h).
+  kAutograd = 34,
 };
 
 class Decoder;
@@ -138,6 +141,34 @@ namespace detail {
 // What the rpc agent tells the codecs of one message: its RRef books and
 // the worker at the other end (src/rpc/rrefs.h). Null outside an agent.
 struct WireContext;
+
+// Distributed autograd's record of one call, on the caller's side or the
+// callee's (made by tide/autograd/dist_autograd.h, through the hooks of
+// rpc.h): the tensor codec (tensor.h) reports to it every tensor requiring
+// grad that the call's messages carry. Null outside a context.
+class GradRecorder {
+ public:
+  GradRecorder(uint64_t context_id, uint64_t message_id)
+      : context_id_(context_id), message_id_(message_id) {}
+  virtual ~GradRecorder() = default;
+  GradRecorder(const GradRecorder&) = delete;
+  GradRecorder& operator=(const GradRecorder&) = delete;
+
+  uint64_t context_id() const {
+    return context_id_;
+  }
+  uint64_t message_id() const {
+    return message_id_;
+  }
+  // On the callee, around the function the call runs: its own calls record
+  // into the same context. Called once each, on one thread.
+  virtual void enter() = 0;
+  virtual void leave() = 0;
+
+ private:
+  const uint64_t context_id_;
+  const uint64_t message_id_;
+};
 }  // namespace detail
 
 // How tide encodes a T: a specialisation with
@@ -179,6 +210,14 @@ class Encoder {
   }
   void set_context(detail::WireContext* context) {
     context_ = context;
+  }
+  // The call's distributed autograd record, set by the rpc agent inside a
+  // context (tensors need it).
+  detail::GradRecorder* grads() const {
+    return grads_;
+  }
+  void set_grads(detail::GradRecorder* grads) {
+    grads_ = grads;
   }
 
   // The wire primitives, for codecs.
@@ -231,6 +270,7 @@ class Encoder {
   std::string& out_;
   std::vector<Buffer>* buffers_;
   detail::WireContext* context_ = nullptr;
+  detail::GradRecorder* grads_ = nullptr;
   int depth_ = 0;
 };
 
@@ -282,6 +322,8 @@ constexpr std::string_view tag_name(Tag t) {
       return "tensor";
     case Tag::kRRef:
       return "rref";
+    case Tag::kAutograd:
+      return "autograd context";
   }
   return {};
 }
@@ -332,6 +374,14 @@ class Decoder {
   }
   void set_context(detail::WireContext* context) {
     context_ = context;
+  }
+  // The call's distributed autograd record, set by the rpc agent inside a
+  // context (tensors need it).
+  detail::GradRecorder* grads() const {
+    return grads_;
+  }
+  void set_grads(detail::GradRecorder* grads) {
+    grads_ = grads;
   }
 
   size_t offset() const {
@@ -565,6 +615,7 @@ class Decoder {
   std::string_view in_;
   std::span<const Buffer> buffers_;
   detail::WireContext* context_ = nullptr;
+  detail::GradRecorder* grads_ = nullptr;
   size_t pos_ = 0;
   // Nesting levels and at most one kCall and one kResult.
   std::array<PathEntry, kMaxDepth + 2> path_;

@@ -30,8 +30,10 @@
 // covers, not its whole storage: a dense tensor (contiguous, or a
 // permutation of contiguous, e.g. a transpose) keeps its strides; any other
 // view (a slice with steps, an expanded tensor) is made contiguous first and
-// arrives so. Autograd history does not travel (distributed autograd is
-// separate): a received tensor is a leaf, requires_grad as sent.
+// arrives so. Autograd history does not travel: a received tensor is a
+// leaf, requires_grad as sent, except inside a distributed autograd
+// context (tide/autograd/dist_autograd.h), which links the two sides'
+// graphs.
 //
 // Only CPU tensors of strided layout and of the dtypes below travel; others
 // are an InvalidArgument on the sender. An undefined at::Tensor travels as
@@ -44,6 +46,17 @@
 namespace tide::rpc {
 
 namespace detail {
+
+// What the tensor codec tells distributed autograd of a call made inside a
+// context (tide/autograd/dist_autograd.h makes these).
+class TensorGrads : public GradRecorder {
+ public:
+  using GradRecorder::GradRecorder;
+  // A tensor requiring grad is written into the call's message.
+  virtual void sent(const at::Tensor& t) = 0;
+  // One was read from it: its gradient goes back to the sender.
+  virtual void received(at::Tensor& t) = 0;
+};
 
 struct DtypeName {
   at::ScalarType type;
@@ -112,6 +125,9 @@ struct Codec<at::Tensor> {
       e.write_varint(static_cast<uint64_t>(s));
     }
     e.write_varint(index);
+    if (t.requires_grad() && e.grads() != nullptr) {
+      static_cast<detail::TensorGrads*>(e.grads())->sent(t);
+    }
   }
 
   static at::Tensor read(Decoder& d) {
@@ -197,6 +213,9 @@ struct Codec<at::Tensor> {
       out = at::from_blob(buffer.data(), sizes, strides, options).clone();
     }
     out.set_requires_grad(requires_grad);
+    if (requires_grad && d.grads() != nullptr) {
+      static_cast<detail::TensorGrads*>(d.grads())->received(out);
+    }
     return out;
   }
 };

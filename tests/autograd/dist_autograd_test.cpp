@@ -1,0 +1,455 @@
+// Distributed autograd: gradients of a backward pass across rpc agents
+// equal those of the same computation run locally; contexts end on every
+// worker; errors and lost workers fail the backward at once. Agents run in
+// this process (threads) unless a test kills one: then it is a re-executed
+// copy of this binary. A binary of its own (tide_autograd_tests): it links
+// libtorch.
+#include "tide/autograd/dist_autograd.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tanh.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/linear.h>
+
+#include "tide/common/error.h"
+#include "tide/rpc/remote_module.h"
+#include "tide/rpc/rpc.h"
+#include "tide/rpc/tensor.h"
+#include "tide/store/tcp_store.h"
+
+#include "support/subprocess.h"
+
+namespace tide::rpc {
+namespace {
+
+using namespace std::chrono_literals;
+using store::TcpStore;
+using store::TcpStoreOptions;
+using ::testing::HasSubstr;
+
+// The parameters the workers' functions use, by name: leaves requiring
+// grad, shared by the agents of this process (each function runs on one).
+std::map<std::string, at::Tensor>& params() {
+  static std::map<std::string, at::Tensor> p = [] {
+    at::manual_seed(7);
+    std::map<std::string, at::Tensor> m;
+    for (const char* name : {"w1", "w2", "w3", "ps"}) {
+      m[name] = at::randn({4, 4}).requires_grad_();
+    }
+    return m;
+  }();
+  return p;
+}
+const at::Tensor& param(const std::string& name) {
+  return params().at(name);
+}
+
+at::Tensor linear1(const at::Tensor& h) {
+  return h.matmul(param("w1"));
+}
+at::Tensor linear2(const at::Tensor& h) {
+  return at::tanh(h.matmul(param("w2")));
+}
+at::Tensor scale3(const at::Tensor& h) {
+  return h * param("w3")[0];
+}
+
+TIDE_RPC_FUNCTION(ag_linear1, [](at::Tensor h) { return linear1(h); });
+TIDE_RPC_FUNCTION(ag_linear2, [](at::Tensor h) { return linear2(h); });
+TIDE_RPC_FUNCTION(ag_ps, [](at::Tensor h) { return h.matmul(param("ps")); });
+TIDE_RPC_FUNCTION(ag_square, [](at::Tensor h) { return h * h; });
+TIDE_RPC_FUNCTION(ag_identity, [](at::Tensor h) { return h; });
+// Both outputs leave; a test's loss uses the first only.
+TIDE_RPC_FUNCTION(ag_pair, [](at::Tensor h) {
+  return std::tuple<at::Tensor, at::Tensor>(linear1(h), linear2(h));
+});
+// w1 on its worker, then linear2 on w2's worker: a nested call.
+TIDE_RPC_FUNCTION(ag_chain, [](at::Tensor h) {
+  return current_agent().rpc_sync<at::Tensor>("w2", "ag_linear2", linear1(h));
+});
+// The cycle w0 -> w1 -> w2 -> w0.
+TIDE_RPC_FUNCTION(ag_cycle_b, [](at::Tensor h) {
+  return current_agent().rpc_sync<at::Tensor>("w2", "ag_cycle_c", linear1(h));
+});
+TIDE_RPC_FUNCTION(ag_cycle_c, [](at::Tensor h) {
+  return current_agent().rpc_sync<at::Tensor>("w0", "ag_scale3", linear2(h));
+});
+TIDE_RPC_FUNCTION(ag_scale3, [](at::Tensor h) { return scale3(h); });
+// A parameter held by an RRef, and a function using it on its owner.
+TIDE_RPC_FUNCTION(ag_param, [](std::string name) { return param(name); });
+TIDE_RPC_FUNCTION(ag_apply, [](RRef<at::Tensor> p, at::Tensor h) {
+  return h.matmul(*p.local_value());
+});
+// The gradient context `id` holds on this worker for parameter `name`.
+TIDE_RPC_FUNCTION(ag_grad, [](int64_t id, std::string name) {
+  return dist_autograd::get_gradients(id).at(param(name));
+});
+TIDE_RPC_METHOD(at::Tensor, grad_in, [](at::Tensor& p, int64_t id) {
+  return dist_autograd::get_gradients(id).at(p);
+});
+TIDE_RPC_FUNCTION(ag_num_grads, [](int64_t id) {
+  return static_cast<int64_t>(dist_autograd::get_gradients(id).size());
+});
+
+// An operation whose backward fails.
+struct FailInBackward : torch::autograd::Function<FailInBackward> {
+  static at::Tensor forward(
+      torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::domain_error("this backward fails");
+  }
+};
+TIDE_RPC_FUNCTION(ag_fail_in_backward, [](at::Tensor h) {
+  return FailInBackward::apply(h);
+});
+
+struct Net : torch::nn::Module {
+  explicit Net(int64_t d)
+      : fc(register_module("fc", torch::nn::Linear(d, d))) {}
+  at::Tensor forward(at::Tensor x) {
+    return at::tanh(fc(x));
+  }
+  torch::nn::Linear fc;
+};
+TIDE_RPC_MODULE(Net, int64_t);
+
+// Gradients of `loss` for `inputs`, computed locally.
+std::vector<at::Tensor> local_grads(
+    const at::Tensor& loss, const std::vector<at::Tensor>& inputs) {
+  return torch::autograd::grad({loss}, inputs, {}, /*retain_graph=*/true);
+}
+
+class DistAutogradTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dist_autograd::enable();
+    server_ = std::make_unique<TcpStore>(TcpStoreOptions{
+        .host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 10s});
+    params();
+  }
+  void TearDown() override {
+    for (auto& a : agents_) {
+      EXPECT_EQ(dist_autograd::num_contexts(*a), 0u)
+          << a->get_worker_info().name << " kept a context";
+    }
+    std::vector<std::future<void>> stopping;
+    for (auto& a : agents_) {
+      stopping.push_back(
+          std::async(std::launch::async, [&a] { a->shutdown(true); }));
+    }
+    for (auto& s : stopping) {
+      s.get();
+    }
+  }
+
+  void start(int n) {
+    std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
+    for (int r = 0; r < n; ++r) {
+      starting.push_back(std::async(std::launch::async, [this, n, r] {
+        return std::make_unique<RpcAgent>(
+            "w" + std::to_string(r), r, n, RpcBackendOptions{}, client());
+      }));
+    }
+    for (auto& s : starting) {
+      agents_.push_back(s.get());
+    }
+  }
+  std::shared_ptr<store::Store> client() {
+    return std::make_shared<TcpStore>(TcpStoreOptions{
+        .host = "127.0.0.1", .port = server_->port(), .timeout = 10s});
+  }
+  RpcAgent& w(int i) {
+    return *agents_[static_cast<size_t>(i)];
+  }
+  // Parameter `name`'s gradient in context `id`, as worker `on` holds it.
+  at::Tensor grad_on(int on, int64_t id, const std::string& name) {
+    return w(0).rpc_sync<at::Tensor>(
+        "w" + std::to_string(on), "ag_grad", id, name);
+  }
+
+  std::unique_ptr<TcpStore> server_;
+  std::vector<std::unique_ptr<RpcAgent>> agents_;
+};
+
+TEST_F(DistAutogradTest, AChainOverTwoWorkersGivesTheLocalGradients) {
+  start(2);
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  at::Tensor w0 = at::randn({4, 4}).requires_grad_();
+  auto expect = local_grads(linear1(x.matmul(w0)).sum(), {x, w0, param("w1")});
+  dist_autograd::Context ctx(w(0));
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_linear1", x.matmul(w0));
+  EXPECT_TRUE(y.requires_grad());
+  dist_autograd::backward(ctx.context_id(), {y.sum()});
+  auto here = dist_autograd::get_gradients(ctx.context_id());
+  EXPECT_EQ(here.size(), 2u);  // x and w0; w1's gradient is on w1
+  // The same arithmetic in the same order: bitwise equal.
+  EXPECT_TRUE(at::equal(here.at(x), expect[0]));
+  EXPECT_TRUE(at::equal(here.at(w0), expect[1]));
+  EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[2]));
+  // .grad is never written.
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_FALSE(param("w1").grad().defined());
+}
+
+TEST_F(DistAutogradTest, AChainOverThreeWorkersThroughANestedCall) {
+  start(3);
+  at::Tensor x = at::randn({2, 4}).requires_grad_();
+  auto expect = local_grads(
+      linear2(linear1(x)).pow(2).sum(), {x, param("w1"), param("w2")});
+  dist_autograd::Context ctx(w(0));
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_chain", x);
+  dist_autograd::backward(ctx.context_id(), {y.pow(2).sum()});
+  EXPECT_TRUE(at::equal(
+      dist_autograd::get_gradients(ctx.context_id()).at(x), expect[0]));
+  EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[1]));
+  EXPECT_TRUE(at::equal(grad_on(2, ctx.context_id(), "w2"), expect[2]));
+  EXPECT_EQ(dist_autograd::num_contexts(w(2)), 1u);  // made by the call
+}
+
+TEST_F(DistAutogradTest, ACycleBackToTheInitiator) {
+  start(3);
+  at::Tensor x = at::randn({2, 4}).requires_grad_();
+  auto expect = local_grads(
+      scale3(linear2(linear1(x))).sum(),
+      {x, param("w1"), param("w2"), param("w3")});
+  dist_autograd::Context ctx(w(0));
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_cycle_b", x);
+  dist_autograd::backward(ctx.context_id(), {y.sum()});
+  auto here = dist_autograd::get_gradients(ctx.context_id());
+  EXPECT_TRUE(at::equal(here.at(x), expect[0]));
+  EXPECT_TRUE(at::equal(here.at(param("w3")), expect[3]));  // w0's own
+  EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[1]));
+  EXPECT_TRUE(at::equal(grad_on(2, ctx.context_id(), "w2"), expect[2]));
+}
+
+TEST_F(DistAutogradTest, ATensorSentTwiceAndUsedTwice) {
+  start(2);
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  auto expect = local_grads((x * x + linear1(x)).sum() * 3, {x, param("w1")});
+  dist_autograd::Context ctx(w(0));
+  at::Tensor a = w(0).rpc_sync<at::Tensor>("w1", "ag_square", x);
+  at::Tensor b = w(0).rpc_sync<at::Tensor>("w1", "ag_linear1", x);
+  dist_autograd::backward(ctx.context_id(), {(a + b).sum() * 3});
+  EXPECT_TRUE(at::allclose(
+      dist_autograd::get_gradients(ctx.context_id()).at(x), expect[0]));
+  EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[1]));
+}
+
+// torch hangs here until its rpc timeout (a send whose gradient never
+// comes) and ships zeros for the unused output; tide does neither.
+TEST_F(DistAutogradTest, AnUnusedTensorHoldsNothingUpAndGetsNoGradient) {
+  start(2);
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  at::Tensor unused = at::randn({3, 4}).requires_grad_();
+  auto expect = local_grads(linear1(x).sum(), {x, param("w1")});
+  dist_autograd::Context ctx(w(0));
+  auto [used, dropped] =
+      w(0).rpc_sync<std::tuple<at::Tensor, at::Tensor>>("w1", "ag_pair", x);
+  EXPECT_TRUE(dropped.requires_grad());
+  // A whole call whose result the loss never uses.
+  at::Tensor ignored = w(0).rpc_sync<at::Tensor>("w1", "ag_linear2", unused);
+  auto done = std::async(std::launch::async, [&] {
+    dist_autograd::backward(ctx.context_id(), {used.sum()});
+  });
+  ASSERT_EQ(done.wait_for(30s), std::future_status::ready)
+      << "backward waits for a gradient that never comes";
+  done.get();
+  auto here = dist_autograd::get_gradients(ctx.context_id());
+  EXPECT_TRUE(at::equal(here.at(x), expect[0]));
+  EXPECT_FALSE(here.contains(unused));
+  EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[1]));
+  // w2 only feeds the unused outputs: no gradient was shipped for it.
+  EXPECT_FALSE(grad_on(1, ctx.context_id(), "w2").defined());
+  EXPECT_EQ(w(0).rpc_sync<int64_t>("w1", "ag_num_grads", ctx.context_id()), 1);
+}
+
+TEST_F(DistAutogradTest, ATensorSentStraightBack) {
+  start(2);
+  at::Tensor x = at::randn({3}).requires_grad_();
+  dist_autograd::Context ctx(w(0));
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_identity", x);
+  dist_autograd::backward(ctx.context_id(), {(y * 2).sum()});
+  EXPECT_TRUE(at::equal(
+      dist_autograd::get_gradients(ctx.context_id()).at(x),
+      at::full({3}, 2.0)));
+}
+
+TEST_F(DistAutogradTest, ParametersHeldByRRefs) {
+  start(2);
+  RRef<at::Tensor> p =
+      w(0).remote<at::Tensor>("w1", "ag_param", std::string("w1"));
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  auto expect = local_grads(linear1(x).sum(), {x, param("w1")});
+  {
+    dist_autograd::Context ctx(w(0));
+    at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_apply", p, x);
+    dist_autograd::backward(ctx.context_id(), {y.sum()});
+    EXPECT_TRUE(at::equal(
+        dist_autograd::get_gradients(ctx.context_id()).at(x), expect[0]));
+    EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[1]));
+    // to_here inside a context records too: a gradient for the owner's
+    // parameter itself.
+    at::Tensor fetched = p.to_here();
+    EXPECT_TRUE(fetched.requires_grad());
+    dist_autograd::backward(ctx.context_id(), {(fetched * 3).sum()});
+    EXPECT_TRUE(at::allclose(
+        grad_on(1, ctx.context_id(), "w1"), expect[1] + at::full({4, 4}, 3.0)));
+  }
+}
+
+TEST_F(DistAutogradTest, RemoteModuleStages) {
+  start(3);
+  RemoteModule<Net> first(w(0), "w1/cpu", int64_t{4});
+  RemoteModule<Net> second(w(0), "rank:2/cpu", int64_t{4});
+  // The same modules here, with the remote ones' parameters.
+  auto copy = [](const RemoteModule<Net>& m) {
+    auto local = std::make_shared<Net>(4);
+    auto remote = m.remote_parameters();
+    auto mine = local->parameters();
+    for (size_t i = 0; i < remote.size(); ++i) {
+      torch::NoGradGuard no_grad;
+      mine[i].copy_(remote[i].to_here());
+    }
+    return local;
+  };
+  auto l1 = copy(first);
+  auto l2 = copy(second);
+  at::Tensor x = at::randn({5, 4});
+  std::vector<at::Tensor> inputs = l1->parameters();
+  for (const auto& p : l2->parameters()) {
+    inputs.push_back(p);
+  }
+  auto expect = local_grads(l2->forward(l1->forward(x)).sum(), inputs);
+
+  dist_autograd::Context ctx(w(0));
+  at::Tensor h = first.forward<at::Tensor>(x);
+  at::Tensor y = second.forward<at::Tensor>(h);
+  dist_autograd::backward(ctx.context_id(), {y.sum()});
+  // Each owner's gradients, fetched from there for its parameters.
+  size_t i = 0;
+  for (auto* m : {&first, &second}) {
+    for (const auto& p : m->remote_parameters()) {
+      auto got = p.rpc_sync().call<at::Tensor>("grad_in", ctx.context_id());
+      EXPECT_TRUE(at::allclose(got, expect[i], 1e-6, 1e-6)) << i;
+      ++i;
+    }
+  }
+  EXPECT_EQ(i, expect.size());
+}
+
+TEST_F(DistAutogradTest, TwoTrainersOnOneParameterServer) {
+  start(3);
+  auto train = [this](int me) {
+    for (int step = 0; step < 5; ++step) {
+      at::Tensor x = at::randn({2, 4}).requires_grad_();
+      at::Tensor expect =
+          local_grads(x.matmul(param("ps")).sum(), {param("ps")})[0];
+      dist_autograd::Context ctx(w(me));
+      at::Tensor y = w(me).rpc_sync<at::Tensor>("w0", "ag_ps", x);
+      dist_autograd::backward(ctx.context_id(), {y.sum()});
+      at::Tensor got = w(me).rpc_sync<at::Tensor>(
+          "w0", "ag_grad", ctx.context_id(), std::string("ps"));
+      EXPECT_TRUE(at::equal(got, expect)) << me << " step " << step;
+    }
+  };
+  auto a = std::async(std::launch::async, train, 1);
+  auto b = std::async(std::launch::async, train, 2);
+  a.get();
+  b.get();
+}
+
+TEST_F(DistAutogradTest, RetainGraphRunsASecondBackward) {
+  start(2);
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  auto expect = local_grads(linear1(x).sum(), {x, param("w1")});
+  dist_autograd::Context ctx(w(0));
+  at::Tensor loss = w(0).rpc_sync<at::Tensor>("w1", "ag_linear1", x).sum();
+  dist_autograd::backward(ctx.context_id(), {loss}, /*retain_graph=*/true);
+  dist_autograd::backward(ctx.context_id(), {loss});
+  EXPECT_TRUE(at::allclose(
+      dist_autograd::get_gradients(ctx.context_id()).at(x), expect[0] * 2));
+  EXPECT_TRUE(at::allclose(grad_on(1, ctx.context_id(), "w1"), expect[1] * 2));
+}
+
+TEST_F(DistAutogradTest, ContextsEndOnEveryWorkerTheyReached) {
+  start(3);
+  int64_t id = 0;
+  {
+    dist_autograd::Context ctx(w(0));
+    id = ctx.context_id();
+    EXPECT_EQ(id >> 48, 0);  // w0's
+    EXPECT_EQ(dist_autograd::current_context_id(), id);
+    at::Tensor x = at::randn({2, 4}).requires_grad_();
+    w(0).rpc_sync<at::Tensor>("w1", "ag_chain", x);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(dist_autograd::num_contexts(w(i)), 1u) << i;
+    }
+    EXPECT_THROW(dist_autograd::Context nested(w(0)), InvalidArgument);
+  }
+  EXPECT_EQ(dist_autograd::current_context_id(), -1);
+  // w2 heard of it from w1, and dropped it when w1 passed the release on.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(dist_autograd::num_contexts(w(i)), 0u) << i;
+  }
+  EXPECT_THAT(
+      [&] { w(0).rpc_sync<int64_t>("w1", "ag_num_grads", id); },
+      testing::ThrowsMessage<RemoteError>(
+          HasSubstr("no distributed autograd context")));
+}
+
+TEST_F(DistAutogradTest, BadRootsAndUnknownContextsFailClearly) {
+  start(2);
+  dist_autograd::Context ctx(w(0));
+  at::Tensor x = at::randn({3}).requires_grad_();
+  auto fails = [&](std::vector<at::Tensor> roots, const std::string& why) {
+    EXPECT_THAT(
+        [&] { dist_autograd::backward(ctx.context_id(), roots); },
+        testing::ThrowsMessage<InvalidArgument>(HasSubstr(why)));
+  };
+  fails({}, "at least one root");
+  fails({x * 2}, "roots must be scalars");
+  fails({x.sum().detach()}, "does not require grad");
+  fails({at::randn({1}).requires_grad_()}, "is a leaf");
+  EXPECT_THAT(
+      [&] { dist_autograd::backward(ctx.context_id() + 1, {x.sum()}); },
+      testing::ThrowsMessage<InvalidArgument>(
+          HasSubstr("no distributed autograd context")));
+}
+
+TEST_F(DistAutogradTest, AnErrorInAnotherWorkersBackwardNamesIt) {
+  start(3);
+  dist_autograd::Context ctx(w(0));
+  at::Tensor x = at::randn({3}).requires_grad_();
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w2", "ag_fail_in_backward", x);
+  try {
+    dist_autograd::backward(ctx.context_id(), {y.sum()});
+    FAIL() << "expected RemoteError";
+  } catch (const RemoteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("worker 'w2'"));
+    EXPECT_THAT(e.what(), HasSubstr("this backward fails"));
+  }
+}
+
+}  // namespace
+}  // namespace tide::rpc
