@@ -18,6 +18,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "tide/autograd/optimizer.h"
 #include "tide/common/error.h"
 #include "tide/common/future.h"
 #include "tide/common/logging.h"
@@ -504,6 +505,14 @@ void send_release(
           return;
         }
         log_release_failure(*state, to, id, e);
+      } catch (const NetworkError& e) {
+        // Lost: the context went with the worker.
+        TIDE_LOG_DEBUG(
+            "[{}] context {} not released on '{}': {}",
+            state->name_of(state->self),
+            id,
+            state->name_of(to),
+            e.what());
       } catch (const std::exception& e) {
         log_release_failure(*state, to, id, e);
       }
@@ -552,6 +561,7 @@ void enable() {
   static const bool kOnce = [] {
     detail::register_global_function(kBackwardFn, &on_backward);
     detail::register_global_function(kReleaseFn, &on_release);
+    detail::register_optimizer_functions();
     detail::set_autograd_hooks(&g_hooks);
     return true;
   }();
@@ -681,23 +691,26 @@ void backward(
   detail::AgentAccess::wait(*state->agent, done, std::chrono::milliseconds(0));
 }
 
-at::Tensor Gradients::at(const at::Tensor& tensor) const {
-  for (const auto& [leaf, grad] : entries_) {
-    if (leaf.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
-      return grad;
-    }
-  }
-  return {};
-}
-
 Gradients get_gradients(int64_t context_id) {
   auto [state, ctx] = context_for(context_id);
   Gradients out;
   std::lock_guard lock(ctx->mutex);
   for (const auto& [impl, entry] : ctx->grads) {
+    out.index_.emplace(impl, out.entries_.size());
     out.entries_.push_back(entry);
   }
   return out;
+}
+
+void zero_gradients(int64_t context_id, const std::vector<at::Tensor>& leaves) {
+  auto [state, ctx] = context_for(context_id);
+  std::lock_guard lock(ctx->mutex);
+  if (leaves.empty()) {
+    ctx->grads.clear();
+  }
+  for (const at::Tensor& leaf : leaves) {
+    ctx->grads.erase(leaf.unsafeGetTensorImpl());
+  }
 }
 
 size_t num_contexts(RpcAgent& agent) {

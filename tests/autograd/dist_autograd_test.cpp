@@ -6,6 +6,8 @@
 // libtorch.
 #include "tide/autograd/dist_autograd.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -28,7 +30,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
+#include "tide/autograd/optimizer.h"
 #include "tide/common/error.h"
 #include "tide/rpc/remote_module.h"
 #include "tide/rpc/rpc.h"
@@ -102,6 +110,13 @@ TIDE_RPC_FUNCTION(ag_apply, [](RRef<at::Tensor> p, at::Tensor h) {
 TIDE_RPC_FUNCTION(ag_grad, [](int64_t id, std::string name) {
   return dist_autograd::get_gradients(id).at(param(name));
 });
+TIDE_RPC_FUNCTION(ag_new_param, [](at::Tensor init) {
+  return init.detach().clone().requires_grad_();
+});
+TIDE_RPC_METHOD(at::Tensor, copy_from, [](at::Tensor& p, at::Tensor v) {
+  torch::NoGradGuard no_grad;
+  p.copy_(v);
+});
 TIDE_RPC_METHOD(at::Tensor, grad_in, [](at::Tensor& p, int64_t id) {
   return dist_autograd::get_gradients(id).at(p);
 });
@@ -122,6 +137,26 @@ struct FailInBackward : torch::autograd::Function<FailInBackward> {
 };
 TIDE_RPC_FUNCTION(ag_fail_in_backward, [](at::Tensor h) {
   return FailInBackward::apply(h);
+});
+
+// An operation whose backward says so on stdout, then blocks until the
+// process is killed (the death test's child runs it).
+struct BlockInBackward : torch::autograd::Function<BlockInBackward> {
+  static at::Tensor forward(
+      torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    std::printf("in backward\n");
+    std::fflush(stdout);
+    for (;;) {
+      ::pause();
+    }
+  }
+};
+TIDE_RPC_FUNCTION(ag_block_in_backward, [](at::Tensor h) {
+  return BlockInBackward::apply(h);
 });
 
 struct Net : torch::nn::Module {
@@ -451,5 +486,232 @@ TEST_F(DistAutogradTest, AnErrorInAnotherWorkersBackwardNamesIt) {
   }
 }
 
+// Trains `steps` steps of a local Linear followed by a RemoteModule on w1
+// with a DistributedOptimizer of `options`, and the same model locally with
+// libtorch's optimizer; the parameters must end the same.
+template <typename Optimizer, typename Options>
+void expect_same_training(RpcAgent& driver, const Options& options) {
+  at::manual_seed(3);
+  auto local_first = torch::nn::Linear(4, 4);
+  RemoteModule<Net> second(driver, "w1/cpu", int64_t{4});
+  auto replica = std::make_shared<Net>(4);
+  auto remote = second.remote_parameters();
+  {
+    torch::NoGradGuard no_grad;
+    auto mine = replica->parameters();
+    for (size_t i = 0; i < remote.size(); ++i) {
+      mine[i].copy_(remote[i].to_here());
+    }
+  }
+  auto replica_first = torch::nn::Linear(4, 4);
+  {
+    torch::NoGradGuard no_grad;
+    replica_first->weight.copy_(local_first->weight);
+    replica_first->bias.copy_(local_first->bias);
+  }
+  std::vector<RRef<at::Tensor>> params = remote;
+  for (const auto& p : local_first->parameters()) {
+    params.emplace_back(driver, p);
+  }
+  DistributedOptimizer opt(params, options);
+  std::vector<at::Tensor> replica_params = replica_first->parameters();
+  for (const auto& p : replica->parameters()) {
+    replica_params.push_back(p);
+  }
+  Optimizer local_opt(replica_params, options);
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x = at::randn({5, 4});
+    {
+      dist_autograd::Context ctx(driver);
+      at::Tensor y = second.forward<at::Tensor>(local_first(x));
+      dist_autograd::backward(ctx.context_id(), {y.pow(2).sum()});
+      opt.step(ctx.context_id());
+    }
+    local_opt.zero_grad();
+    replica->forward(replica_first(x)).pow(2).sum().backward();
+    local_opt.step();
+  }
+  EXPECT_TRUE(
+      at::allclose(local_first->weight, replica_first->weight, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(local_first->bias, replica_first->bias, 1e-5, 1e-6));
+  auto now = second.remote_parameters();
+  auto want = replica->parameters();
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_TRUE(at::allclose(now[i].to_here(), want[i], 1e-5, 1e-6)) << i;
+  }
+  // The owners' .grad stays as it was (undefined).
+  EXPECT_FALSE(local_first->weight.grad().defined());
+}
+
+TEST_F(DistAutogradTest, TheOptimizerTrainsAsLibtorchsDoesLocally) {
+  start(2);
+  using namespace torch::optim;
+  expect_same_training<SGD>(w(0), SGDOptions(0.05).momentum(0.9));
+  expect_same_training<Adam>(w(0), AdamOptions(0.01));
+  expect_same_training<AdamW>(w(0), AdamWOptions(0.01).weight_decay(0.1));
+  expect_same_training<Adagrad>(w(0), AdagradOptions(0.1));
+  expect_same_training<RMSprop>(w(0), RMSpropOptions(0.01).momentum(0.5));
+}
+
+TEST_F(DistAutogradTest, TheOptimizerReportsEveryOwnersFailure) {
+  start(3);
+  std::vector<RRef<at::Tensor>> params;
+  for (const char* owner : {"w1", "w2"}) {
+    params.push_back(
+        w(0).remote<at::Tensor>(owner, "ag_new_param", at::randn({2})));
+  }
+  DistributedOptimizer opt(params, torch::optim::SGDOptions(0.1));
+  EXPECT_EQ(opt.owners(), (std::vector<std::string>{"w1", "w2"}));
+  try {
+    opt.step(12345);  // a context no owner has
+    FAIL() << "expected DistributedOptimizerError";
+  } catch (const DistributedOptimizerError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("step failed on 2 of 2 owners"));
+    ASSERT_EQ(e.failures().size(), 2u);
+    EXPECT_EQ(e.failures()[0].first, "w1");
+    EXPECT_EQ(e.failures()[1].first, "w2");
+    EXPECT_THAT(e.what(), HasSubstr("no distributed autograd context 12345"));
+  }
+  EXPECT_THROW(
+      DistributedOptimizer({}, torch::optim::SGDOptions(0.1)), InvalidArgument);
+}
+
+TEST_F(DistAutogradTest, ZeroGradLearningRatesAndState) {
+  start(2);
+  at::Tensor init = at::randn({4, 4});
+  auto param_from = [&] {
+    return w(0).remote<at::Tensor>("w1", "ag_new_param", init);
+  };
+  RRef<at::Tensor> a = param_from();
+  RRef<at::Tensor> b = param_from();
+  DistributedOptimizer opt_a({a}, torch::optim::AdamOptions(0.1));
+  DistributedOptimizer opt_b({b}, torch::optim::AdamOptions(0.1));
+  at::Tensor x = at::randn({3, 4});
+  auto backward = [&](RRef<at::Tensor> p, int64_t id) {
+    at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_apply", p, x);
+    dist_autograd::backward(id, {y.sum()});
+  };
+  {
+    // zero_grad drops the context's gradients: the step changes nothing.
+    dist_autograd::Context ctx(w(0));
+    backward(a, ctx.context_id());
+    opt_a.zero_grad(ctx.context_id());
+    opt_a.step(ctx.context_id());
+    EXPECT_TRUE(at::equal(a.to_here(), init));
+  }
+  {
+    dist_autograd::Context ctx(w(0));
+    backward(a, ctx.context_id());
+    opt_a.step(ctx.context_id());
+  }
+  EXPECT_FALSE(at::equal(a.to_here(), init));
+  // b takes a's state (Adam's moments and step count), then both step with
+  // the same gradient: a fresh b would move differently.
+  auto state = opt_a.state_dict();
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_FALSE(state.at("w1").empty());
+  opt_b.load_state_dict(state);
+  {
+    torch::NoGradGuard no_grad;
+    // b starts where a is now.
+    at::Tensor now = a.to_here();
+    b.rpc_sync().call<void>("copy_from", now);
+  }
+  for (auto [p, opt] : {std::pair{a, &opt_a}, std::pair{b, &opt_b}}) {
+    dist_autograd::Context ctx(w(0));
+    backward(p, ctx.context_id());
+    opt->step(ctx.context_id());
+  }
+  EXPECT_TRUE(at::allclose(a.to_here(), b.to_here()));
+  EXPECT_THROW(opt_b.load_state_dict({}), InvalidArgument);
+
+  // StepLR: every 2 steps, half the rate, on every owner.
+  StepLR schedule(opt_a, 2, 0.5);
+  EXPECT_DOUBLE_EQ(opt_a.lr(), 0.1);
+  schedule.step();
+  EXPECT_DOUBLE_EQ(opt_a.lr(), 0.1);
+  schedule.step();
+  EXPECT_DOUBLE_EQ(opt_a.lr(), 0.05);
+  EXPECT_DOUBLE_EQ(schedule.last_lr(), 0.05);
+  opt_a.set_lr(0.3);
+  EXPECT_DOUBLE_EQ(opt_a.lr(), 0.3);
+}
+
+// A worker killed while it runs its part of the backward pass: backward()
+// on the initiator fails at once with the loss of that worker, not after
+// the rpc timeout.
+TEST(DistAutogradDeathTest, AWorkerKilledDuringBackwardFailsItAtOnce) {
+  dist_autograd::enable();
+  TcpStore server(TcpStoreOptions{
+      .host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 10s});
+  test::Subprocess child(
+      {"/proc/self/exe"},
+      test::SubprocessOptions{
+          .env = {
+              {"TIDE_AUTOGRAD_TEST_CHILD", std::to_string(server.port())}}});
+  RpcBackendOptions options;
+  options.rpc_timeout = 120s;
+  RpcAgent agent(
+      "w0",
+      0,
+      2,
+      options,
+      std::make_shared<TcpStore>(TcpStoreOptions{
+          .host = "127.0.0.1", .port = server.port(), .timeout = 10s}));
+  {
+    dist_autograd::Context ctx(agent);
+    at::Tensor x = at::randn({3}).requires_grad_();
+    at::Tensor y = agent.rpc_sync<at::Tensor>("w1", "ag_block_in_backward", x);
+    auto done = std::async(std::launch::async, [&] {
+      dist_autograd::backward(ctx.context_id(), {y.sum()});
+    });
+    ASSERT_EQ(child.read_line(30s), "in backward");
+    child.signal(SIGKILL);
+    ASSERT_EQ(done.wait_for(30s), std::future_status::ready)
+        << "backward still waits for a killed worker";
+    try {
+      done.get();
+      FAIL() << "expected NetworkError";
+    } catch (const NetworkError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("w1"));
+    }
+  }
+  EXPECT_EQ(dist_autograd::num_contexts(agent), 0u);
+  agent.shutdown(false);
+}
+
 }  // namespace
 }  // namespace tide::rpc
+
+namespace {
+
+// The death test's worker w1: serves until killed.
+void run_child_if_requested() {
+  const char* port = std::getenv("TIDE_AUTOGRAD_TEST_CHILD");
+  if (port == nullptr) {
+    return;
+  }
+  using namespace std::chrono_literals;
+  using namespace tide;
+  rpc::dist_autograd::enable();
+  rpc::RpcAgent agent(
+      "w1",
+      1,
+      2,
+      rpc::RpcBackendOptions{},
+      std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+          .host = "127.0.0.1",
+          .port = static_cast<uint16_t>(std::atoi(port)),
+          .timeout = 30s}));
+  for (;;) {
+    ::pause();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  run_child_if_requested();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

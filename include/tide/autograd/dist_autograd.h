@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -94,9 +95,12 @@ void backward(
 class Gradients {
  public:
   // The gradient of `tensor`; an undefined tensor when it has none.
-  at::Tensor at(const at::Tensor& tensor) const;
+  at::Tensor at(const at::Tensor& tensor) const {
+    auto it = index_.find(tensor.unsafeGetTensorImpl());
+    return it == index_.end() ? at::Tensor() : entries_[it->second].second;
+  }
   bool contains(const at::Tensor& tensor) const {
-    return at(tensor).defined();
+    return index_.contains(tensor.unsafeGetTensorImpl());
   }
   size_t size() const {
     return entries_.size();
@@ -109,11 +113,18 @@ class Gradients {
  private:
   friend Gradients get_gradients(int64_t);
   std::vector<std::pair<at::Tensor, at::Tensor>> entries_;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_;
 };
 
-// Copies of the gradients context `context_id` holds here (the context
-// must exist on this worker; InvalidArgument otherwise).
+// The gradients context `context_id` holds here (the context must exist
+// on this worker; InvalidArgument otherwise). The tensors are the
+// context's: a later backward in the context adds to new ones.
 Gradients get_gradients(int64_t context_id);
+
+// Drops the gradients of `leaves` (all of them when empty) from context
+// `context_id` here.
+void zero_gradients(
+    int64_t context_id, const std::vector<at::Tensor>& leaves = {});
 
 // The contexts `agent` holds now (its own and those calls brought).
 size_t num_contexts(RpcAgent& agent);
