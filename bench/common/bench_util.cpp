@@ -430,6 +430,16 @@ double median(std::vector<double> v) {
   return stats(std::move(v)).median;
 }
 
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) {
+    return NAN;
+  }
+  std::sort(v.begin(), v.end());
+  auto k =
+      static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(k, v.size() - 1)];
+}
+
 Stats stats(std::vector<double> v) {
   Stats s;
   s.n = v.size();

@@ -208,6 +208,8 @@ class ScratchDir {
 
 // NaN for no values.
 double median(std::vector<double> v);
+// The p-th percentile (nearest rank); NaN for no values.
+double percentile(std::vector<double> v, double p);
 
 struct Stats {
   double median = NAN;

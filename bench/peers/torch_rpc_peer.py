@@ -102,6 +102,18 @@ def take_rref(r):
     return None
 
 
+def bench_forward(rref, x):
+    return rref.local_value()(x)
+
+
+def bench_param_rrefs(rref):
+    return [rpc.RRef(p) for p in rref.local_value().parameters()]
+
+
+def bench_weight(rref):
+    return rref.local_value().weight.detach().clone()
+
+
 def p99(xs):
     xs = sorted(xs)
     return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
@@ -198,6 +210,48 @@ def measure_rrefs(head, calls, warmup):
     emit(head, metric="rref_pass_us", median=median, p99=tail, n=calls)
 
 
+def measure_dist_autograd(head, steps, warmup, batch=16, dim=64):
+    """The model-parallel step of shared/peers/rpc/dist_autograd_bench.py: a local
+    Linear, a Linear on the server (reached with an RRef, or as a RemoteModule), loss,
+    distributed backward and a DistributedOptimizer(SGD) step, in one context."""
+    import torch.distributed.autograd as dist_autograd
+    from torch.distributed.nn import RemoteModule
+    from torch.distributed.optim import DistributedOptimizer
+    torch.manual_seed(0)
+    x = torch.randn(batch, dim, requires_grad=True)
+    local = torch.nn.Linear(dim, dim)
+    for variant in ("rref", "remotemod"):
+        if variant == "rref":
+            lin = rpc.remote(SERVER, torch.nn.Linear, args=(dim, dim))
+            params = rpc.rpc_sync(SERVER, bench_param_rrefs, args=(lin,))
+
+            def forward(h):
+                return rpc.rpc_sync(SERVER, bench_forward, args=(lin, h))
+        else:
+            module = RemoteModule(f"{SERVER}/cpu", torch.nn.Linear, args=(dim, dim))
+            params = module.remote_parameters()
+            forward = module.forward
+        opt = DistributedOptimizer(
+            torch.optim.SGD, params + [rpc.RRef(p) for p in local.parameters()], lr=0.001)
+
+        def step():
+            with dist_autograd.context() as ctx:
+                y = forward(local(x))
+                dist_autograd.backward(ctx, [y.sum()])
+                opt.step(ctx)
+
+        if variant == "rref":
+            w0 = rpc.rpc_sync(SERVER, bench_weight, args=(lin,))
+            expect = w0 - 0.001 * torch.ones(batch, dim).t().mm(local(x).detach())
+            step()
+            w1 = rpc.rpc_sync(SERVER, bench_weight, args=(lin,))
+            emit(head, metric="dist_autograd_check",
+                 ok=bool(torch.allclose(w1, expect, atol=1e-5)))
+        median, tail = timed_us(step, steps, warmup)
+        emit(head, metric="dist_autograd_step_us", variant=variant, batch=batch, dim=dim,
+             median=median, p99=tail, n=steps)
+
+
 def drive(a):
     head = {"impl": "torch"}
     if a.transport != "default":
@@ -215,6 +269,7 @@ def drive(a):
     for size, reps in ECHO_SIZES:
         measure_echo(head, size, reps, echo_clone, "echo_clone")
     measure_rrefs(head, max(a.calls // 5, 1), max(a.warmup // 5, 1))
+    measure_dist_autograd(head, max(a.calls // 25, 1), max(a.warmup // 25, 1))
 
 
 def die_with(parent):

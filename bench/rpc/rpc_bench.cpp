@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/rand.h>
 #include <CLI/CLI.hpp>
@@ -34,6 +35,7 @@
 #include "tide/rpc/tensor.h"
 
 #include "bench_util.h"
+#include "dist_autograd_bench.h"
 #include "net/socket.h"
 
 namespace {
@@ -52,13 +54,6 @@ struct Args {
   int calls = 5000;
   int warmup = 500;
 };
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  auto k =
-      static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(k, v.size() - 1)];
-}
 
 void emit(const std::string& transport, const std::string& fields) {
   fmt::print(
@@ -87,7 +82,7 @@ void drive(RpcAgent& agent, const Args& a) {
           "\"metric\":\"sync_rtt_us\",\"median\":{:.2f},\"p99\":{:.2f},"
           "\"n\":{}",
           bench::median(lat),
-          percentile(lat, 99),
+          bench::percentile(lat, 99),
           lat.size()));
 
   for (int window : {64, 256}) {
@@ -181,7 +176,7 @@ std::string timed_us(F fn, int calls, int warmup) {
   return fmt::format(
       "\"median\":{:.2f},\"p99\":{:.2f},\"n\":{}",
       bench::median(lat),
-      percentile(lat, 99),
+      bench::percentile(lat, 99),
       lat.size());
 }
 
@@ -218,6 +213,7 @@ void drive_rrefs(RpcAgent& agent, const Args& a) {
 }
 
 int run_rank(const Args& a) {
+  at::set_num_threads(1);  // as torch's side: the two ranks share the cores
   tide::rpc::RpcBackendOptions o;
   o.init_method = a.init_method;
   o.listen_host = a.listen_host;
@@ -230,6 +226,14 @@ int run_rank(const Args& a) {
   if (a.rank == 0) {
     drive(agent, a);
     drive_rrefs(agent, a);
+    const std::string kind = agent.transport_to("worker1");
+    bench::drive_dist_autograd(
+        agent,
+        std::max(a.calls / 25, 1),
+        std::max(a.warmup / 25, 1),
+        16,
+        64,
+        [&kind](const std::string& fields) { emit(kind, fields); });
   }
   agent.shutdown(true);
   return 0;

@@ -55,6 +55,10 @@ ROWS = (
     Row("remote() + to_here(), median", "remote_to_here_us", "us", "median"),
     Row("RRef proxy call (rpc_sync().get), median", "proxy_rtt_us", "us", "median"),
     Row("pass an RRef user -> user (fork + accept), median", "rref_pass_us", "us", "median"),
+    Row("model-parallel step, remote() layer (B=16, D=64), median", "dist_autograd_step_us",
+        "us", "median", variant="rref"),
+    Row("model-parallel step, RemoteModule (B=16, D=64), median", "dist_autograd_step_us",
+        "us", "median", variant="remotemod"),
 )
 
 
@@ -249,6 +253,15 @@ def summarize(records, out):
             print(f"- {torch}.", file=out)
         for note in physical_notes(rs):
             print(f"- {note}.", file=out)
+        checks = [r for r in rs if r.get("metric") == "dist_autograd_check"]
+        if checks:
+            bad = sorted({run_of(r) for r in checks if not r.get("ok")})
+            print("- Model-parallel step: the remote layer's update after one step "
+                  + (f"DIFFERS from the local computation in {', '.join(bad)}"
+                     if bad else "equals the local computation's") + f" ({len(checks)} checks).",
+                  file=out)
+            results.append(f"RESULT rpc setup={setup} metric=dist_autograd_check "
+                           f"ok={'false' if bad else 'true'} n={len(checks)}")
         print(file=out)
     for line in results:
         print(line, file=out)

@@ -423,6 +423,23 @@ TEST_F(TiderunTest, TheRemoteModulePipelineMatchesTheLocalComputation) {
       << out;
 }
 
+TEST_F(TiderunTest, TheModelParallelExampleTrainsLikeTheLocalModel) {
+  // examples/model_parallel_train.cpp: a local layer and a RemoteModule,
+  // distributed backward and optimizer, next to the same model trained
+  // locally; rank 0 exits 1 unless it converged to the local model's loss.
+  auto [status, out] = run(
+      {"--standalone",
+       "--nproc-per-node=2",
+       "--no-python",
+       MODEL_PARALLEL_EXAMPLE});
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_NE(out.find("trained over trainer and worker1"), std::string::npos)
+      << out;
+  EXPECT_NE(
+      out.find("converged, equal to the local model's"), std::string::npos)
+      << out;
+}
+
 TEST_F(TiderunTest, TheRpcParameterServerExampleTrainsUnderTiderun) {
   // examples/rpc_parameter_server.cpp: init_rpc through the agent's store
   // (env://, TORCHELASTIC_USE_AGENT_STORE), two trainers, a batch of async
