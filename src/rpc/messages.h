@@ -22,11 +22,12 @@
 //                                         callee keeps the result as the
 //                                         RRef's value and answers an empty
 //                                         RESPONSE, or ERROR (rrefs.h)
-// AUTOGRAD_*                              reserved for distributed autograd
 //
 // The other RRef messages (fetch, fork request, child accept, user delete,
 // proxy calls) are REQUESTs of functions every agent registers
-// ("tide.rref.*", src/rpc/rrefs.cpp).
+// ("tide.rref.*", src/rpc/rrefs.cpp); so are distributed autograd's
+// ("tide.autograd.*", src/autograd/dist_autograd.cpp), whose context
+// travels at the head of a call's arguments (tag kAutograd, serialize.h).
 //
 // A "new" id is unique among the sender's outstanding requests; replies
 // carry it back.
@@ -39,8 +40,6 @@ struct MessageType {
     kError = 0x12,
     kCancel = 0x13,
     kRRefCreate = 0x20,
-    kAutogradForward = 0x30,
-    kAutogradBackward = 0x31,
   };
 };
 
@@ -52,8 +51,6 @@ inline const transport::MessageTypes& rpc_message_types() {
       {MessageType::kError, "ERROR"},
       {MessageType::kCancel, "CANCEL"},
       {MessageType::kRRefCreate, "RREF_CREATE"},
-      {MessageType::kAutogradForward, "AUTOGRAD_FORWARD"},
-      {MessageType::kAutogradBackward, "AUTOGRAD_BACKWARD"},
   };
   return kTypes;
 }

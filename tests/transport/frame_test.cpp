@@ -192,7 +192,7 @@ TEST(FrameTest, SeveralFramesInOneFeedComeOutInOrder) {
 }
 
 TEST(FrameTest, EncodeHeadThenTheBuffersIsTheWholeFrame) {
-  Frame f = sample(RpcType::kAutogradForward, 3);
+  Frame f = sample(RpcType::kRRefCreate, 3);
   std::string head = encode_head(
       {.type = f.type,
        .flags = f.flags,
