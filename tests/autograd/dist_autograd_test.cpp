@@ -23,6 +23,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tanh.h>
 #include <gmock/gmock.h>
@@ -470,6 +471,51 @@ TEST_F(DistAutogradTest, BadRootsAndUnknownContextsFailClearly) {
       [&] { dist_autograd::backward(ctx.context_id() + 1, {x.sum()}); },
       testing::ThrowsMessage<InvalidArgument>(
           HasSubstr("no distributed autograd context")));
+}
+
+// Gradient messages as a broken or hostile peer could send them: each
+// fails clearly, and the worker and the context serve on.
+TEST_F(DistAutogradTest, MalformedGradientMessagesFailClearly) {
+  start(2);
+  dist_autograd::Context ctx(w(0));
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_linear1", x);
+  int64_t id = ctx.context_id();
+  auto refused = [&](const std::string& why, auto... args) {
+    EXPECT_THAT(
+        [&] { w(0).rpc_sync<void>("w1", "tide.autograd.backward", args...); },
+        testing::ThrowsMessage<RemoteError>(HasSubstr(why)));
+  };
+  using Grads = std::vector<at::Tensor>;
+  // A message w1 never sent, a context it never saw.
+  refused(
+      "sent no tensor requiring grad",
+      id,
+      uint64_t{1} << 40,
+      1,
+      Grads{},
+      false);
+  refused(
+      "no distributed autograd context",
+      id + 7,
+      uint64_t{1},
+      1,
+      Grads{},
+      false);
+  // The right message: w0's first (ids count from w0's id << 48, here 0),
+  // with no gradient for the one tensor it carried back.
+  const uint64_t message = 0;
+  refused(
+      "carried 1 tensors requiring grad, but 0",
+      id,
+      message,
+      1,
+      Grads{},
+      false);
+  refused("invalid gradient", id, message, 1, Grads{at::ones({2, 2})}, false);
+  // The context still works.
+  dist_autograd::backward(id, {y.sum()});
+  EXPECT_TRUE(grad_on(1, id, "w1").defined());
 }
 
 TEST_F(DistAutogradTest, AnErrorInAnotherWorkersBackwardNamesIt) {
