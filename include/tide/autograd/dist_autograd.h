@@ -75,8 +75,9 @@ class Context {
   std::shared_ptr<void> state_;
 };
 
-// The id of this thread's current context; -1 when there is none (also
-// inside a function an rpc of a context runs: its calls record into it).
+// The id of this thread's current context: its own Context's or, inside a
+// function that a call made in a context runs, that context's; -1 when
+// there is none.
 int64_t current_context_id();
 
 // Runs the backward pass of context `context_id` (of this worker) from
