@@ -59,6 +59,11 @@ void load(
 template <typename Optimizer, typename Options>
 std::unique_ptr<torch::optim::Optimizer> make(
     const std::string& options, std::vector<at::Tensor> params) {
+  // libtorch's optimizer constructors are not safe to run at once in one
+  // process (ThreadSanitizer sees two of them race inside libtorch): with
+  // several agents in a process, one at a time.
+  static std::mutex constructing;
+  std::lock_guard lock(constructing);
   Options o(0.0);
   load(options, [&o](auto& archive) { o.serialize(archive); });
   return std::make_unique<Optimizer>(std::move(params), o);
