@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/ops/allclose.h>
@@ -59,14 +60,14 @@ void drive_dist_autograd(
   for (const char* variant : {"rref", "remotemod"}) {
     std::vector<RRef<at::Tensor>> params;
     std::function<at::Tensor(const at::Tensor&)> forward;
-    RRef<LinearPtr> lin;
+    std::optional<RRef<LinearPtr>> lin;
     std::unique_ptr<rpc::RemoteModule<torch::nn::LinearImpl>> module;
     if (std::string(variant) == "rref") {
       lin = agent.remote<LinearPtr>(to, "bench_make_linear", int64_t{dim});
       params = agent.rpc_sync<std::vector<RRef<at::Tensor>>>(
-          to, "bench_param_rrefs", lin);
+          to, "bench_param_rrefs", *lin);
       forward = [&](const at::Tensor& h) {
-        return agent.rpc_sync<at::Tensor>(to, "bench_forward", lin, h);
+        return agent.rpc_sync<at::Tensor>(to, "bench_forward", *lin, h);
       };
     } else {
       module = std::make_unique<rpc::RemoteModule<torch::nn::LinearImpl>>(
@@ -89,11 +90,11 @@ void drive_dist_autograd(
     if (std::string(variant) == "rref") {
       // The remote weight after one step is w0 - lr * dL/dW, as computed
       // here.
-      at::Tensor w0 = agent.rpc_sync<at::Tensor>(to, "bench_weight", lin);
+      at::Tensor w0 = agent.rpc_sync<at::Tensor>(to, "bench_weight", *lin);
       at::Tensor h = local->forward(x).detach();
       at::Tensor expect = w0 - 0.001 * at::ones({batch, dim}).t().mm(h);
       step();
-      at::Tensor w1 = agent.rpc_sync<at::Tensor>(to, "bench_weight", lin);
+      at::Tensor w1 = agent.rpc_sync<at::Tensor>(to, "bench_weight", *lin);
       emit(fmt::format(
           "\"metric\":\"dist_autograd_check\",\"ok\":{}",
           at::allclose(w1, expect, 1e-5, 1e-5) ? "true" : "false"));

@@ -104,7 +104,10 @@ struct AgentState : detail::AgentExtension {
 
   std::mutex mutex;
   std::map<int64_t, std::shared_ptr<ContextData>> contexts;  // Guarded.
-  bool closed = false;                                       // Guarded.
+  // The releases of contexts this worker ended, until they are answered
+  // (each completes, failures logged, within kReleaseTries rpc timeouts).
+  std::vector<Future<void>> releasing;  // Guarded.
+  bool closed = false;                  // Guarded.
 
   void close() override {
     std::lock_guard lock(mutex);
@@ -587,20 +590,25 @@ Context::~Context() {
   auto state = std::static_pointer_cast<AgentState>(state_);
   t_current = {};
   auto ctx = state->take(id_);
-  RpcAgent* agent = state->open_agent();
-  if (!ctx || agent == nullptr) {
+  if (!ctx || state->open_agent() == nullptr) {
     return;
   }
-  try {
-    detail::AgentAccess::wait(
-        *agent, release_everywhere(state, ctx), std::chrono::milliseconds(0));
-  } catch (const std::exception& e) {
-    TIDE_LOG_WARN(
-        "[{}] distributed autograd context {}: {}",
-        state->name_of(state->self),
-        id_,
-        e.what());
+  // Not waited for (as torch's): the next step need not pay a round trip.
+  Future<void> done = release_everywhere(state, ctx);
+  std::lock_guard lock(state->mutex);
+  std::erase_if(state->releasing, [](const auto& f) { return f.ready(); });
+  state->releasing.push_back(std::move(done));
+}
+
+void wait_for_releases(RpcAgent& agent) {
+  auto state = state_of(agent);
+  std::vector<Future<void>> pending;
+  {
+    std::lock_guard lock(state->mutex);
+    pending.swap(state->releasing);
   }
+  detail::AgentAccess::wait(
+      agent, all_of(std::move(pending)), std::chrono::milliseconds(0));
 }
 
 int64_t current_context_id() {

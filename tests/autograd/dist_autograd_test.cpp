@@ -186,6 +186,9 @@ class DistAutogradTest : public ::testing::Test {
   }
   void TearDown() override {
     for (auto& a : agents_) {
+      dist_autograd::wait_for_releases(*a);
+    }
+    for (auto& a : agents_) {
       EXPECT_EQ(dist_autograd::num_contexts(*a), 0u)
           << a->get_worker_info().name << " kept a context";
     }
@@ -444,6 +447,8 @@ TEST_F(DistAutogradTest, ContextsEndOnEveryWorkerTheyReached) {
     EXPECT_THROW(dist_autograd::Context nested(w(0)), InvalidArgument);
   }
   EXPECT_EQ(dist_autograd::current_context_id(), -1);
+  EXPECT_EQ(dist_autograd::num_contexts(w(0)), 0u);  // here: at once
+  dist_autograd::wait_for_releases(w(0));
   // w2 heard of it from w1, and dropped it when w1 passed the release on.
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(dist_autograd::num_contexts(w(i)), 0u) << i;

@@ -55,8 +55,9 @@ void enable();
 // A distributed autograd context of this thread (torch's
 // `with dist_autograd.context()`): made by the process's agent (or
 // `agent`), current on this thread until destroyed; one at a time per
-// thread. Its destructor drops it here and, waiting for them up to the
-// agent's rpc_timeout, on every worker it reached.
+// thread. Its destructor drops it here at once and sends its release to
+// every worker it reached (each passes it on), without waiting for them;
+// wait_for_releases() waits.
 class Context {
  public:
   Context();
@@ -129,5 +130,11 @@ void zero_gradients(
 
 // The contexts `agent` holds now (its own and those calls brought).
 size_t num_contexts(RpcAgent& agent);
+
+// Waits until every worker has answered the releases of the contexts
+// `agent`'s threads ended so far (a release a worker does not answer is
+// retried after a timeout, then logged). Throws TimeoutError after the
+// agent's rpc_timeout and 30 s more.
+void wait_for_releases(RpcAgent& agent);
 
 }  // namespace tide::rpc::dist_autograd
