@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -223,6 +224,12 @@ std::unique_ptr<detail::DistributedOptimizerImpl> make_impl(
   }
   RpcAgent& agent = detail::rref_agent(*params.front().node());
   auto impl = std::make_unique<detail::DistributedOptimizerImpl>();
+  // This worker's own optimizer last: step() runs it here, after sending
+  // the others theirs.
+  int self = agent.get_worker_info().id;
+  if (auto mine = by_owner.extract(self)) {
+    by_owner.emplace(std::numeric_limits<int>::max(), std::move(mine.mapped()));
+  }
   for (const auto& [owner, mine] : by_owner) {
     std::string name = mine.front().owner_name();
     impl->owners.push_back(name);
@@ -259,7 +266,18 @@ DistributedOptimizer::DistributedOptimizer(
 DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::step(int64_t context_id) {
-  impl_->on_all<void>("step", context_id);
+  impl_->gather<void>("step", [&](size_t i) {
+    const auto& o = impl_->optimizers[i];
+    if (!o.is_owner()) {
+      return o.rpc_async().call<void>("step", context_id);
+    }
+    try {
+      detail::step(**o.local_value(), context_id);  // no round trip to self
+      return Future<void>::make_ready();
+    } catch (...) {
+      return Future<void>::make_failed(std::current_exception());
+    }
+  });
 }
 
 void DistributedOptimizer::zero_grad(int64_t context_id) {
