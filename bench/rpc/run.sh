@@ -14,7 +14,10 @@
 # interleaved (phys, tide, torch, phys, ...) so that noise hits every side
 # alike. Each side measures rank 0 calling rank 1: rpc_sync no-op round trips
 # (median, p99), rpc_async no-op calls/s with 64 and 256 outstanding, echo of
-# a 1 MiB and a 64 MiB float32 tensor (round trip, bytes each way per second).
+# a 1 MiB and a 64 MiB float32 tensor (round trip, bytes each way per second),
+# RRefs (remote()+to_here(), a proxy call, passing one on) and the
+# model-parallel training step of shared/peers/rpc/dist_autograd_bench.py
+# (distributed autograd and optimizer, two variants).
 # Prints a markdown table of the medians across rounds, torch/tide (how many
 # times faster tide is) and tide against the limits (bench/rpc/summarize.py),
 # then RESULT lines. A round takes about 15 s on 2 cores plus rpc_bench's
