@@ -104,6 +104,10 @@ RpcBackendOptions with_defaults(RpcBackendOptions options) {
         "tcp_lanes must be 0 to " + std::to_string(transport::kMaxLanes) +
         "; got " + std::to_string(options.tcp_lanes));
   }
+  if (options.poll_us < 0 || options.poll_us > 100000) {
+    throw InvalidArgument(
+        "poll_us must be 0 to 100000; got " + std::to_string(options.poll_us));
+  }
   return options;
 }
 
@@ -723,7 +727,8 @@ RpcAgent::RpcAgent(
             wants_shm(impl.options),
             impl.options.token,
             static_cast<size_t>(impl.options.tcp_lanes),
-            detail::rpc_message_types()},
+            detail::rpc_message_types(),
+            std::chrono::microseconds(impl.options.poll_us)},
         transport::TransportHandlers{
             .on_message =
                 [&impl](const transport::Pipe& pipe, transport::Message m) {

@@ -8,12 +8,6 @@ namespace tide::transport {
 
 namespace {
 
-// How long the loop, or a thread lent to it, keeps polling after its last
-// work before it sleeps: a reply on one host comes back sooner than a
-// sleeping core wakes up, and a core that has just seen work is likely to
-// see more.
-constexpr auto kSpin = std::chrono::microseconds(50);
-
 // The loop whose handlers this thread runs now (the I/O thread: always its
 // own): lending it again would wait on itself.
 thread_local const LendableLoop* t_loop = nullptr;
@@ -26,7 +20,12 @@ int64_t now_ns() {
 
 }  // namespace
 
-LendableLoop::LendableLoop() : work_(asio::make_work_guard(io_)) {}
+// The polling after the last work (TransportOptions::poll): a reply on one
+// host comes back sooner than a sleeping core wakes up, and a core that has
+// just seen work is likely to see more.
+LendableLoop::LendableLoop(std::chrono::microseconds poll)
+    : work_(asio::make_work_guard(io_)),
+      poll_ns_(std::chrono::nanoseconds(poll).count()) {}
 
 LendableLoop::~LendableLoop() {
   release_work();
@@ -52,8 +51,7 @@ void LendableLoop::join() {
 }
 
 bool LendableLoop::work_is_recent() const {
-  return now_ns() - last_work_ns_.load(std::memory_order_relaxed) <
-         std::chrono::nanoseconds(kSpin).count();
+  return now_ns() - last_work_ns_.load(std::memory_order_relaxed) < poll_ns_;
 }
 
 size_t LendableLoop::poll_holding_loop(bool one) {
@@ -118,9 +116,8 @@ void LendableLoop::lend(const std::function<bool()>& done) {
     return;  // Running a handler (of this loop or another) already.
   }
   lenders_.fetch_add(1);
-  auto last = std::chrono::steady_clock::now();
-  while (!done() && !io_.stopped() &&
-         std::chrono::steady_clock::now() - last < kSpin) {
+  int64_t last = now_ns();
+  while (!done() && !io_.stopped() && now_ns() - last < poll_ns_) {
     std::unique_lock loop(loop_mutex_, std::try_to_lock);
     if (!loop.owns_lock()) {
       if (io_sleeping_.load()) {
@@ -135,7 +132,7 @@ void LendableLoop::lend(const std::function<bool()>& done) {
     size_t ran = poll_holding_loop(true);
     loop.unlock();
     if (ran > 0) {
-      last = std::chrono::steady_clock::now();
+      last = now_ns();
     } else {
       std::this_thread::yield();
     }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -23,7 +24,9 @@ namespace tide::transport {
 
 class LendableLoop {
  public:
-  LendableLoop();
+  // `poll`: how long the I/O thread, and a thread lent to the loop, keep
+  // polling after their last work before they sleep.
+  explicit LendableLoop(std::chrono::microseconds poll);
   ~LendableLoop();
   LendableLoop(const LendableLoop&) = delete;
   LendableLoop& operator=(const LendableLoop&) = delete;
@@ -41,8 +44,8 @@ class LendableLoop {
   void join();
 
   // Runs the loop's ready handlers on this thread, one at a time, while the
-  // loop is free, until done() holds, 50 us pass without work, or the I/O
-  // thread sleeps in epoll (it then takes what comes); then returns, and
+  // loop is free, until done() holds, the polling time passes without work,
+  // or the I/O thread sleeps in epoll (it then takes what comes); then returns, and
   // the caller blocks as it would have. Does nothing on a thread that is
   // running a loop's handlers (this one's or another's). Thread safe.
   void lend(const std::function<bool()>& done);
@@ -66,6 +69,7 @@ class LendableLoop {
   std::atomic<int> lenders_{0};           // Threads in lend().
   std::atomic<bool> io_sleeping_{false};  // The I/O thread waits in epoll.
   std::atomic<int64_t> last_work_ns_{0};  // When a handler last ran.
+  const int64_t poll_ns_;
   std::jthread thread_;
 };
 

@@ -126,6 +126,9 @@ struct TransportOptions {
   // The layer above's message types (from kFirstUpperType); a peer sending
   // any other type is dropped.
   MessageTypes message_types;
+  // How long the I/O thread and a thread lent to the loop keep polling after
+  // their last work before they sleep (LendableLoop).
+  std::chrono::microseconds poll{300};
 };
 
 struct TransportHandlers {

@@ -73,7 +73,7 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   const std::string host_key = local_host_key();
   std::string local_name;  // Without the leading NUL.
 
-  LendableLoop loop;
+  LendableLoop loop{options.poll};
   asio::ip::tcp::acceptor acceptor;
   asio::local::stream_protocol::acceptor local_acceptor;
   uint16_t port = 0;

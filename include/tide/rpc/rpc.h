@@ -94,6 +94,14 @@ struct RpcBackendOptions {
   // multiplexed mpt_uv channel). 0 sends everything on the one connection.
   // At most 16.
   int tcp_lanes = 2;
+  // How long, in microseconds, a worker's I/O thread, a worker thread
+  // waiting for its next function and a caller waiting for its reply keep
+  // polling after their last work before they sleep (0 to 100000). Waking
+  // a sleeping thread costs 50-200 us on a virtual machine, more than a
+  // round trip on one host; polling costs CPU meanwhile (each such thread,
+  // up to this long after each burst of messages). Lower it to save CPU on
+  // workers whose messages are far apart.
+  int poll_us = 300;
   // A graceful shutdown that finds RRefs it could not delete, or owned
   // values some user still references, logs them; with this set it also
   // throws InternalError listing them (a test's leak check).
