@@ -45,8 +45,8 @@ class LendableLoop {
 
   // Runs the loop's ready handlers on this thread, one at a time, while the
   // loop is free, until done() holds, the polling time passes without work,
-  // or the I/O thread sleeps in epoll (it then takes what comes); then returns, and
-  // the caller blocks as it would have. Does nothing on a thread that is
+  // or the I/O thread sleeps in epoll (it then takes what comes); then returns,
+  // and the caller blocks as it would have. Does nothing on a thread that is
   // running a loop's handlers (this one's or another's). Thread safe.
   void lend(const std::function<bool()>& done);
 

@@ -130,6 +130,18 @@ TEST_F(RpcTest, MismatchedWorldSizeFails) {
   EXPECT_THROW(first.get(), RendezvousError);
 }
 
+TEST_F(RpcTest, BadOptionsFailNamingTheOption) {
+  auto refused = [&](RpcBackendOptions options, const std::string& why) {
+    EXPECT_THAT(
+        [&] { RpcAgent agent("x", 0, 1, options, client()); },
+        testing::ThrowsMessage<InvalidArgument>(HasSubstr(why)));
+  };
+  refused({.num_worker_threads = 0}, "num_worker_threads must be at least 1");
+  refused({.tcp_lanes = -1}, "tcp_lanes must be 0 to");
+  refused({.poll_us = -1}, "poll_us must be 0 to 100000; got -1");
+  refused({.poll_us = 100001}, "poll_us must be 0 to 100000");
+}
+
 TEST_F(RpcTest, SyncAndAsyncCallsCarryTypedValues) {
   auto agents = group({"caller", "callee"});
   RpcAgent& callee = *agents[1];
