@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <map>
@@ -15,13 +14,12 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/rpc/rpc.h"
-#include "tide/store/prefix_store.h"
-#include "tide/store/tcp_store.h"
+#include "tide/store/store.h"
 
 #include "common/demangle.h"
-#include "net/address.h"
 #include "rpc/calls.h"
 #include "rpc/messages.h"
+#include "rpc/options.h"
 #include "rpc/rrefs.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
@@ -46,104 +44,6 @@ struct GlobalRegistry {
 GlobalRegistry& global_registry() {
   static GlobalRegistry r;
   return r;
-}
-
-// "tcp://host:port" or "env://" (MASTER_ADDR, MASTER_PORT) -> host, port.
-net::HostPort parse_init_method(const std::string& init) {
-  if (init == "env://") {
-    const char* a = std::getenv("MASTER_ADDR");
-    const char* p = std::getenv("MASTER_PORT");
-    if (a == nullptr || p == nullptr) {
-      throw InvalidArgument(
-          "init_method env:// needs MASTER_ADDR and MASTER_PORT set; got " +
-          std::string(a ? "" : "no MASTER_ADDR ") +
-          std::string(p ? "" : "no MASTER_PORT"));
-    }
-    return {a, net::parse_port(p, "MASTER_PORT")};
-  }
-  if (init.rfind("tcp://", 0) == 0) {
-    try {
-      return net::parse_host_port(std::string_view(init).substr(6));
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(
-          "init_method '" + init + "': " + e.what() +
-          " (expected tcp://host:port)");
-    }
-  }
-  throw InvalidArgument(
-      "init_method '" + init +
-      "' is not supported; expected env:// or tcp://host:port");
-}
-
-// options, with the token from TIDE_RPC_TOKEN when it has none; checks the
-// transports.
-RpcBackendOptions with_defaults(RpcBackendOptions options) {
-  if (options.token.empty()) {
-    if (const char* t = std::getenv("TIDE_RPC_TOKEN")) {
-      options.token = t;
-    }
-  }
-  bool tcp = false;
-  for (const auto& t : options.transports) {
-    if (t == "tcp") {
-      tcp = true;
-    } else if (t != "shm") {
-      throw InvalidArgument(
-          "unknown rpc transport '" + t + "'; the transports are shm and tcp");
-    }
-  }
-  if (!tcp) {
-    throw InvalidArgument(
-        "rpc transports must include tcp (the way to workers of other hosts, "
-        "and the fallback of shm); got " +
-        std::to_string(options.transports.size()) + " without it");
-  }
-  if (options.tcp_lanes < 0 ||
-      options.tcp_lanes > static_cast<int>(transport::kMaxLanes)) {
-    throw InvalidArgument(
-        "tcp_lanes must be 0 to " + std::to_string(transport::kMaxLanes) +
-        "; got " + std::to_string(options.tcp_lanes));
-  }
-  if (options.poll_us < 0 || options.poll_us > 100000) {
-    throw InvalidArgument(
-        "poll_us must be 0 to 100000; got " + std::to_string(options.poll_us));
-  }
-  return options;
-}
-
-bool wants_shm(const RpcBackendOptions& options) {
-  return std::find(
-             options.transports.begin(), options.transports.end(), "shm") !=
-         options.transports.end();
-}
-
-std::shared_ptr<store::Store> make_store(
-    const RpcBackendOptions& raw_options, int rank) {
-  RpcBackendOptions options = with_defaults(raw_options);
-  auto [host, port] = parse_init_method(options.init_method);
-  // Under tiderun (or torchrun) with TORCHELASTIC_USE_AGENT_STORE=True the
-  // agent serves MASTER_ADDR:MASTER_PORT already: every worker is a client,
-  // under /worker/attempt_<restart count> so a restart starts clean (torch's
-  // env:// rule).
-  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  bool use_agent_store = options.init_method == "env://" &&
-                         agent_store != nullptr &&
-                         std::string(agent_store) == "True";
-  store::TcpStoreOptions o;
-  o.host = host;
-  o.port = port;
-  o.is_server = rank == 0 && !use_agent_store;
-  o.timeout = options.rpc_timeout;
-  if (!use_agent_store) {
-    o.token = options.token;
-  }
-  auto tcp = std::make_shared<store::TcpStore>(o);
-  if (!use_agent_store) {
-    return tcp;
-  }
-  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  return std::make_shared<store::PrefixStore>(
-      std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
 }
 
 }  // namespace
@@ -693,7 +593,7 @@ RpcAgent::RpcAgent(
           rank,
           world_size,
           options,
-          make_store(options, rank)) {}
+          detail::make_store(options, rank)) {}
 
 RpcAgent::RpcAgent(
     std::string name,
@@ -714,7 +614,7 @@ RpcAgent::RpcAgent(
   impl.agent = this;
   impl.self = WorkerInfo{std::move(name), rank};
   impl.world_size = world_size;
-  impl.options = with_defaults(std::move(options));
+  impl.options = detail::with_defaults(std::move(options));
   impl.store = std::move(store);
   impl.pool = std::make_unique<asio::thread_pool>(
       static_cast<size_t>(impl.options.num_worker_threads));
@@ -724,7 +624,7 @@ RpcAgent::RpcAgent(
             rank,
             impl.self.name,
             impl.options.listen_host,
-            wants_shm(impl.options),
+            detail::wants_shm(impl.options),
             impl.options.token,
             static_cast<size_t>(impl.options.tcp_lanes),
             detail::rpc_message_types(),

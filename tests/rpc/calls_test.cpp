@@ -100,7 +100,8 @@ TEST(CallsTest, AThrowingContinuationLeavesTheLoopServing) {
     std::this_thread::yield();
   }
   Payload back =
-      calls->start(1, "echo", 10s, encode_call(nullptr, nullptr, int64_t{42})).wait(10s);
+      calls->start(1, "echo", 10s, encode_call(nullptr, nullptr, int64_t{42}))
+          .wait(10s);
   Decoder d(back.data.view(), back.buffers);
   EXPECT_EQ(std::get<0>(decode_args<std::tuple<int64_t>>(d, "echo")), 42);
   EXPECT_EQ(ran.load(), 3);

@@ -1,0 +1,25 @@
+#pragma once
+
+#include <memory>
+
+#include "tide/rpc/rpc.h"
+#include "tide/store/store.h"
+
+// RpcBackendOptions as the agent uses them: defaults filled in and checked,
+// and the rendezvous store they name.
+namespace tide::rpc::detail {
+
+// options, with the token from TIDE_RPC_TOKEN when it has none; throws
+// InvalidArgument for transports, lanes or polling out of range.
+RpcBackendOptions with_defaults(RpcBackendOptions options);
+
+// Whether the options allow shared memory.
+bool wants_shm(const RpcBackendOptions& options);
+
+// The store of options.init_method (env:// or tcp://host:port): rank 0
+// hosts it, or, under tiderun with TORCHELASTIC_USE_AGENT_STORE, every
+// worker is a client of the agent's.
+std::shared_ptr<store::Store> make_store(
+    const RpcBackendOptions& options, int rank);
+
+}  // namespace tide::rpc::detail
