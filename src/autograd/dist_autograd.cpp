@@ -272,43 +272,6 @@ struct Hooks : detail::AutogradHooks {
   }
 };
 
-// Completes once every future did: with the first error, if any.
-Future<void> all_of(std::vector<Future<void>> futures) {
-  if (futures.empty()) {
-    return Future<void>::make_ready();
-  }
-  struct Join {
-    std::mutex mutex;
-    size_t left = 0;
-    std::exception_ptr error;
-    Promise<void> done;
-  };
-  auto join = std::make_shared<Join>();
-  join->left = futures.size();
-  Future<void> out = join->done.get_future();
-  for (auto& f : futures) {
-    f.on_complete([join](const Future<void>& r) {
-      std::exception_ptr error;
-      {
-        std::lock_guard lock(join->mutex);
-        if (auto e = r.error(); e && !join->error) {
-          join->error = e;
-        }
-        if (--join->left > 0) {
-          return;
-        }
-        error = join->error;
-      }
-      if (error) {
-        join->done.set_exception(error);
-      } else {
-        join->done.set_value();
-      }
-    });
-  }
-  return out;
-}
-
 // The edges where a run from `roots` ends: every leaf's accumulator and
 // every input of every recv function it reaches.
 edge_list ends_of(const edge_list& roots) {
@@ -429,7 +392,7 @@ Future<void> run_graph(
         entry.second,
         retain_graph));
   }
-  return all_of(std::move(sent));
+  return when_all(std::move(sent));
 }
 
 // A gradient message: runs this worker's graph from the send it names.
@@ -542,7 +505,7 @@ Future<void> release_everywhere(
     acks.push_back(done.get_future());
     send_release(state, to, ctx->id, 0, std::move(done));
   }
-  return all_of(std::move(acks));
+  return when_all(std::move(acks));
 }
 
 Future<void> on_release(int64_t context_id) {
@@ -608,7 +571,7 @@ void wait_for_releases(RpcAgent& agent) {
     pending.swap(state->releasing);
   }
   detail::AgentAccess::wait(
-      agent, all_of(std::move(pending)), std::chrono::milliseconds(0));
+      agent, when_all(std::move(pending)), std::chrono::milliseconds(0));
 }
 
 int64_t current_context_id() {

@@ -282,51 +282,22 @@ struct RpcAgent::Impl {
         if (pending.empty()) {
           start();
         } else {
-          after_all(std::move(pending), std::move(start), promise);
+          // Once the owners confirmed them; on the pool, as start() expects.
+          auto go = std::make_shared<decltype(start)>(std::move(start));
+          when_all(std::move(pending))
+              .on_complete([this, go, promise](const Future<void>& f) mutable {
+                if (auto e = f.error()) {
+                  promise.set_exception(e);
+                } else {
+                  run_on_pool([go] { (*go)(); });
+                }
+              });
         }
       } catch (...) {
         promise.set_exception(std::current_exception());
       }
     });
     return result;
-  }
-
-  // Runs `start` on the pool once every future in `pending` succeeded;
-  // fails `promise` with the first error instead.
-  template <typename F>
-  void after_all(
-      std::vector<Future<void>> pending,
-      F start,
-      Promise<detail::Value> promise) {
-    struct Join {
-      std::mutex mutex;
-      size_t left = 0;
-      std::exception_ptr error;
-    };
-    auto join = std::make_shared<Join>();
-    join->left = pending.size();
-    auto go = std::make_shared<F>(std::move(start));
-    for (auto& f : pending) {
-      f.on_complete(
-          [this, join, go, promise](const Future<void>& done) mutable {
-            std::exception_ptr error;
-            {
-              std::lock_guard lock(join->mutex);
-              if (auto e = done.error(); e && !join->error) {
-                join->error = e;
-              }
-              if (--join->left > 0) {
-                return;
-              }
-              error = join->error;
-            }
-            if (error) {
-              promise.set_exception(error);
-            } else {
-              run_on_pool([go] { (*go)(); });
-            }
-          });
-    }
   }
 
   void rendezvous() {

@@ -160,5 +160,23 @@ TEST(FutureTest, ManyWaitersAllWake) {
   EXPECT_EQ(woke.load(), 8);
 }
 
+TEST(FutureTest, WhenAllWaitsForEveryFutureAndKeepsTheFirstError) {
+  EXPECT_TRUE(when_all({}).ready());
+  Promise<void> a;
+  Promise<void> b;
+  Promise<void> c;
+  Future<void> all = when_all({a.get_future(), b.get_future(), c.get_future()});
+  b.set_error(InvalidArgument("b failed"));
+  a.set_value();
+  EXPECT_FALSE(all.ready());  // c is still out
+  c.set_error(TimeoutError("c failed"));
+  ASSERT_TRUE(all.ready());
+  EXPECT_THROW(all.wait(milliseconds(0)), InvalidArgument);
+  Promise<void> d;
+  Future<void> one = when_all({d.get_future()});
+  d.set_value();
+  EXPECT_NO_THROW(one.wait(milliseconds(0)));
+}
+
 }  // namespace
 }  // namespace tide

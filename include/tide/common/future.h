@@ -285,4 +285,43 @@ class Future {
   std::shared_ptr<detail::FutureState<T>> state_;
 };
 
+// Completes once every future in `futures` has: with the first error
+// among them, if any (the others' results are dropped). Ready at once for
+// none.
+inline Future<void> when_all(std::vector<Future<void>> futures) {
+  if (futures.empty()) {
+    return Future<void>::make_ready();
+  }
+  struct Join {
+    std::mutex mutex;
+    size_t left = 0;
+    std::exception_ptr error;  // The first. Guarded by mutex, as left.
+    Promise<void> done;
+  };
+  auto join = std::make_shared<Join>();
+  join->left = futures.size();
+  Future<void> out = join->done.get_future();
+  for (auto& f : futures) {
+    f.on_complete([join](const Future<void>& r) {
+      std::exception_ptr error;
+      {
+        std::lock_guard lock(join->mutex);
+        if (auto e = r.error(); e && !join->error) {
+          join->error = e;
+        }
+        if (--join->left > 0) {
+          return;
+        }
+        error = join->error;
+      }
+      if (error) {
+        join->done.set_exception(error);
+      } else {
+        join->done.set_value();
+      }
+    });
+  }
+  return out;
+}
+
 }  // namespace tide
