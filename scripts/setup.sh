@@ -18,6 +18,8 @@ packages=(
   python3 python3-torch
   # libtorch for tide's rpc tensors (tide/rpc/tensor.h users, their tests)
   libtorch-dev
+  # the torch.distributed.rpc backend (python/tide/torch_rpc): pybind11 2.10, as torch was built with
+  pybind11-dev python3-dev
   # tools the tests use
   procps iproute2 curl
 )

@@ -1,0 +1,5 @@
+"""tide: a native runtime for fault-tolerant and elastic distributed training.
+
+From Python, tide serves as a backend of torch.distributed.rpc:
+``import tide.torch_rpc`` registers ``torch.distributed.rpc.BackendType.TIDE``.
+"""
