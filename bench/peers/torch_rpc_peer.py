@@ -3,6 +3,11 @@
 
     torch_rpc_peer.py [--calls N] [--transport uv|shm|default] [--channel NAME]
     torch_rpc_peer.py --rank 0|1 --init-method tcp://HOST:PORT [...]
+    torch_rpc_peer.py --backend tide [...]
+
+With --backend tide the same program runs on tide's backend of torch.distributed.rpc
+(tide.torch_rpc, from build/python or wherever PYTHONPATH finds it): the lines then say
+"impl":"tide-py", and --transport uv|shm maps to its transports ["tcp"] and ["shm","tcp"].
 
 Two ranks, "worker0" (the driver) and "worker1" (the server), each initialised with
 TensorPipeRpcBackendOptions(init_method=..., num_worker_threads=16, rpc_timeout=120).
@@ -253,7 +258,7 @@ def measure_dist_autograd(head, steps, warmup, batch=16, dim=64):
 
 
 def drive(a):
-    head = {"impl": "torch"}
+    head = {"impl": "tide-py" if a.backend == "tide" else "torch"}
     if a.transport != "default":
         head["transport"] = a.transport
     if a.channel != "default":
@@ -286,17 +291,26 @@ def run_rank(rank, a, init_method, parent=None):
         die_with(parent)
     torch.set_num_threads(1)  # no intra-op pool: two ranks share the cores
     options = {"init_method": init_method, "num_worker_threads": 16, "rpc_timeout": 120}
-    if a.transport != "default":
-        options["_transports"] = [a.transport]
-    if a.channel != "default":
-        options["_channels"] = [a.channel]
+    if a.backend == "tide":
+        import tide.torch_rpc
+        if a.transport != "default":
+            options["transports"] = ["tcp"] if a.transport == "uv" else ["shm", "tcp"]
+        backend_options = tide.torch_rpc.TideRpcBackendOptions(**options)
+        backend = rpc.BackendType.TIDE
+    else:
+        if a.transport != "default":
+            options["_transports"] = [a.transport]
+        if a.channel != "default":
+            options["_channels"] = [a.channel]
+        backend_options = rpc.TensorPipeRpcBackendOptions(**options)
+        backend = rpc.BackendType.TENSORPIPE
     t0 = time.perf_counter()
     # init_rpc waits in C++ holding the GIL, where no Python timer or signal handler
     # runs; faulthandler's watchdog is a C thread: it prints where this process is
     # stuck ("Timeout (0:01:00)!") and exits with status 1.
     faulthandler.dump_traceback_later(a.init_timeout, exit=True)
     rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2,
-                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(**options))
+                 backend=backend, rpc_backend_options=backend_options)
     faulthandler.cancel_dump_traceback_later()
     log(f"rank {rank}: init_rpc({init_method}) took {time.perf_counter() - t0:.2f} s")
     try:
@@ -326,6 +340,7 @@ def main():
     p.add_argument("--warmup", type=int, default=500, help="calls before each measurement")
     p.add_argument("--init-timeout", type=float, default=60.0,
                    help="give up if init_rpc has not completed after this long, s")
+    p.add_argument("--backend", default="tensorpipe", choices=("tensorpipe", "tide"))
     p.add_argument("--transport", default="default", choices=("default", "uv", "shm"))
     p.add_argument("--channel", default="default",
                    help="TensorPipe channel: basic, cma, mpt_uv, ... (default: its choice)")

@@ -10,8 +10,10 @@
 #   tide   rpc_bench, both ranks on 127.0.0.1 (its choice of transport), then
 #          rpc_bench --transport tcp (TCP forced)
 #   torch  /usr/bin/python3 bench/peers/torch_rpc_peer.py (TensorPipe's choice)
+#   tide-py the same Python program on tide's backend of torch.distributed.rpc
+#          (torch_rpc_peer.py --backend tide, tide.torch_rpc from BUILD_DIR/python)
 #
-# interleaved (phys, tide, torch, phys, ...) so that noise hits every side
+# interleaved (phys, tide, torch, tide-py, phys, ...) so that noise hits every side
 # alike. Each side measures rank 0 calling rank 1: rpc_sync no-op round trips
 # (median, p99), rpc_async no-op calls/s with 64 and 256 outstanding, echo of
 # a 1 MiB and a 64 MiB float32 tensor (round trip, bytes each way per second),
@@ -91,7 +93,7 @@ if ((do_build)); then
     fi
     cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
   fi
-  cmake --build "$build" -j2 --target rpc_bench rpc_phys
+  cmake --build "$build" -j2 --target rpc_bench rpc_phys tide_torch_rpc_module
 fi
 rpc_bench="$build/bench/rpc_bench"
 phys="$build/bench/rpc_phys"
@@ -316,6 +318,23 @@ run_torch() {
   fi
 }
 
+# The Python program on the TIDE backend: the same commands as run_torch,
+# with tide's module on the path (across namespaces it listens on the
+# address that routes to rank 0: no interface to name).
+run_tide_py() {
+  local rep="$1" py=(env "PYTHONPATH=$build/python")
+  if ((netns)); then
+    next_port
+    local init=(--init-method "tcp://$host_a:$port")
+    serve "${in_b[@]}" "${py[@]}" \
+      "$torch_python" "$torch_peer" --backend tide --rank 1 "${init[@]}"
+    collect_pair tide-py "$rep" "${in_a[@]}" "${py[@]}" \
+      "$torch_python" "$torch_peer" --backend tide --rank 0 "${init[@]}"
+  else
+    collect tide-py "$rep" "${py[@]}" "$torch_python" "$torch_peer" --backend tide
+  fi
+}
+
 started=$SECONDS
 for ((rep = 0; rep < reps; rep++)); do
   echo "run.sh: round $((rep + 1))/$reps ($setup): phys" >&2
@@ -324,6 +343,8 @@ for ((rep = 0; rep < reps; rep++)); do
   run_tide "$rep"
   echo "run.sh: round $((rep + 1))/$reps ($setup): torch" >&2
   run_torch "$rep"
+  echo "run.sh: round $((rep + 1))/$reps ($setup): tide-py" >&2
+  run_tide_py "$rep"
 done
 echo "run.sh: $reps rounds in $((SECONDS - started)) s;" \
   "$failures failed runs" >&2

@@ -3,13 +3,17 @@
 
     summarize.py [FILE...]      (no FILE: stdin)
 
-Reads the lines of rpc_bench (tide), torch_rpc_peer.py (torch) and phys, each tagged by
-run.sh with "run" (phys, phys-poll, phys-1cpu, phys-2cpu, tide, tide-tcp, torch), "rep"
+Reads the lines of rpc_bench (tide), torch_rpc_peer.py (torch, and torch's frontend on
+tide's backend: tide-py) and phys, each tagged by
+run.sh with "run" (phys, phys-poll, phys-1cpu, phys-2cpu, tide, tide-tcp, torch, tide-py), "rep"
 and "setup" (local, netns); a line without "run" is placed by its "impl" (and
 "transport":"tcp" for tide).
 Prints one table per setup, columns
 
-    metric | tide | tide (tcp) | torch | torch/tide | phys
+    metric | tide | tide (tcp) | torch | torch on TIDE | torch/tide | TensorPipe/TIDE | phys
+
+(torch on TIDE: the same Python program as torch's column, backend=TIDE; TensorPipe/TIDE:
+how many times faster that is than torch's own backend)
 
 (columns with no figure are left out), notes on tide against the physical limits, and
 then lines starting with RESULT: one per median and per ratio. Plain Python, no torch.
@@ -21,7 +25,8 @@ import json
 import statistics
 import sys
 
-COLUMNS = (("tide", "tide"), ("tide-tcp", "tide (tcp)"), ("torch", "torch"))
+COLUMNS = (("tide", "tide"), ("tide-tcp", "tide (tcp)"), ("torch", "torch"),
+           ("tide-py", "torch on TIDE"))
 SETUPS = {"local": "one host (127.0.0.1)", "netns": "two network namespaces over a veth pair"}
 MIB = 1 << 20
 
@@ -221,7 +226,8 @@ def summarize(records, out):
             cells = {run: Cell(row, select(rs, run, row.metric, row.match), reps)
                      for run, _ in COLUMNS}
             ratio = speedup(row, cells["tide"].value, cells["torch"].value)
-            table.append((row, cells, ratio, phys_cell(row, rs)))
+            py_ratio = speedup(row, cells["tide-py"].value, cells["torch"].value)
+            table.append((row, cells, ratio, py_ratio, phys_cell(row, rs)))
             for run, cell in cells.items():
                 if cell.value is not None:
                     results.append(f"RESULT rpc setup={setup} run={run} {row.key()} "
@@ -229,25 +235,35 @@ def summarize(records, out):
             if ratio is not None:
                 results.append(f"RESULT rpc setup={setup} ratio=torch/tide {row.key()} "
                                f"value={ratio:.3g}")
+            if py_ratio is not None:
+                results.append(f"RESULT rpc setup={setup} ratio=tensorpipe/tide-py {row.key()} "
+                               f"value={py_ratio:.3g}")
         shown = [(run, title) for run, title in COLUMNS
-                 if any(cells[run].value is not None for _, cells, _, _ in table)]
-        show_ratio = any(ratio is not None for _, _, ratio, _ in table)
-        show_phys = any(phys for _, _, _, phys in table)
+                 if any(cells[run].value is not None for _, cells, _, _, _ in table)]
+        show_ratio = any(ratio is not None for _, _, ratio, _, _ in table)
+        show_py_ratio = any(r is not None for _, _, _, r, _ in table)
+        show_phys = any(phys for _, _, _, _, phys in table)
         header = ["metric"] + [title for _, title in shown]
         header += ["torch/tide"] if show_ratio else []
+        header += ["TensorPipe/TIDE"] if show_py_ratio else []
         header += ["phys"] if show_phys else []
         print(f"### {SETUPS.get(setup, setup)}: medians over {reps} rep{'s' if reps != 1 else ''}\n", file=out)
         print("| " + " | ".join(header) + " |", file=out)
         print("|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|", file=out)
-        for row, cells, ratio, phys in table:
+        for row, cells, ratio, py_ratio, phys in table:
             line = [row.label] + [cells[run].text for run, _ in shown]
             line += [fmt_ratio(ratio) if ratio is not None else ""] if show_ratio else []
+            line += [fmt_ratio(py_ratio) if py_ratio is not None else ""] if show_py_ratio else []
             line += [phys] if show_phys else []
             print("| " + " | ".join(line) + " |", file=out)
         print(file=out)
         if show_ratio:
             print("- torch/tide: how many times faster tide is (torch's latency / tide's, "
                   "tide's calls/s or bytes/s / torch's).", file=out)
+        if show_py_ratio:
+            print("- torch on TIDE: the same Python program as torch's column, on tide's "
+                  "backend (backend=TIDE); TensorPipe/TIDE: how many times faster that is.",
+                  file=out)
         torch = describe_torch(rs)
         if torch:
             print(f"- {torch}.", file=out)

@@ -8,9 +8,6 @@
 #include <thread>
 #include <utility>
 
-#include <asio/post.hpp>
-#include <asio/thread_pool.hpp>
-
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/rpc/rpc.h"
@@ -23,6 +20,7 @@
 #include "rpc/rrefs.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
+#include "transport/workers.h"
 
 namespace tide::rpc {
 
@@ -97,72 +95,18 @@ struct RpcAgent::Impl {
   std::mutex handlers_mutex;
   std::map<std::string, detail::Handler> handlers;  // Guarded by it.
 
-  std::unique_ptr<asio::thread_pool> pool;
-
-  // Functions to run, and the pool's tasks that run them. A burst of calls
-  // wakes one thread, which runs them one after another; another thread is
-  // woken only when every running one is inside a function (which may
-  // block), up to the pool's size. One task per call would wake a thread
-  // per call.
-  struct Runs {
-    std::mutex mutex;
-    std::deque<std::function<void()>> queue;
-    // queue.size(), readable without the mutex: a waiting runner watches it
-    // instead of taking the lock over and over from under the I/O thread.
-    std::atomic<size_t> queued{0};
-    int runners = 0;  // Tasks posted to the pool, not yet finished.
-    int busy = 0;     // Runners inside a function.
-  };
-  Runs runs;
-
-  void run_on_pool(std::function<void()> fn) {
-    std::unique_lock lock(runs.mutex);
-    runs.queue.push_back(std::move(fn));
-    runs.queued.store(runs.queue.size(), std::memory_order_release);
-    if (runs.runners > runs.busy ||
-        runs.runners == options.num_worker_threads) {
-      return;  // A runner will take it.
-    }
-    ++runs.runners;
-    lock.unlock();
-    asio::post(*pool, [this] {
-      std::unique_lock lock(runs.mutex);
-      bool waited = false;
-      for (;;) {
-        if (!runs.queue.empty()) {
-          auto next = std::move(runs.queue.front());
-          runs.queue.pop_front();
-          runs.queued.store(runs.queue.size(), std::memory_order_relaxed);
-          ++runs.busy;
-          lock.unlock();
-          next();
-          next = nullptr;
-          lock.lock();
-          --runs.busy;
-          waited = false;
-          continue;
-        }
-        if (waited) {
-          break;
-        }
-        // Calls come in streams: waiting a moment for the next is cheaper
-        // than waking a thread for it. Meanwhile this thread reads the next
-        // requests itself, when the loop is free: the one it then runs was
-        // never handed over.
-        lock.unlock();
-        transport->help(
-            [this] { return runs.queued.load(std::memory_order_acquire) > 0; });
-        lock.lock();
-        waited = true;
-      }
-      --runs.runners;
-    });
-  }
   // The books first: the transport, destroyed before them, may still
   // report to them until its thread ends.
   std::unique_ptr<detail::Calls> calls;
   std::unique_ptr<transport::Transport> transport;
   std::shared_ptr<detail::RRefBooks> books;
+  // Run the functions called here (transport/workers.h); gone before the
+  // transport they lend themselves to.
+  std::unique_ptr<transport::Workers> workers;
+
+  void run_on_pool(std::function<void()> fn) {
+    workers->run(std::move(fn));
+  }
 
   // Functions running here. Shared: an async function may complete after
   // the agent is gone.
@@ -388,7 +332,9 @@ struct RpcAgent::Impl {
     if (calls) {
       calls->fail_all("rpc agent '" + self.name + "' is shut down");
     }
-    pool->join();
+    if (workers) {
+      workers->join();
+    }
   }
 
   // The autograd record of a call that came inside a distributed autograd
@@ -587,8 +533,6 @@ RpcAgent::RpcAgent(
   impl.world_size = world_size;
   impl.options = detail::with_defaults(std::move(options));
   impl.store = std::move(store);
-  impl.pool = std::make_unique<asio::thread_pool>(
-      static_cast<size_t>(impl.options.num_worker_threads));
   try {
     impl.transport = std::make_unique<transport::Transport>(
         transport::TransportOptions{
@@ -613,6 +557,8 @@ RpcAgent::RpcAgent(
                   }
                 },
         });
+    impl.workers = std::make_unique<transport::Workers>(
+        *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
     impl.calls =
         std::make_unique<detail::Calls>(*impl.transport, impl.self.name);
     impl.books = std::make_shared<detail::RRefBooks>(
@@ -633,8 +579,6 @@ RpcAgent::RpcAgent(
   } catch (...) {
     if (impl.transport) {
       impl.stop_local();
-    } else {
-      impl.pool->join();
     }
     throw;
   }

@@ -8,8 +8,6 @@
 #include <optional>
 #include <utility>
 
-#include <asio/post.hpp>
-#include <asio/thread_pool.hpp>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/rpc/utils.h>
 
@@ -18,30 +16,13 @@
 
 #include "common/clock.h"
 #include "torch_rpc/wire.h"
+#include "transport/workers.h"
 
 namespace tide::torch_rpc {
 
 using std::chrono::milliseconds;
 
 namespace {
-
-// A short string field: its length, a colon, its bytes.
-void put_field(std::string& out, const std::string& s) {
-  out += std::to_string(s.size()) + ":" + s;
-}
-
-std::string take_field(const std::string& in, size_t& at) {
-  size_t colon = in.find(':', at);
-  if (colon == std::string::npos) {
-    throw std::runtime_error("malformed tide rpc worker entry in the store");
-  }
-  size_t n = std::stoul(in.substr(at, colon - at));
-  if (colon + 1 + n > in.size()) {
-    throw std::runtime_error("truncated tide rpc worker entry in the store");
-  }
-  at = colon + 1 + n;
-  return in.substr(colon + 1, n);
-}
 
 std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};
@@ -98,7 +79,8 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   std::unordered_map<std::string, int> ids;
   c10::intrusive_ptr<c10d::Store> store;
   std::unique_ptr<transport::Transport> transport;
-  std::unique_ptr<asio::thread_pool> pool;
+  // Run requests and completions; gone before the transport.
+  std::unique_ptr<transport::Workers> workers;
   int join_round = 0;
 
   std::mutex mutex;
@@ -117,7 +99,6 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   int client_active = 0;  // Guarded by count_mutex.
   int server_active = 0;  // Guarded by count_mutex.
   int server_async = 0;   // Guarded by count_mutex.
-  std::atomic<int> busy_threads{0};
   std::mutex gil_mutex;
   double gil_wait_us_sum = 0;  // Guarded by gil_mutex.
   uint64_t gil_waits = 0;      // Guarded by gil_mutex.
@@ -135,15 +116,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void run_on_pool(std::function<void()> fn) {
-    asio::post(*pool, [this, fn = std::move(fn)] {
-      busy_threads.fetch_add(1);
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        TIDE_LOG_ERROR("[{}] torch rpc task failed: {}", name(), e.what());
-      }
-      busy_threads.fetch_sub(1);
-    });
+    workers->run(std::move(fn));
   }
 
   // ---- the calls this worker makes ----
@@ -363,13 +336,14 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   // ---- the group ----
 
   void rendezvous(int rank, const std::string& self) {
-    std::string entry;
-    put_field(entry, self);
-    put_field(entry, options.listen_host);
-    put_field(entry, std::to_string(transport->port()));
-    put_field(entry, transport::local_host_key());
-    put_field(entry, transport->local_name());
-    store->set("tide/workers/" + std::to_string(rank), bytes(entry));
+    transport::PeerAddress me;
+    me.name = self;
+    me.host = options.listen_host;
+    me.port = transport->port();
+    me.host_key = transport::local_host_key();
+    me.local_name = transport->local_name();
+    store->set(
+        "tide/workers/" + std::to_string(rank), bytes(encode_worker_entry(me)));
     std::vector<std::string> keys;
     for (int r = 0; r < world_size; ++r) {
       keys.push_back("tide/workers/" + std::to_string(r));
@@ -394,15 +368,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     std::vector<transport::PeerAddress> peers;
     for (int r = 0; r < world_size; ++r) {
       auto raw = store->get(keys[static_cast<size_t>(r)]);
-      std::string value(raw.begin(), raw.end());
-      size_t at = 0;
-      transport::PeerAddress p;
-      p.id = r;
-      p.name = take_field(value, at);
-      p.host = take_field(value, at);
-      p.port = static_cast<uint16_t>(std::stoi(take_field(value, at)));
-      p.host_key = take_field(value, at);
-      p.local_name = take_field(value, at);
+      auto p = decode_worker_entry(r, std::string(raw.begin(), raw.end()));
       auto [it, fresh] = ids.emplace(p.name, r);
       TORCH_CHECK(
           fresh,
@@ -443,7 +409,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     }
     transport->shutdown();
     transport->join();
-    pool->join();
+    workers->join();
     std::vector<Call> left;
     {
       std::lock_guard lock(mutex);
@@ -486,8 +452,6 @@ Agent::Agent(
   impl.options = checked(std::move(options));
   impl.world_size = world_size;
   impl.store = store;
-  impl.pool = std::make_unique<asio::thread_pool>(
-      static_cast<size_t>(impl.options.num_worker_threads));
   bool shm = std::find(
                  impl.options.transports.begin(),
                  impl.options.transports.end(),
@@ -513,12 +477,12 @@ Agent::Agent(
                   impl.on_closed(pipe, why);
                 },
         });
+    impl.workers = std::make_unique<transport::Workers>(
+        *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
     impl.rendezvous(rank, workerInfo_.name_);
   } catch (...) {
-    if (impl.transport) {
+    if (impl.workers) {
       impl.stop();
-    } else {
-      impl.pool->join();
     }
     throw;
   }
@@ -643,7 +607,7 @@ std::unordered_map<std::string, std::string> Agent::getMetrics() {
   int threads = impl.options.num_worker_threads;
   m["agent.thread_pool_size"] = std::to_string(threads);
   m["agent.num_idle_threads"] =
-      std::to_string(std::max(0, threads - impl.busy_threads.load()));
+      std::to_string(threads - static_cast<int>(impl.workers->busy()));
   {
     std::lock_guard lock(impl.count_mutex);
     m["agent.client_active_calls"] = std::to_string(impl.client_active);

@@ -50,6 +50,24 @@ PYBIND11_MODULE(_torch_rpc, m) {
           py::arg("world_size"),
           py::arg("rpc_backend_options"),
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "get_worker_info",
+          [](const Agent& a) { return a.getWorkerInfo(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "get_worker_info",
+          [](const Agent& a, const std::string& name) {
+            return a.getWorkerInfo(name);
+          },
+          py::arg("worker_name"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "get_worker_info",
+          [](const Agent& a, tr::worker_id_t id) {
+            return a.getWorkerInfo(id);
+          },
+          py::arg("id"),
+          py::call_guard<py::gil_scoped_release>())
       // Both wait for the worker threads, which may need the GIL.
       .def(
           "join",

@@ -63,7 +63,47 @@ void check_fits(const at::Tensor& t, const ReceivedSizes& received) {
   }
 }
 
+// A short string field: its length, a colon, its bytes.
+void put_field(std::string& out, const std::string& s) {
+  out += std::to_string(s.size()) + ":" + s;
+}
+
+std::string take_field(const std::string& in, size_t& at) {
+  size_t colon = in.find(':', at);
+  if (colon == std::string::npos || colon == at || colon - at > 9) {
+    throw std::runtime_error("malformed tide rpc worker entry in the store");
+  }
+  size_t n = std::stoul(in.substr(at, colon - at));
+  if (n > in.size() - colon - 1) {
+    throw std::runtime_error("truncated tide rpc worker entry in the store");
+  }
+  at = colon + 1 + n;
+  return in.substr(colon + 1, n);
+}
+
 }  // namespace
+
+std::string encode_worker_entry(const transport::PeerAddress& a) {
+  std::string out;
+  put_field(out, a.name);
+  put_field(out, a.host);
+  put_field(out, std::to_string(a.port));
+  put_field(out, a.host_key);
+  put_field(out, a.local_name);
+  return out;
+}
+
+transport::PeerAddress decode_worker_entry(int rank, const std::string& entry) {
+  size_t at = 0;
+  transport::PeerAddress a;
+  a.id = rank;
+  a.name = take_field(entry, at);
+  a.host = take_field(entry, at);
+  a.port = static_cast<uint16_t>(std::stoul(take_field(entry, at)));
+  a.host_key = take_field(entry, at);
+  a.local_name = take_field(entry, at);
+  return a;
+}
 
 transport::MessageTypes torch_message_types() {
   return {{kTorchRequest, "TORCH_REQUEST"}, {kTorchResponse, "TORCH_RESPONSE"}};

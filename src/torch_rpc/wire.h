@@ -36,4 +36,10 @@ transport::Message to_wire(
 c10::intrusive_ptr<torch::distributed::rpc::Message> from_wire(
     transport::Message m);
 
+// A worker's entry in the rendezvous store ("tide/workers/<rank>"): its
+// name and where it listens, as length-prefixed fields.
+std::string encode_worker_entry(const transport::PeerAddress& address);
+// Throws std::runtime_error for an entry that does not parse.
+transport::PeerAddress decode_worker_entry(int rank, const std::string& entry);
+
 }  // namespace tide::torch_rpc

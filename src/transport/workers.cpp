@@ -1,0 +1,85 @@
+#include "transport/workers.h"
+
+#include <exception>
+#include <utility>
+
+#include <asio/post.hpp>
+
+#include "tide/common/logging.h"
+
+namespace tide::transport {
+
+Workers::Workers(Transport& transport, size_t threads)
+    : transport_(transport), threads_(threads), pool_(threads) {}
+
+Workers::~Workers() {
+  join();
+}
+
+void Workers::run(std::function<void()> fn) {
+  std::unique_lock lock(mutex_);
+  if (joined_) {
+    return;
+  }
+  queue_.push_back(std::move(fn));
+  queued_.store(queue_.size(), std::memory_order_release);
+  if (runners_ > busy_.load(std::memory_order_relaxed) ||
+      runners_ == threads_) {
+    return;  // A runner will take it.
+  }
+  ++runners_;
+  lock.unlock();
+  asio::post(pool_, [this] { drain(); });
+}
+
+void Workers::drain() {
+  std::unique_lock lock(mutex_);
+  bool waited = false;
+  for (;;) {
+    if (!queue_.empty()) {
+      auto next = std::move(queue_.front());
+      queue_.pop_front();
+      queued_.store(queue_.size(), std::memory_order_relaxed);
+      busy_.fetch_add(1, std::memory_order_relaxed);
+      lock.unlock();
+      try {
+        next();
+      } catch (const std::exception& e) {
+        TIDE_LOG_ERROR("a transport worker's task threw: {}", e.what());
+      }
+      next = nullptr;
+      lock.lock();
+      busy_.fetch_sub(1, std::memory_order_relaxed);
+      waited = false;
+      continue;
+    }
+    if (waited || joined_) {
+      break;
+    }
+    // Work comes in streams: waiting a moment for the next is cheaper than
+    // waking a thread for it. Meanwhile this thread reads messages itself
+    // when the loop is free.
+    lock.unlock();
+    transport_.help(
+        [this] { return queued_.load(std::memory_order_acquire) > 0; });
+    lock.lock();
+    waited = true;
+  }
+  --runners_;
+}
+
+void Workers::join() {
+  {
+    std::lock_guard lock(mutex_);
+    if (joined_) {
+      return;
+    }
+  }
+  // Queued work runs: the runners take it before they end.
+  pool_.join();
+  std::lock_guard lock(mutex_);
+  joined_ = true;
+  queue_.clear();
+}
+
+}  // namespace tide::transport

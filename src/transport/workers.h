@@ -1,0 +1,67 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+#include <asio/thread_pool.hpp>
+
+#include "transport/transport.h"
+
+// The threads that run the work of the layer above (the functions called on
+// a worker, the completions of its calls), beside a transport's loop.
+//
+// A burst of work wakes one thread, which runs it one function after
+// another; another thread is woken only when every running one is inside a
+// function (which may block), up to `threads`. An idle thread waits for the
+// next function a moment before it sleeps, lending itself to the transport's
+// loop meanwhile (Transport::help): the message that brings the next
+// function is then read on the thread that runs it, with no hand-off. One
+// task per function would wake a thread per function (50-200 us on a
+// virtual machine).
+namespace tide::transport {
+
+class Workers {
+ public:
+  // `transport` must outlive this.
+  Workers(Transport& transport, size_t threads);
+  // join().
+  ~Workers();
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+
+  // Queues fn. Thread safe. An exception fn throws is logged.
+  void run(std::function<void()> fn);
+
+  size_t threads() const {
+    return threads_;
+  }
+  // Threads inside a function now.
+  size_t busy() const {
+    return busy_.load(std::memory_order_relaxed);
+  }
+
+  // Runs what is queued, then waits for the threads to end; run() after it
+  // does nothing. Idempotent.
+  void join();
+
+ private:
+  // A thread's task: runs queued functions until none has come for a while.
+  void drain();
+
+  Transport& transport_;
+  const size_t threads_;
+  asio::thread_pool pool_;
+  std::mutex mutex_;
+  std::deque<std::function<void()>> queue_;  // Guarded by mutex_.
+  // queue_.size(), readable without the mutex: an idle thread watches it
+  // instead of taking the lock over and over from under the I/O thread.
+  std::atomic<size_t> queued_{0};
+  size_t runners_ = 0;           // Tasks posted to the pool, not yet finished.
+  std::atomic<size_t> busy_{0};  // Runners inside a function.
+  bool joined_ = false;          // Guarded by mutex_.
+};
+
+}  // namespace tide::transport
