@@ -5,6 +5,8 @@
 #   component runtime -> package tide:     bin/tiderun, tide-store, tide-timeline
 #   component dev     -> package tide-dev: include/tide/, lib/libtide_*.a,
 #                        lib/cmake/tide/, lib/pkgconfig/tide-*.pc
+#   component python  -> package python3-tide: lib/python3/dist-packages/tide/
+#                        (the TIDE backend of torch.distributed.rpc)
 #
 # The parts' libraries and pkg-config files are installed where they are
 # made (src/CMakeLists.txt), the programs in apps/CMakeLists.txt.
@@ -79,6 +81,9 @@ set(CPACK_STRIP_FILES ON)
 set(CPACK_GENERATOR DEB)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL runtime dev)
+if(NOT TIDE_SANITIZE)
+  list(APPEND CPACK_COMPONENTS_ALL python)
+endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME tide)
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION utils)
@@ -90,5 +95,11 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_RECOMMENDS "tide (= ${PROJECT_VERSION})")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
   "tide's C++ libraries: headers, static libraries, CMake package, pkg-config files")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-tide)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3-torch")
+set(CPACK_COMPONENT_PYTHON_DESCRIPTION
+  "tide as a backend of torch.distributed.rpc: import tide.torch_rpc, then backend=BackendType.TIDE")
 set(CPACK_PROJECT_CONFIG_FILE ${PROJECT_SOURCE_DIR}/cmake/cpack_project.cmake)
 include(CPack)

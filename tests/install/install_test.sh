@@ -152,6 +152,13 @@ packages)
       usr/lib/pkgconfig/tide-elastic.pc usr/include/tide/rpc/rpc.h; do
     grep -q "\./$f\$" <<<"$dev_files" || fail "tide-dev lacks $f"
   done
+  py=$(echo "$packages"/python3-tide_*.deb)
+  [[ -f $py ]] || fail "no python3-tide_*.deb in $packages"
+  py_files=$(dpkg-deb --contents "$py")
+  for f in __init__.py torch_rpc.py _torch_rpc.cpython-; do
+    grep -q "\./usr/lib/python3/dist-packages/tide/$f" <<<"$py_files" || fail "python3-tide lacks tide/$f*"
+  done
+  grep -q python3-torch <<<"$(dpkg-deb --field "$py" Depends)" || fail "python3-tide does not depend on python3-torch"
   # Stripped: the programs and the archives carry no debugging sections.
   rm -rf "$work/peek" && dpkg-deb -x "$deb" "$work/peek"
   if readelf -S "$work/peek/usr/bin/tiderun" | grep -q '\.debug_info'; then
@@ -162,12 +169,19 @@ packages)
 unpacked)
   root=$work/root
   rm -rf "$root"
-  for deb in "$packages"/tide_*.deb "$packages"/tide-dev_*.deb; do
+  for deb in "$packages"/tide_*.deb "$packages"/tide-dev_*.deb "$packages"/python3-tide_*.deb; do
     [[ -f $deb ]] || fail "no packages in $packages (run the packages step first)"
     dpkg-deb -x "$deb" "$root"
   done
   step "the unpacked tiderun runs a standalone job"
   "$root/usr/bin/tiderun" --standalone --nproc-per-node=2 --no-python /bin/true
+  step "the unpacked python3-tide serves torch.distributed.rpc"
+  PYTHONPATH="$root/usr/lib/python3/dist-packages" /usr/bin/python3 -c '
+import torch, torch.distributed.rpc as rpc, tide.torch_rpc
+opts = tide.torch_rpc.TideRpcBackendOptions(init_method="tcp://127.0.0.1:'"$(free_port)"'")
+rpc.init_rpc("solo", rank=0, world_size=1, backend=rpc.BackendType.TIDE, rpc_backend_options=opts)
+assert torch.equal(rpc.rpc_sync("solo", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
+rpc.shutdown()' || fail "the unpacked python3-tide does not run a call"
   step "the unpacked tide-dev serves find_package(tide)"
   consumer "$root/usr" "$work/consumer-deb" rpc_hello hostlist_rendezvous
   run_installed "$root/usr/bin" "$work/consumer-deb"

@@ -33,7 +33,11 @@ args, _ = parser.parse_known_args()
 
 from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS, generate_tests  # noqa: E402
 
-if args.backend == "TIDE":
+# Spawned workers import this module again, with this process's arguments
+# gone (torch's utilities parse sys.argv too, so main() clears it): they learn
+# the backend from the environment.
+backend = os.environ.setdefault("TIDE_RPC_SUITE_BACKEND", args.backend)
+if backend == "TIDE":
     from tide_fixture import TideRpcAgentTestFixture as fixture
     prefix = "Tide"
 else:
