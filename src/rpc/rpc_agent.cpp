@@ -568,7 +568,7 @@ RpcAgent::RpcAgent(
         [&impl](int id) {
           return id >= 0 && static_cast<size_t>(id) < impl.infos.size()
                      ? impl.infos[static_cast<size_t>(id)].name
-                     : "#" + std::to_string(id);
+                     : std::to_string(id).insert(0, 1, '#');
         },
         impl.options.rpc_timeout);
     impl.books->set_agent(this);

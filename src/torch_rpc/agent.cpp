@@ -115,8 +115,12 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     count_cv.notify_all();
   }
 
+  // Runs fn on a worker thread; here, once the workers are gone (a call
+  // failed during shutdown must still complete).
   void run_on_pool(std::function<void()> fn) {
-    workers->run(std::move(fn));
+    if (!workers->run(fn)) {
+      fn();
+    }
   }
 
   // ---- the calls this worker makes ----
@@ -235,7 +239,18 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   void on_message(const transport::Pipe& pipe, transport::Message m) {
     if (m.type == kTorchResponse) {
       if (auto call = take(m.id)) {
-        auto msg = from_wire(std::move(m));
+        c10::intrusive_ptr<tr::Message> msg;
+        try {
+          msg = from_wire(std::move(m));
+        } catch (const std::exception& e) {
+          // The connection goes (the throw); this call goes with it.
+          complete(
+              std::move(*call),
+              {},
+              "malformed reply from " + transport->peer_label(pipe.peer()) +
+                  ": " + e.what());
+          throw;
+        }
         if (msg->type() == tr::MessageType::EXCEPTION) {
           std::string text(msg->payload().begin(), msg->payload().end());
           complete(std::move(*call), {}, std::move(text));
@@ -282,7 +297,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
 
   void serve_on_pool(const transport::Pipe& pipe, transport::Message m) {
     count(server_active, +1);
-    run_on_pool([self = shared_from_this(), pipe, m = std::move(m)]() mutable {
+    workers->run([self = shared_from_this(), pipe, m = std::move(m)]() mutable {
       self->serve(pipe, std::move(m));
     });
   }

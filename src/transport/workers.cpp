@@ -16,20 +16,21 @@ Workers::~Workers() {
   join();
 }
 
-void Workers::run(std::function<void()> fn) {
+bool Workers::run(std::function<void()> fn) {
   std::unique_lock lock(mutex_);
   if (joined_) {
-    return;
+    return false;
   }
   queue_.push_back(std::move(fn));
   queued_.store(queue_.size(), std::memory_order_release);
   if (runners_ > busy_.load(std::memory_order_relaxed) ||
       runners_ == threads_) {
-    return;  // A runner will take it.
+    return true;  // A runner will take it.
   }
   ++runners_;
   lock.unlock();
   asio::post(pool_, [this] { drain(); });
+  return true;
 }
 
 void Workers::drain() {
@@ -74,12 +75,11 @@ void Workers::join() {
     if (joined_) {
       return;
     }
+    joined_ = true;
   }
-  // Queued work runs: the runners take it before they end.
+  // What is queued runs: a runner takes every function queued before it
+  // ends, and no function comes after joined_.
   pool_.join();
-  std::lock_guard lock(mutex_);
-  joined_ = true;
-  queue_.clear();
 }
 
 }  // namespace tide::transport

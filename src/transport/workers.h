@@ -32,8 +32,9 @@ class Workers {
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
 
-  // Queues fn. Thread safe. An exception fn throws is logged.
-  void run(std::function<void()> fn);
+  // Queues fn and returns true; false, leaving fn alone, after join() has
+  // begun. Thread safe. An exception fn throws is logged.
+  bool run(std::function<void()> fn);
 
   size_t threads() const {
     return threads_;
@@ -43,8 +44,8 @@ class Workers {
     return busy_.load(std::memory_order_relaxed);
   }
 
-  // Runs what is queued, then waits for the threads to end; run() after it
-  // does nothing. Idempotent.
+  // Refuses new work, runs what is queued, then waits for the threads to
+  // end. Idempotent.
   void join();
 
  private:
