@@ -71,7 +71,6 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     bool has_deadline = false;
   };
 
-  Agent* agent = nullptr;
   const tr::RequestCallback* callback = nullptr;
   AgentOptions options;
   int world_size = 0;
@@ -103,8 +102,15 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   double gil_wait_us_sum = 0;  // Guarded by gil_mutex.
   uint64_t gil_waits = 0;      // Guarded by gil_mutex.
 
+  // This worker's name, for messages (a copy: an async reply may be
+  // written as the Agent is destroyed).
+  std::string self_name;
+  // Serving: from start() to shutdown (the Agent's rpcAgentRunning_, which
+  // Impl may outlive).
+  std::atomic<bool> serving{false};
+
   const std::string& name() const {
-    return agent->getWorkerInfo().name_;
+    return self_name;
   }
 
   void count(int& counter, int delta) {
@@ -157,10 +163,12 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     }
   }
 
-  std::optional<Call> take(uint64_t id) {
+  // Takes call `id` off the books; with `pipe`, only when it went out on
+  // that connection (a reply counts only from there).
+  std::optional<Call> take(uint64_t id, const void* pipe = nullptr) {
     std::lock_guard lock(mutex);
     auto it = calls.find(id);
-    if (it == calls.end()) {
+    if (it == calls.end() || (pipe != nullptr && it->second.pipe != pipe)) {
       return std::nullopt;
     }
     Call call = std::move(it->second);
@@ -180,16 +188,28 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
                  future = std::move(call.future),
                  reply = std::move(reply),
                  error = std::move(error)]() mutable {
+      finish(*future, std::move(reply), std::move(error));
+    });
+  }
+
+  // Completes a call's future (its callbacks run here), then counts it
+  // done: after the callbacks, which may have sent more, so that join()
+  // never sees zero in between. A callback that throws is logged.
+  void finish(
+      tr::JitFuture& future,
+      c10::intrusive_ptr<tr::Message> reply,
+      std::optional<std::string> error) {
+    try {
       if (error) {
-        future->setError(std::make_exception_ptr(std::runtime_error(*error)));
+        future.setError(std::make_exception_ptr(std::runtime_error(*error)));
       } else {
         auto storages = reply->getStorages();
-        future->markCompleted(c10::IValue(reply), std::move(storages));
+        future.markCompleted(c10::IValue(reply), std::move(storages));
       }
-      // After the callbacks, which may have sent more: join() must not see
-      // zero in between.
-      count(client_active, -1);
-    });
+    } catch (const std::exception& e) {
+      TIDE_LOG_ERROR("[{}] a call's callback threw: {}", name(), e.what());
+    }
+    count(client_active, -1);
   }
 
   void fail(uint64_t id, std::string why) {
@@ -238,7 +258,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
 
   void on_message(const transport::Pipe& pipe, transport::Message m) {
     if (m.type == kTorchResponse) {
-      if (auto call = take(m.id)) {
+      if (auto call = take(m.id, pipe.id())) {
         c10::intrusive_ptr<tr::Message> msg;
         try {
           msg = from_wire(std::move(m));
@@ -297,9 +317,13 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
 
   void serve_on_pool(const transport::Pipe& pipe, transport::Message m) {
     count(server_active, +1);
-    workers->run([self = shared_from_this(), pipe, m = std::move(m)]() mutable {
-      self->serve(pipe, std::move(m));
-    });
+    bool queued = workers->run(
+        [self = shared_from_this(), pipe, m = std::move(m)]() mutable {
+          self->serve(pipe, std::move(m));
+        });
+    if (!queued) {
+      count(server_active, -1);  // shutting down: dropped
+    }
   }
 
   void serve(const transport::Pipe& pipe, transport::Message m) {
@@ -324,7 +348,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   void respond(const transport::Pipe& pipe, uint64_t id, tr::JitFuture& done) {
     count(server_active, -1);
     count(server_async, -1);
-    if (!agent->rpcAgentRunning_.load()) {
+    if (!serving.load()) {
       TIDE_LOG_DEBUG(
           "[{}] not answering request {}: rpc is shutting down", name(), id);
       return;
@@ -342,7 +366,18 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       wire = to_wire(tr::createExceptionResponse(e, static_cast<int64_t>(id)));
     }
     std::string why;
-    if (!pipe.send(std::move(wire), &why)) {
+    bool sent = false;
+    try {
+      sent = pipe.send(std::move(wire), &why);
+    } catch (const std::exception& e) {
+      // Over the frame limits: the caller learns why instead of waiting.
+      sent = pipe.send(
+          to_wire(tr::createExceptionResponse(
+              std::string("the reply could not be sent: ") + e.what(),
+              static_cast<int64_t>(id))),
+          &why);
+    }
+    if (!sent) {
       TIDE_LOG_DEBUG(
           "[{}] the answer to request {} was dropped: {}", name(), id, why);
     }
@@ -435,10 +470,11 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       deadlines.clear();
     }
     for (auto& call : left) {
-      call.future->setError(std::make_exception_ptr(std::runtime_error(
+      finish(
+          *call.future,
+          {},
           "RPC agent of worker '" + name() +
-          "' shut down before the reply came")));
-      count(client_active, -1);
+              "' shut down before the reply came");
     }
   }
 };
@@ -462,7 +498,7 @@ Agent::Agent(
       rank,
       " is outside world_size ",
       world_size);
-  impl.agent = this;
+  impl.self_name = workerInfo_.name_;
   impl.callback = cb_.get();
   impl.options = checked(std::move(options));
   impl.world_size = world_size;
@@ -510,6 +546,16 @@ Agent::Agent(
 }
 
 Agent::~Agent() {
+  // Still running when rpc.shutdown() was skipped: shut down here, while
+  // shutdownImpl() is still this class's.
+  if (rpcAgentRunning_.load()) {
+    try {
+      shutdown();
+    } catch (const std::exception& e) {
+      TIDE_LOG_WARN(
+          "[{}] torch rpc shutdown failed: {}", impl_->name(), e.what());
+    }
+  }
   impl_->stop();
 }
 
@@ -604,6 +650,7 @@ void Agent::startImpl() {
   {
     std::lock_guard lock(impl_->mutex);
     impl_->started = true;
+    impl_->serving.store(true);
     early.swap(impl_->early);
   }
   for (auto& [pipe, m] : early) {
@@ -613,6 +660,7 @@ void Agent::startImpl() {
 
 void Agent::shutdownImpl() {
   TIDE_LOG_DEBUG("[{}] torch rpc agent shutting down", workerInfo_.name_);
+  impl_->serving.store(false);
   impl_->stop();
 }
 

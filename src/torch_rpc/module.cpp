@@ -36,6 +36,9 @@ PYBIND11_MODULE(_torch_rpc, m) {
                       int rank,
                       int world_size,
                       const AgentOptions& options) {
+            // The rendezvous waits for the other workers: without the GIL
+            // (but pybind11 registers the instance with it).
+            py::gil_scoped_release release;
             return std::make_shared<Agent>(
                 store,
                 std::move(name),
@@ -48,8 +51,7 @@ PYBIND11_MODULE(_torch_rpc, m) {
           py::arg("name"),
           py::arg("rank"),
           py::arg("world_size"),
-          py::arg("rpc_backend_options"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("rpc_backend_options"))
       .def(
           "get_worker_info",
           [](const Agent& a) { return a.getWorkerInfo(); },

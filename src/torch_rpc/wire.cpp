@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include <ATen/ops/_validate_sparse_coo_tensor_args.h>
 #include <torch/csrc/distributed/rpc/utils.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
@@ -29,10 +30,22 @@ using ReceivedSizes = std::unordered_map<const void*, size_t>;
 // bytes its storage came with (`received`, by address): the pickle's sizes
 // are only claims.
 void check_fits(const at::Tensor& t, const ReceivedSizes& received) {
-  if (t.is_sparse()) {
+  if (t.layout() == at::kSparse) {
     check_fits(t._indices(), received);
     check_fits(t._values(), received);
+    try {
+      at::_validate_sparse_coo_tensor_args(
+          t._indices(), t._values(), t.sizes());
+    } catch (const std::exception& e) {
+      throw ProtocolError(
+          std::string("a received sparse tensor is inconsistent: ") + e.what());
+    }
     return;
+  }
+  if (t.layout() != at::kStrided) {
+    throw ProtocolError(
+        "a received tensor has a layout the TIDE backend does not carry "
+        "(strided and sparse COO only)");
   }
   if (!t.has_storage()) {
     return;
@@ -44,22 +57,33 @@ void check_fits(const at::Tensor& t, const ReceivedSizes& received) {
         std::to_string(t.storage().nbytes()) + " bytes; " +
         std::to_string(it->second) + " came");
   }
-  if (t.numel() == 0) {
+  // The last element's byte, computed without overflow: the sizes, strides
+  // and offset are the peer's claims.
+  bool empty = false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) < 0 || t.stride(d) < 0) {
+      throw ProtocolError("a received tensor has a negative size or stride");
+    }
+    empty = empty || t.size(d) == 0;
+  }
+  if (empty) {
     return;
   }
   int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.stride(d) < 0) {
-      throw ProtocolError("a received tensor has a negative stride");
-    }
-    last += (t.size(d) - 1) * t.stride(d);
+  bool overflow = last < 0;
+  for (int64_t d = 0; d < t.dim() && !overflow; ++d) {
+    int64_t reach = 0;
+    overflow = __builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) ||
+               __builtin_add_overflow(last, reach, &last);
   }
-  auto need = static_cast<uint64_t>(last + 1) * t.element_size();
-  if (t.storage_offset() < 0 || need > t.storage().nbytes()) {
+  int64_t need = 0;
+  overflow = overflow || __builtin_add_overflow(last, 1, &need) ||
+             __builtin_mul_overflow(
+                 need, static_cast<int64_t>(t.element_size()), &need);
+  if (overflow || static_cast<uint64_t>(need) > t.storage().nbytes()) {
     throw ProtocolError(
-        "a received tensor needs " + std::to_string(need) +
-        " bytes of its storage, which has " +
-        std::to_string(t.storage().nbytes()));
+        "a received tensor reaches past its storage of " +
+        std::to_string(t.storage().nbytes()) + " bytes");
   }
 }
 
@@ -73,7 +97,13 @@ std::string take_field(const std::string& in, size_t& at) {
   if (colon == std::string::npos || colon == at || colon - at > 9) {
     throw std::runtime_error("malformed tide rpc worker entry in the store");
   }
-  size_t n = std::stoul(in.substr(at, colon - at));
+  size_t n = 0;
+  for (size_t k = at; k < colon; ++k) {
+    if (in[k] < '0' || in[k] > '9') {
+      throw std::runtime_error("malformed tide rpc worker entry in the store");
+    }
+    n = n * 10 + static_cast<size_t>(in[k] - '0');
+  }
   if (n > in.size() - colon - 1) {
     throw std::runtime_error("truncated tide rpc worker entry in the store");
   }
@@ -99,7 +129,14 @@ transport::PeerAddress decode_worker_entry(int rank, const std::string& entry) {
   a.id = rank;
   a.name = take_field(entry, at);
   a.host = take_field(entry, at);
-  a.port = static_cast<uint16_t>(std::stoul(take_field(entry, at)));
+  std::string port = take_field(entry, at);
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535) {
+    throw std::runtime_error(
+        "bad port '" + port + "' in a tide rpc worker entry");
+  }
+  a.port = static_cast<uint16_t>(std::stoul(port));
   a.host_key = take_field(entry, at);
   a.local_name = take_field(entry, at);
   return a;
@@ -187,8 +224,16 @@ c10::intrusive_ptr<tr::Message> from_wire(transport::Message m) {
           nullptr,
           nullptr,
           [&m, &received](const std::string& name) -> at::DataPtr {
-            size_t i = std::stoul(name) + 1;
-            if (i >= m.buffers.size()) {
+            size_t i = 0;
+            for (char c : name) {
+              if (c < '0' || c > '9' || i > m.buffers.size()) {
+                i = m.buffers.size();  // not a storage that came
+                break;
+              }
+              i = i * 10 + static_cast<size_t>(c - '0');
+            }
+            i += 1;
+            if (name.empty() || i >= m.buffers.size()) {
               throw ProtocolError(
                   "tensor storage " + name + " is not among the " +
                   std::to_string(m.buffers.size() - 1) + " that came");

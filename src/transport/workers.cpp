@@ -47,6 +47,8 @@ void Workers::drain() {
         next();
       } catch (const std::exception& e) {
         TIDE_LOG_ERROR("a transport worker's task threw: {}", e.what());
+      } catch (...) {
+        TIDE_LOG_ERROR("a transport worker's task threw a non-exception");
       }
       next = nullptr;
       lock.lock();

@@ -127,6 +127,12 @@ TEST(WireTest, MalformedMessagesAreProtocolErrors) {
     m.metadata = m.metadata.substr(0, 4) + "not a pickle at all";
     EXPECT_THROW(from_wire(m), ProtocolError);
   }
+  {
+    // A sparse tensor whose index lies outside its size.
+    auto bad = at::_sparse_coo_tensor_unsafe(
+        torch::tensor({{0, 7}}), torch::tensor({1.0f, 2.0f}), {3});
+    EXPECT_THROW(from_wire(to_wire(make_message("", {bad}))), ProtocolError);
+  }
 }
 
 TEST(WireTest, WorkerEntriesRoundTripAndBadOnesThrow) {
