@@ -485,7 +485,8 @@ Agent::Agent(
     int rank,
     int world_size,
     AgentOptions options,
-    std::unique_ptr<tr::RequestCallback> callback)
+    std::unique_ptr<tr::RequestCallback> callback,
+    std::function<void()> worker_thread_init)
     : tr::RpcAgent(
           tr::WorkerInfo(std::move(name), static_cast<int64_t>(rank)),
           std::move(callback),
@@ -529,7 +530,9 @@ Agent::Agent(
                 },
         });
     impl.workers = std::make_unique<transport::Workers>(
-        *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
+        *impl.transport,
+        static_cast<size_t>(impl.options.num_worker_threads),
+        std::move(worker_thread_init));
     impl.rendezvous(rank, workerInfo_.name_);
   } catch (...) {
     if (impl.workers) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -44,6 +45,7 @@ class Agent : public tr::RpcAgent {
   // Meets the other world_size - 1 workers through `store` (their names,
   // addresses), within the options' rpc timeout. `callback` serves the
   // requests that come (torch's RequestCallbackImpl for Python programs).
+  // `worker_thread_init` runs once on each worker thread first.
   // Throws on bad options, a name taken twice, or a group that does not
   // complete.
   Agent(
@@ -52,7 +54,8 @@ class Agent : public tr::RpcAgent {
       int rank,
       int world_size,
       AgentOptions options,
-      std::unique_ptr<tr::RequestCallback> callback);
+      std::unique_ptr<tr::RequestCallback> callback,
+      std::function<void()> worker_thread_init = {});
   ~Agent() override;
 
   c10::intrusive_ptr<tr::JitFuture> send(

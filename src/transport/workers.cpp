@@ -9,8 +9,12 @@
 
 namespace tide::transport {
 
-Workers::Workers(Transport& transport, size_t threads)
-    : transport_(transport), threads_(threads), pool_(threads) {}
+Workers::Workers(
+    Transport& transport, size_t threads, std::function<void()> thread_init)
+    : transport_(transport),
+      threads_(threads),
+      thread_init_(std::move(thread_init)),
+      pool_(threads) {}
 
 Workers::~Workers() {
   join();
@@ -34,6 +38,16 @@ bool Workers::run(std::function<void()> fn) {
 }
 
 void Workers::drain() {
+  // The pool's threads serve this object alone.
+  thread_local bool initialized = false;
+  if (thread_init_ && !initialized) {
+    initialized = true;
+    try {
+      thread_init_();
+    } catch (const std::exception& e) {
+      TIDE_LOG_ERROR("a transport worker's thread_init threw: {}", e.what());
+    }
+  }
   std::unique_lock lock(mutex_);
   bool waited = false;
   for (;;) {

@@ -25,8 +25,13 @@ namespace tide::transport {
 
 class Workers {
  public:
-  // `transport` must outlive this.
-  Workers(Transport& transport, size_t threads);
+  // `transport` must outlive this. `thread_init`, when set, runs once on
+  // each thread before its first function (say, to give it an interpreter
+  // state it keeps).
+  Workers(
+      Transport& transport,
+      size_t threads,
+      std::function<void()> thread_init = {});
   // join().
   ~Workers();
   Workers(const Workers&) = delete;
@@ -54,6 +59,7 @@ class Workers {
 
   Transport& transport_;
   const size_t threads_;
+  const std::function<void()> thread_init_;
   asio::thread_pool pool_;
   std::mutex mutex_;
   std::deque<std::function<void()>> queue_;  // Guarded by mutex_.
