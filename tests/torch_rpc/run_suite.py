@@ -54,7 +54,9 @@ def selected():
     wanted = None
     if args.list:
         with open(args.list) as f:
-            wanted = {line.split()[0].split(".", 1)[-1] for line in f if line.strip() and not line.startswith("#")}
+            # "Suite.test_name", or a row of a results file ("TideSuite.test_name ...").
+            wanted = {line.split()[0].removeprefix("Tide").removeprefix("TensorPipe")
+                      for line in f if line.strip() and not line.startswith("#")}
     tests = []
     for name, cls in sorted(globals().items()):
         if not (isinstance(cls, type) and issubclass(cls, unittest.TestCase) and name.startswith(prefix)):
