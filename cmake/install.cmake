@@ -20,7 +20,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tide
 # symbol tables but drops their debugging information: CMake strips
 # programs only.
 set(tide_archives)
-foreach(part IN LISTS TIDE_PARTS)
+get_property(tide_installed_parts GLOBAL PROPERTY TIDE_INSTALLED_PARTS)
+foreach(part IN LISTS tide_installed_parts)
   list(APPEND tide_archives "libtide_${part}.a")
 endforeach()
 install(CODE "
