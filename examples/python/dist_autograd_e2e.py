@@ -20,12 +20,14 @@ from torch import optim
 from torch.distributed.optim import DistributedOptimizer
 
 
-def random_tensor():
-    return torch.rand((3, 3), requires_grad=True)
+def random_tensor(seed):
+    # Its own generator: the two remote() calls may run at once on worker1's threads, in
+    # either order, so the global generator would hand out its numbers in either order.
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand((3, 3), generator=generator, requires_grad=True)
 
 
 def run(rank, backend, port):
-    torch.manual_seed(rank)
     torch.set_num_threads(1)
     if backend == "tide":
         import tide.torch_rpc  # noqa: F401  registers BackendType.TIDE
@@ -35,8 +37,8 @@ def run(rank, backend, port):
                  backend=rpc.BackendType[backend.upper()], rpc_backend_options=options)
     if rank == 0:
         with dist_autograd.context() as context_id:
-            rref1 = rpc.remote("worker1", random_tensor)
-            rref2 = rpc.remote("worker1", random_tensor)
+            rref1 = rpc.remote("worker1", random_tensor, args=(1,))
+            rref2 = rpc.remote("worker1", random_tensor, args=(2,))
             loss = rref1.to_here() + rref2.to_here()
             dist_autograd.backward(context_id, [loss.sum()])
             grads = dist_autograd.get_gradients(context_id)
