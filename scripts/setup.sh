@@ -22,6 +22,8 @@ packages=(
   pybind11-dev python3-dev
   # tools the tests use
   procps iproute2 curl
+  # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
+  elfutils gdb
 )
 
 missing=()

@@ -14,11 +14,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
+#include "tide/agent/numa.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
@@ -172,7 +174,8 @@ int signal_number(const std::string& name) {
 struct Flags {
   std::string nnodes = "1:1";
   std::string nproc_per_node = "1";
-  int node_rank = 0;
+  std::optional<int> node_rank;  // given (flag or PET_NODE_RANK)
+  std::string rank_order;        // empty: not given
   std::string master_addr = "127.0.0.1";
   int master_port = tide::store::kDefaultPort;
   int max_restarts = 0;
@@ -201,6 +204,14 @@ struct Flags {
   std::string events;
   std::string health_port;
   std::string rdzv_plugins;
+  std::string numa_binding = "none";
+  double heartbeat_timeout = 0;
+  std::string health_check;
+  double health_check_timeout = 60;
+  int health_check_retries = 0;
+  double health_check_backoff = 5;
+  std::string health_check_min_free_disk;
+  bool health_check_endpoint = false;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -218,10 +229,21 @@ void add_flags(CLI::App& app, Flags& f) {
       f.nproc_per_node,
       "PET_NPROC_PER_NODE",
       "workers per node: a number, cpu, gpu or auto");
-  opt("--node-rank,--node_rank",
-      f.node_rank,
-      "PET_NODE_RANK",
-      "this node's rank (static backend)");
+  // A function option, so that "not given" differs from 0.
+  app.add_option_function<int>(
+         "--node-rank,--node_rank",
+         [&f](int rank) { f.node_rank = rank; },
+         "this node's rank: the static backend's (default 0), or its place "
+         "in an elastic job with --rank-order=node-rank")
+      ->envname("PET_NODE_RANK");
+  opt("--rank-order,--rank_order",
+      f.rank_order,
+      "PET_RANK_ORDER",
+      "how an elastic job (c10d, etcd) ranks its nodes: arrival (the "
+      "default), natural (host names, node7 < node66), node-rank (each "
+      "node's --node-rank) or lexicographic (torch's: address, pid)")
+      ->check(
+          CLI::IsMember({"arrival", "natural", "node-rank", "lexicographic"}));
   opt("--master-addr,--master_addr",
       f.master_addr,
       "PET_MASTER_ADDR",
@@ -308,6 +330,13 @@ void add_flags(CLI::App& app, Flags& f) {
       f.local_addr,
       "PET_LOCAL_ADDR",
       "address this node advertises");
+  opt("--numa-binding,--numa_binding",
+      f.numa_binding,
+      "PET_NUMA_BINDING",
+      "bind each worker to CPUs and memory: none, node (a NUMA node's), "
+      "socket (its socket's) or exclusive (its own share of a node's CPUs). "
+      "The topology is read from the sysfs root in TIDE_TOPOLOGY_ROOT "
+      "(default /sys; for tests and unusual machines)");
   opt("--shutdown-timeout,--shutdown_timeout",
       f.shutdown_timeout,
       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
@@ -339,6 +368,39 @@ void add_flags(CLI::App& app, Flags& f) {
       f.health_port,
       "PET_HEALTH_PORT",
       "serve GET /health on [HOST:]PORT");
+  opt("--heartbeat-timeout,--heartbeat_timeout",
+      f.heartbeat_timeout,
+      "TIDE_HEARTBEAT_TIMEOUT",
+      "seconds without a heartbeat after which a worker that sent one is "
+      "hung: its stack is captured and the group restarts (0: off)");
+  opt("--health-check,--health_check",
+      f.health_check,
+      "TIDE_HEALTH_CHECK",
+      "shell command run before each rendezvous; a node where it fails does "
+      "not join");
+  opt("--health-check-timeout,--health_check_timeout",
+      f.health_check_timeout,
+      "TIDE_HEALTH_CHECK_TIMEOUT",
+      "seconds each health check may take");
+  opt("--health-check-retries,--health_check_retries",
+      f.health_check_retries,
+      "TIDE_HEALTH_CHECK_RETRIES",
+      "after a failed health check, check again this many times (-1: for "
+      "ever) before giving up");
+  opt("--health-check-backoff,--health_check_backoff",
+      f.health_check_backoff,
+      "TIDE_HEALTH_CHECK_BACKOFF",
+      "seconds before checking again, doubled each time (at most 60)");
+  opt("--health-check-min-free-disk,--health_check_min_free_disk",
+      f.health_check_min_free_disk,
+      "TIDE_HEALTH_CHECK_MIN_FREE_DISK",
+      "a health check: at least this much free space in the log directory "
+      "(e.g. 10G)");
+  app.add_flag(
+         "--health-check-endpoint,--health_check_endpoint",
+         f.health_check_endpoint,
+         "a health check: the rendezvous endpoint accepts a TCP connection")
+      ->envname("TIDE_HEALTH_CHECK_ENDPOINT");
   opt("--timer-file,--timer_file",
       f.timer_file,
       "TORCHELASTIC_TIMER_FILE",
@@ -379,6 +441,35 @@ tide::agent::Entrypoint make_entrypoint(
   return tide::agent::Command{std::move(argv)};
 }
 
+// --rank-order and an explicit --node-rank, for a dynamic backend: its
+// rank_order and node_rank settings (--rdzv-conf may give them too, but not
+// differently).
+void put_rank_order(const Flags& f, LaunchConfig& c) {
+  auto put = [&](const std::string& key,
+                 const std::string& value,
+                 const std::string& flag) {
+    auto [it, added] = c.rdzv_configs.emplace(key, value);
+    if (!added && it->second != value) {
+      throw InvalidArgument(
+          flag + "=" + value + " contradicts --rdzv-conf " + key + "=" +
+          it->second);
+    }
+  };
+  if (!f.rank_order.empty()) {
+    put("rank_order", f.rank_order, "--rank-order");
+  }
+  if (f.node_rank) {
+    put("node_rank", std::to_string(*f.node_rank), "--node-rank");
+  }
+  auto order = c.rdzv_configs.find("rank_order");
+  if (order != c.rdzv_configs.end() && order->second == "node-rank" &&
+      c.rdzv_configs.count("node_rank") == 0) {
+    throw InvalidArgument(
+        "--rank-order=node-rank needs this node's --node-rank (or "
+        "PET_NODE_RANK)");
+  }
+}
+
 LaunchConfig make_config(const Flags& f) {
   LaunchConfig c;
   std::tie(c.min_nodes, c.max_nodes) = parse_nnodes(f.nnodes);
@@ -403,6 +494,33 @@ LaunchConfig make_config(const Flags& f) {
     c.timer = tide::agent::WorkerSpec::Timer::kFile;
     c.timer_file = f.timer_file;
   }
+  c.numa_binding = tide::agent::parse_numa_binding(f.numa_binding);
+  if (const char* root = std::getenv("TIDE_TOPOLOGY_ROOT"); root && *root) {
+    c.topology_root = root;
+  }
+  if (f.heartbeat_timeout != 0) {
+    c.heartbeat_timeout =
+        seconds_flag(f.heartbeat_timeout, "--heartbeat-timeout");
+  }
+  c.health.timeout =
+      seconds_flag(f.health_check_timeout, "--health-check-timeout");
+  c.health.backoff =
+      seconds_flag(f.health_check_backoff, "--health-check-backoff");
+  c.health.max_backoff = std::max(c.health.backoff, c.health.max_backoff);
+  if (f.health_check_retries < -1) {
+    throw InvalidArgument(
+        "--health-check-retries must be -1 (for ever), 0 or more");
+  }
+  c.health.retries = f.health_check_retries;
+  if (!f.health_check.empty()) {
+    c.health.checks.push_back(
+        tide::agent::command_health_check(f.health_check));
+  }
+  if (!f.health_check_min_free_disk.empty()) {
+    c.health.checks.push_back(tide::agent::disk_space_health_check(
+        tide::agent::parse_size(
+            f.health_check_min_free_disk, "--health-check-min-free-disk")));
+  }
   if (f.standalone) {
     if (c.max_nodes != 1) {
       TIDE_LOG_WARN(
@@ -421,8 +539,26 @@ LaunchConfig make_config(const Flags& f) {
     if (c.rdzv_endpoint.empty()) {
       c.rdzv_endpoint = f.master_addr + ":" + std::to_string(f.master_port);
     }
-    c.rdzv_configs.emplace("rank", std::to_string(f.node_rank));
+    c.rdzv_configs.emplace("rank", std::to_string(f.node_rank.value_or(0)));
     c.rdzv_configs.emplace("timeout", "900");
+    if (!f.rank_order.empty() && f.rank_order != "arrival") {
+      throw InvalidArgument(
+          "--rank-order=" + f.rank_order +
+          " needs an elastic rendezvous backend (c10d, etcd): the static "
+          "backend's ranks are the nodes' --node-rank");
+    }
+  } else {
+    put_rank_order(f, c);
+  }
+  if (f.health_check_endpoint) {
+    if (c.rdzv_endpoint.empty()) {
+      throw InvalidArgument("--health-check-endpoint needs --rdzv-endpoint");
+    }
+    // Without a port, the backend's default one: etcd's, else the store's.
+    c.health.checks.push_back(tide::agent::endpoint_health_check(
+        c.rdzv_endpoint.find(':') == std::string::npos
+            ? c.rdzv_endpoint + (c.rdzv_backend == "etcd" ? ":2379" : ":29400")
+            : c.rdzv_endpoint));
   }
   return c;
 }

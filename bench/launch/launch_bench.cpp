@@ -6,7 +6,11 @@
 //            spawn to the launcher's exit;
 //   restart  `--max-restarts=1` with restart_worker, whose local rank 1 fails
 //            on attempt 0: from the failing worker's exit stamp to the first
-//            (and to the last) worker of attempt 1 starting.
+//            (and to the last) worker of attempt 1 starting;
+//   hang     the same, but rank 1 hangs instead of exiting: under tiderun
+//            --heartbeat-timeout=T after heartbeats, from its last one; under
+//            torchrun after arming torch's file timer (T s ahead; torch has
+//            no heartbeats), from the arming.
 //
 // Each at the launchers' default monitor interval (tiderun 0.1 s, torchrun
 // 5 s) and at the smallest they accept (tiderun 0.001 s, torchrun 0.1 s).
@@ -66,11 +70,16 @@ struct Options {
   double tide_smallest = 0.001;
   double torch_smallest = 0.1;
   double timeout_s = 120;
+  double hang_timeout_s = 1;
 };
 
 enum class Launcher { kTide, kTorch };
 enum class Interval { kDefault, kSmallest };
-enum class Kind { kLaunch, kRestart };
+enum class Kind { kLaunch, kRestart, kHang };
+
+const char* name(Kind k) {
+  return k == Kind::kLaunch ? "launch" : k == Kind::kRestart ? "restart" : "hang";
+}
 
 const char* name(Launcher l) {
   return l == Launcher::kTide ? "tide" : "torch";
@@ -96,8 +105,11 @@ std::vector<std::string> command(
   argv.push_back("--standalone");
   argv.push_back(fmt::format(
       "{}={}", tide ? "--nproc-per-node" : "--nproc_per_node", o.nproc));
-  if (k == Kind::kRestart) {
+  if (k != Kind::kLaunch) {
     argv.push_back(tide ? "--max-restarts=1" : "--max_restarts=1");
+  }
+  if (k == Kind::kHang && tide) {
+    argv.push_back(fmt::format("--heartbeat-timeout={}", o.hang_timeout_s));
   }
   if (i == Interval::kSmallest) {
     argv.push_back(fmt::format(
@@ -163,10 +175,17 @@ Run run_once(const Options& o, Launcher l, Interval i, Kind k) {
   fs::create_directory(out);
   fs::create_directory(tmp);
   fs::path err_file = scratch.path() / "stderr";
-  auto env = child_env({
+  std::map<std::string, std::string> vars = {
       {"TIDE_BENCH_RESTART_OUT", out.string()},
       {"TMPDIR", tmp.string()},
-  });
+  };
+  if (k == Kind::kHang) {
+    vars["TIDE_BENCH_HANG_TIMEOUT"] = fmt::format("{}", o.hang_timeout_s);
+    if (l == Launcher::kTorch) {
+      vars["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1";
+    }
+  }
+  auto env = child_env(vars);
   Run run;
   Child child(
       command(o, l, i, k),
@@ -278,7 +297,7 @@ int bench_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--trivial", o.trivial, "worker of the launch cases")
       ->capture_default_str();
-  app.add_option("--cases", o.cases, "launch,restart or one of them")
+  app.add_option("--cases", o.cases, "launch,restart,hang or some of them")
       ->capture_default_str();
   app.add_option(
          "--launchers", o.launchers, "tide,torch or one of them (diagnosis)")
@@ -306,6 +325,12 @@ int bench_main(int argc, char** argv) {
          o.torch_smallest,
          "torchrun's smallest interval, s")
       ->capture_default_str();
+  app.add_option(
+         "--hang-timeout",
+         o.hang_timeout_s,
+         "the hang cases' heartbeat timeout (torch: timer), s")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--timeout", o.timeout_s, "seconds one launcher run may take")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -318,8 +343,11 @@ int bench_main(int argc, char** argv) {
   if (o.cases.find("restart") != std::string::npos) {
     kinds.push_back(Kind::kRestart);
   }
+  if (o.cases.find("hang") != std::string::npos) {
+    kinds.push_back(Kind::kHang);
+  }
   if (kinds.empty()) {
-    std::fprintf(stderr, "--cases: expected launch, restart or both\n");
+    std::fprintf(stderr, "--cases: expected launch, restart, hang or some\n");
     return 2;
   }
   bool run_tide = o.launchers.find("tide") != std::string::npos;
@@ -387,7 +415,7 @@ int bench_main(int argc, char** argv) {
             Series& series = results[{k, i, l}];
             std::string line = fmt::format(
                 "{} {} interval={} rep {}/{}:",
-                k == Kind::kLaunch ? "launch" : "restart",
+                name(k),
                 name(l),
                 interval_label(o, l, i),
                 rep + 1,
@@ -447,6 +475,21 @@ int bench_main(int argc, char** argv) {
           {k,
            "wall_s",
            fmt::format("launch: {} x {}, wall time", o.nproc, o.trivial)});
+    } else if (k == Kind::kHang) {
+      rows.push_back(
+          {k,
+           "restart_s",
+           fmt::format(
+               "hang ({} s timeout): last heartbeat (torch: timer armed) -> "
+               "first worker of attempt 1 starts",
+               o.hang_timeout_s)});
+      rows.push_back(
+          {k,
+           "restart_all_s",
+           fmt::format(
+               "hang ({} s timeout): -> all {} of attempt 1 started",
+               o.hang_timeout_s,
+               o.nproc)});
     } else {
       rows.push_back(
           {k,
@@ -530,6 +573,22 @@ int bench_main(int argc, char** argv) {
         tide * 1e3,
         tide < 0.020 ? "yes" : "no"));
   }
+  if (ran(Kind::kHang) && run_tide) {
+    double tide = worst_tide(Kind::kHang, "restart_all_s");
+    double bound = o.hang_timeout_s + 1;
+    std::printf(
+        "Target: a hung rank detected and the group running again within "
+        "heartbeat-timeout + 1 s = %s: tide %s (all workers started, slower "
+        "setting), %s.\n",
+        fmt_dur(bound).c_str(),
+        fmt_dur(tide).c_str(),
+        tide < bound ? "met" : "NOT met");
+    target_lines.push_back(fmt::format(
+        "RESULT target hang_to_running_s={:.3f} goal<{:.3f} met={}",
+        tide,
+        bound,
+        tide < bound ? "yes" : "no"));
+  }
   if (failed_runs > 0) {
     std::printf(
         "\n%d runs failed (see stderr); medians omit them.\n", failed_runs);
@@ -541,7 +600,7 @@ int bench_main(int argc, char** argv) {
       std::printf(
           "RESULT %s launcher=%s nproc=%d monitor_interval=%s %s "
           "median=%.6f min=%.6f max=%.6f n=%zu failed=%d\n",
-          k == Kind::kLaunch ? "launch" : "restart",
+          name(k),
           name(l),
           o.nproc,
           interval_label(o, l, i).c_str(),

@@ -9,7 +9,17 @@
 // On attempt 0, local rank 1 then exits 1 at once and the other ranks sleep,
 // as if still training, until their launcher stops them (at most
 // kSleepBoundS). Every worker of a later attempt exits 0.
+//
+// With TIDE_BENCH_HANG_TIMEOUT=T (the hang cases), local rank 1 of attempt 0
+// hangs instead of exiting, after declaring its liveness the launcher's way:
+// under tiderun --heartbeat-timeout=T, heartbeats on $TIDE_HEARTBEAT_SOCKET
+// ("fail" stamps the last one); under torchrun with torch's file timer
+// (TORCHELASTIC_ENABLE_FILE_TIMER=1), a timer expiring T s ahead, armed on
+// $TORCHELASTIC_TIMER_FILE in torch's format ("fail" stamps the arming), the
+// nearest thing torch 1.13 has.
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace {
@@ -59,6 +70,67 @@ void write_stamp(const std::string& path, int64_t ns) {
   }
 }
 
+void sleep_bound() {
+  timespec left{.tv_sec = kSleepBoundS, .tv_nsec = 0};
+  while (::nanosleep(&left, &left) != 0 && errno == EINTR) {
+  }
+}
+
+[[noreturn]] void fail(const char* what) {
+  std::perror(what);
+  std::_Exit(3);
+}
+
+// Declares liveness as the launcher expects it, stamps `stamp`, and hangs.
+[[noreturn]] void hang(const std::string& stamp, double timeout_s) {
+  if (const char* sock = std::getenv("TIDE_HEARTBEAT_SOCKET")) {
+    int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, sock, sizeof addr.sun_path - 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      fail("heartbeat socket");
+    }
+    int64_t last = 0;
+    for (int i = 0; i < 3; ++i) {
+      if (::send(fd, ".", 1, 0) != 1) {
+        fail("heartbeat");
+      }
+      last = now_ns();
+    }
+    write_stamp(stamp, last);
+  } else if (const char* fifo = std::getenv("TORCHELASTIC_TIMER_FILE")) {
+    timespec wall{};
+    ::clock_gettime(CLOCK_REALTIME, &wall);
+    int64_t armed = now_ns();
+    double expires = static_cast<double>(wall.tv_sec) +
+                     static_cast<double>(wall.tv_nsec) * 1e-9 + timeout_s;
+    char line[256];
+    int n = std::snprintf(
+        line,
+        sizeof line,
+        "{\"version\": 1, \"pid\": %d, \"scope_id\": \"step\", "
+        "\"expiration_time\": %.6f, \"signal\": 9}\n",
+        static_cast<int>(::getpid()),
+        expires);
+    int fd = ::open(fifo, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::write(fd, line, static_cast<size_t>(n)) != n) {
+      fail(fifo);
+    }
+    ::close(fd);
+    write_stamp(stamp, armed);
+  } else {
+    std::fprintf(
+        stderr,
+        "restart_worker: TIDE_BENCH_HANG_TIMEOUT needs TIDE_HEARTBEAT_SOCKET "
+        "or TORCHELASTIC_TIMER_FILE\n");
+    std::_Exit(2);
+  }
+  for (;;) {
+    sleep_bound();
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -76,11 +148,12 @@ int main() {
     return 0;
   }
   if (local_rank == "1") {
+    if (const char* t = std::getenv("TIDE_BENCH_HANG_TIMEOUT")) {
+      hang(dir + "/fail", std::atof(t));
+    }
     write_stamp(dir + "/fail", now_ns());
     std::_Exit(1);
   }
-  timespec left{.tv_sec = kSleepBoundS, .tv_nsec = 0};
-  while (::nanosleep(&left, &left) != 0 && errno == EINTR) {
-  }
+  sleep_bound();
   return 0;
 }

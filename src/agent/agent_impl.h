@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "tide/common/host.h"
 #include "tide/events/events.h"
 #include "tide/rendezvous/rendezvous_handler.h"
+#include "tide/timer/heartbeat.h"
 #include "tide/timer/timer_server.h"
 
 #include "agent/janitor.h"
@@ -121,6 +123,30 @@ struct LocalElasticAgent::Impl {
   mutable std::mutex timer_mutex;
   std::set<pid_t> worker_pids;                  // Guarded by timer_mutex.
   std::map<pid_t, timer::ExpiredTimer> reaped;  // Guarded by timer_mutex.
+
+  // Health checks before each rendezvous (health_check.cpp). Throws
+  // HealthCheckError when the node gives up, SignalException when a stop
+  // was requested meanwhile.
+  void check_health();
+  // Waits until `deadline`; throws SignalException once a stop is requested.
+  void sleep_unless_stopped(Clock::time_point deadline);
+
+  // Hang detection (heartbeats.cpp). The receiver is polled by
+  // wait_for_events(); last_beat holds, by local rank, the time of the
+  // last heartbeat of the workers that sent one.
+  void start_heartbeats();
+  // Forgets the last group's heartbeats; before a group starts.
+  void reset_heartbeats();
+  void read_heartbeats();
+  // The local rank whose worker is pid or leads pid's session; -1 if none.
+  int local_rank_of(pid_t pid) const;
+  // When the first watched worker times out (max() when none is watched).
+  Clock::time_point next_heartbeat_deadline() const;
+  // Captures the stack of each watched worker past its timeout, writes its
+  // error file, kills it and waits for its exit.
+  void check_heartbeats();
+  std::unique_ptr<timer::HeartbeatReceiver> heartbeats;
+  std::vector<std::optional<Clock::time_point>> last_beat;
 };
 
 }  // namespace tide::agent

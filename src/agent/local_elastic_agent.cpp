@@ -126,6 +126,7 @@ std::string LocalElasticAgent::Impl::attempt_dir() const {
 void LocalElasticAgent::Impl::rendezvous() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("SimpleElasticAgent._rendezvous");
+  check_health();
   auto start = Clock::now();
   try {
     rdzv = spec.rdzv_handler->next_rendezvous();
@@ -243,6 +244,16 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
       auto* l = dynamic_cast<timer::LocalTimerServer*>(timer_server.get())) {
     set("TIDE_TIMER_SOCKET", l->path());
   }
+  if (heartbeats) {
+    set(timer::kHeartbeatSocketEnv, heartbeats->path());
+    char timeout[32];
+    std::snprintf(
+        timeout,
+        sizeof timeout,
+        "%g",
+        static_cast<double>(spec.heartbeat_timeout.count()) / 1000);
+    set(timer::kHeartbeatTimeoutEnv, timeout);
+  }
   // torch 1.13 and today's torch name this differently; set both.
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
@@ -279,6 +290,28 @@ void LocalElasticAgent::Impl::start_workers() {
     }
   }
 
+  // --numa-binding: planned once per start, before any worker runs, so a
+  // topology that cannot hold the group fails the start, not a worker.
+  std::vector<RankBinding> numa;
+  if (spec.numa_binding != NumaBinding::kNone) {
+    numa = plan_numa_binding(
+        read_topology(spec.topology_root),
+        spec.numa_binding,
+        spec.local_world_size,
+        current_affinity());
+    std::vector<int> mems = memory_nodes_allowed();
+    if (auto unbound = restrict_memory_nodes(numa, mems); !unbound.empty()) {
+      TIDE_LOG_WARN(
+          "[{}] --numa-binding={}: memory of local rank(s) {} is not bound "
+          "(their CPUs are): the kernel lets this process allocate on "
+          "node(s) {} only",
+          spec.role,
+          to_string(spec.numa_binding),
+          format_cpulist(unbound),
+          mems.empty() ? std::string("<unknown>") : format_cpulist(mems));
+    }
+  }
+
   processes.clear();
   // Recorded before the first worker runs: anything a worker makes visible
   // (a line of output, a store key) happens after the agent's state says
@@ -289,6 +322,21 @@ void LocalElasticAgent::Impl::start_workers() {
     detail::LaunchSpec ls;
     ls.local_rank = w.local_rank;
     ls.env = worker_env(w);
+    if (!numa.empty()) {
+      const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
+      ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
+      for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
+        std::erase_if(
+            ls.env, [&](const std::string& e) { return e.starts_with(k + "="); });
+        ls.env.push_back(k + "=" + v);
+      }
+      TIDE_LOG_INFO(
+          "[{}] local rank {}: --numa-binding={}: {}",
+          spec.role,
+          w.local_rank,
+          to_string(spec.numa_binding),
+          describe(b));
+    }
     std::string rank_dir = dir + "/" + std::to_string(w.local_rank);
     if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
       ls.path = exe;
@@ -383,6 +431,7 @@ void LocalElasticAgent::Impl::check_stop() {
 void LocalElasticAgent::Impl::initialize_workers() {
   rendezvous();
   assign_ranks();
+  reset_heartbeats();
   start_workers();
 }
 
@@ -435,6 +484,9 @@ void LocalElasticAgent::Impl::reap() {
 bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
   std::vector<pollfd> fds;
   fds.push_back({.fd = wake_fd.get(), .events = POLLIN, .revents = 0});
+  if (heartbeats) {
+    fds.push_back({.fd = heartbeats->fd(), .events = POLLIN, .revents = 0});
+  }
   for (auto& p : processes) {
     if (!p->exited() && !p->abandoned()) {
       fds.push_back({.fd = p->pidfd(), .events = POLLIN, .revents = 0});
@@ -456,6 +508,7 @@ bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
     [[maybe_unused]] ssize_t n =
         ::read(wake_fd.get(), &drained, sizeof drained);
   }
+  read_heartbeats();
   pump_output();
   reap();
   return r > 0;
@@ -617,6 +670,7 @@ RunResult LocalElasticAgent::Impl::run() {
   }
   janitor = std::make_unique<detail::Janitor>();
   start_timer_server();
+  start_heartbeats();
   TIDE_LOG_INFO(
       "[{}] starting: {} workers per node, {} restarts allowed, logs in {}",
       spec.role,
@@ -629,8 +683,9 @@ RunResult LocalElasticAgent::Impl::run() {
   initialize_workers();
   auto next_membership_check = Clock::now() + spec.monitor_interval;
   for (;;) {
-    wait_for_events(next_membership_check);
+    wait_for_events(std::min(next_membership_check, next_heartbeat_deadline()));
     check_stop();
+    check_heartbeats();
     WorkerState state = group_state();
     if (state == WorkerState::kSucceeded) {
       set_state(state);

@@ -2,18 +2,23 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <linux/mempolicy.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstring>
 
+#include "tide/agent/numa.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
@@ -50,6 +55,54 @@ Fd open_log(const std::string& path) {
   return fd;
 }
 
+// Bit id of word id / bits-per-word set, for each id.
+std::vector<unsigned long> bit_mask(const std::vector<int>& ids) {
+  constexpr size_t kWordBits = sizeof(unsigned long) * CHAR_BIT;
+  std::vector<unsigned long> mask;
+  for (int id : ids) {
+    auto bit = static_cast<size_t>(id);
+    if (mask.size() <= bit / kWordBits) {
+      mask.resize(bit / kWordBits + 1, 0);
+    }
+    mask[bit / kWordBits] |= 1UL << (bit % kWordBits);
+  }
+  return mask;
+}
+
+// Child side: async-signal-safe. A failure is reported as a failed exec is.
+[[noreturn]] void exit_in_child(
+    const char* what, const std::string& list, int err) {
+  for (const char* piece : std::initializer_list<const char*>{
+           "tide: cannot bind the worker to ",
+           what,
+           " ",
+           list.c_str(),
+           " (--numa-binding): ",
+           std::strerror(err),
+           "\n"}) {
+    write_all(STDERR_FILENO, piece, std::strlen(piece));
+  }
+  ::_exit(127);
+}
+
+void apply_binding_in_child(const Binding& b) {
+  if (::sched_setaffinity(
+          0,
+          b.cpus.size() * sizeof(unsigned long),
+          reinterpret_cast<const cpu_set_t*>(b.cpus.data())) != 0) {
+    exit_in_child("CPUs", b.cpus_text, errno);
+  }
+  // maxnode counts one more than the mask's bits: the kernel drops one.
+  if (!b.mem_nodes.empty() &&
+      ::syscall(
+          SYS_set_mempolicy,
+          MPOL_BIND,
+          b.mem_nodes.data(),
+          b.mem_nodes.size() * sizeof(unsigned long) * CHAR_BIT + 1) != 0) {
+    exit_in_child("memory nodes", b.mem_nodes_text, errno);
+  }
+}
+
 // Child side of fork(): async-signal-safe calls only until exec.
 [[noreturn]] void child_exec_or_run(
     const Janitor& janitor,
@@ -81,6 +134,9 @@ Fd open_log(const std::string& path) {
   if (err_fd >= 0) {
     ::dup2(err_fd, STDERR_FILENO);
   }
+  if (spec.binding) {
+    apply_binding_in_child(*spec.binding);
+  }
   if (!spec.path.empty()) {
     // Nothing of the agent's (its store's sockets, the janitor's channel)
     // leaks into the worker.
@@ -104,6 +160,24 @@ Fd open_log(const std::string& path) {
 }
 
 }  // namespace
+
+Binding Binding::make(
+    const std::vector<int>& cpus, const std::vector<int>& mem_nodes) {
+  if (cpus.empty()) {
+    throw InvalidArgument("a NUMA binding needs at least one CPU");
+  }
+  auto negative = [](int id) { return id < 0; };
+  if (std::ranges::any_of(cpus, negative) ||
+      std::ranges::any_of(mem_nodes, negative)) {
+    throw InvalidArgument("a NUMA binding names a negative CPU or node");
+  }
+  return Binding{
+      .cpus = bit_mask(cpus),
+      .mem_nodes = bit_mask(mem_nodes),
+      .cpus_text = format_cpulist(cpus),
+      .mem_nodes_text = format_cpulist(mem_nodes),
+  };
+}
 
 std::string find_executable(
     const std::string& file, const std::string& path_env) {

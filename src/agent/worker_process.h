@@ -26,6 +26,23 @@ struct StreamTarget {
   std::string path;
 };
 
+// A NUMA binding (--numa-binding), built before fork() so that the child
+// only makes the two system calls between fork and exec.
+struct Binding {
+  // Builds the masks. Throws InvalidArgument when cpus is empty.
+  static Binding make(
+      const std::vector<int>& cpus, const std::vector<int>& mem_nodes);
+
+  // sched_setaffinity's mask (bit c of word c / bits-per-word is CPU c).
+  std::vector<unsigned long> cpus;
+  // set_mempolicy(MPOL_BIND)'s node mask; empty: the memory policy is left
+  // alone.
+  std::vector<unsigned long> mem_nodes;
+  // Both as cpulists, for the child's error message.
+  std::string cpus_text;
+  std::string mem_nodes_text;
+};
+
 struct LaunchSpec {
   int local_rank = 0;
   // The whole environment, "NAME=value".
@@ -40,6 +57,10 @@ struct LaunchSpec {
   StreamTarget out;
   StreamTarget err;
   std::string console_prefix;  // "[default0]:"
+  // Applied in the child before exec (or before the function runs); a
+  // failure there is reported as a failed exec is: a line on the worker's
+  // stderr, exit code 127.
+  std::optional<Binding> binding;
 };
 
 // Copies a tee'd stream from its pipe to the log file and, line by line

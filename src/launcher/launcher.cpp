@@ -42,6 +42,10 @@ LaunchResult launch(
       .exit_barrier_timeout = config.exit_barrier_timeout,
       .timer = config.timer,
       .timer_file = config.timer_file,
+      .numa_binding = config.numa_binding,
+      .topology_root = config.topology_root,
+      .heartbeat_timeout = config.heartbeat_timeout,
+      .health = config.health,
   };
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});
   // Whoever was shown the agent is told it is gone before it is destroyed,

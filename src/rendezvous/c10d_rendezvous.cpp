@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <vector>
 
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
@@ -77,13 +78,19 @@ int64_t count(store::Store& s, const StoreKeys& keys, int64_t r) {
 }
 
 // store.wait with a timeout, as a bool.
-bool wait_for(store::Store& s, const std::string& key, milliseconds timeout) {
+bool wait_for(
+    store::Store& s,
+    const std::vector<std::string>& keys,
+    milliseconds timeout) {
   try {
-    s.wait({key}, timeout);
+    s.wait(keys, timeout);
     return true;
   } catch (const TimeoutError&) {
     return false;
   }
+}
+bool wait_for(store::Store& s, const std::string& key, milliseconds timeout) {
+  return wait_for(s, std::vector<std::string>{key}, timeout);
 }
 
 class StoreRoundMonitor final : public RoundMonitor {
@@ -176,6 +183,18 @@ class StoreBackend final : public RendezvousBackend {
     int64_t i = store_->add(keys_.count(round), 1);
     store_->set(keys_.node(round, i), node);
     return i;
+  }
+
+  std::optional<std::vector<std::string>> participants(
+      int64_t round, int64_t count, milliseconds timeout) override {
+    std::vector<std::string> keys;
+    for (int64_t i = 1; i <= count; ++i) {
+      keys.push_back(keys_.node(round, i));
+    }
+    if (!wait_for(*store_, keys, timeout)) {
+      return std::nullopt;
+    }
+    return store_->multi_get(keys);
   }
 
   int64_t arrivals(int64_t round) override {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "tide/events/events.h"
 
 #include "net/socket.h"
+#include "rendezvous/rank_order.h"
 
 namespace tide::rendezvous {
 
@@ -118,7 +120,79 @@ BootstrapStoreInfo decode_master(int64_t round, const std::string& text) {
       .master_port = static_cast<uint16_t>(j["port"].get<uint64_t>())};
 }
 
+// A node's descriptor, the JSON it joins a round with: torch's _NodeDesc
+// fields, its host name, its node rank when given, and the rank order it
+// uses (so nodes told different orders notice instead of taking the same
+// rank).
+std::string encode_node(
+    const NodeDesc& self, const DynamicRendezvousSettings& s) {
+  json j{
+      {"addr", self.addr},
+      {"pid", self.pid},
+      {"local_id", self.local_id},
+      {"host", self.host},
+      {"rank_order", rank_order_name(s.rank_order)}};
+  if (s.node_rank) {
+    j["node_rank"] = *s.node_rank;
+  }
+  return j.dump();
+}
+
+// A participant's descriptor and the rank order it uses ("arrival" for a
+// node that does not say: a tide before --rank-order).
+struct Descriptor {
+  Participant who;
+  std::string rank_order;
+};
+
+Descriptor decode_node(
+    int64_t round, int64_t arrival, const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  auto is = [&](const char* name, auto check) {
+    auto it = j.find(name);
+    return it != j.end() && check(*it);
+  };
+  auto string = [](const json& v) { return v.is_string(); };
+  auto integer = [](const json& v) { return v.is_number_integer(); };
+  if (!j.is_object() || !is("addr", string) || !is("pid", integer) ||
+      !is("local_id", integer) || (j.contains("host") && !is("host", string)) ||
+      (j.contains("rank_order") && !is("rank_order", string)) ||
+      (j.contains("node_rank") && !is("node_rank", integer))) {
+    throw RendezvousStateError(
+        "round " + std::to_string(round) +
+        " has a malformed descriptor for arrival " + std::to_string(arrival) +
+        ": " + text.substr(0, 200));
+  }
+  Descriptor d{
+      .who =
+          Participant{
+              .arrival = arrival,
+              .host = j.value("host", std::string()),
+              .addr = j["addr"].get<std::string>(),
+              .pid = j["pid"].get<int64_t>(),
+              .local_id = j["local_id"].get<int64_t>()},
+      .rank_order = j.value("rank_order", std::string("arrival"))};
+  if (j.contains("node_rank")) {
+    d.who.node_rank = j["node_rank"].get<int64_t>();
+  }
+  return d;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
 }  // namespace
+
+std::optional<std::vector<std::string>> RendezvousBackend::participants(
+    int64_t /*round*/, int64_t /*count*/, milliseconds /*timeout*/) {
+  throw InvalidArgument(
+      "this rendezvous backend cannot list a round's participants, which "
+      "every rank order but arrival needs; use --rank-order=arrival, or "
+      "implement RendezvousBackend::participants");
+}
 
 std::string NodeDesc::to_string() const {
   return addr + "_" + std::to_string(pid) + "_" + std::to_string(local_id);
@@ -126,7 +200,8 @@ std::string NodeDesc::to_string() const {
 
 NodeDesc NodeDesc::make(const std::string& addr) {
   static std::atomic<int64_t> next{0};
-  return NodeDesc{.addr = addr, .pid = ::getpid(), .local_id = next++};
+  return NodeDesc{
+      .addr = addr, .pid = ::getpid(), .local_id = next++, .host = host_name()};
 }
 
 DynamicRendezvousSettings DynamicRendezvousSettings::from(
@@ -145,6 +220,16 @@ DynamicRendezvousSettings DynamicRendezvousSettings::from(
       p.get_as_seconds("keep_alive_interval", s.keep_alive_interval);
   s.keep_alive_max_attempt = static_cast<int>(
       p.get_as_int("keep_alive_max_attempt", s.keep_alive_max_attempt));
+  s.rank_order = parse_rank_order(p.get("rank_order", "arrival"));
+  if (p.config.count("node_rank") != 0) {
+    int64_t rank = p.get_as_int("node_rank", 0);
+    if (rank < 0 || rank > std::numeric_limits<int>::max()) {
+      throw InvalidArgument(
+          "rendezvous config node_rank=" + p.get("node_rank") +
+          " is not a node rank (an integer >= 0)");
+    }
+    s.node_rank = static_cast<int>(rank);
+  }
   if (s.min_nodes < 1 || s.max_nodes < s.min_nodes) {
     throw InvalidArgument(
         "--nnodes " + std::to_string(s.min_nodes) + ":" +
@@ -170,8 +255,9 @@ struct Watch {
   DynamicRendezvousSettings settings;
   std::string node;
   int64_t round = 0;
-  int64_t index = 0;
+  int64_t index = 0;  // arrival: the ring follows arrival order
   int64_t size = 0;
+  int rank = 0;
   std::unique_ptr<RoundMonitor> monitor;
 
   std::mutex mutex;
@@ -223,7 +309,7 @@ void Watch::check_neighbour(int64_t& peer) {
               .hostname = fqdn(),
               .pid = ::getpid(),
               .node_state = events::NodeState::kRunning,
-              .rank = static_cast<int>(index - 1),
+              .rank = rank,
               .local_id = node,
           });
         }
@@ -340,9 +426,14 @@ struct DynamicRendezvousHandler::Impl {
   int64_t await_size(int64_t r, int64_t arrival, Clock::time_point deadline);
   int64_t close_round(int64_t r, int64_t size);
   void wait_as_spare(int64_t full_round);
+  // This participant's rank in round r (of size participants) in the
+  // settings' rank order; nullopt when a participant never wrote its
+  // descriptor (it died as it arrived: the round cannot complete).
+  std::optional<std::pair<int64_t, RankOrder>> place(
+      int64_t r, int64_t arrival, int64_t size);
   // Marks the job closed (failed: running agents stop too).
   void close(bool failed);
-  void start_watch(int64_t r, int64_t arrival, int64_t size);
+  void start_watch(int64_t r, int64_t arrival, int64_t size, int rank);
   void stop_watch(bool wait);
   void event(
       const std::string& message,
@@ -492,14 +583,81 @@ void DynamicRendezvousHandler::Impl::wait_as_spare(int64_t full_round) {
   }
 }
 
-void DynamicRendezvousHandler::Impl::start_watch(
+std::optional<std::pair<int64_t, RankOrder>>
+DynamicRendezvousHandler::Impl::place(
     int64_t r, int64_t arrival, int64_t size) {
+  const DynamicRendezvousSettings& s = self.settings_;
+  if (s.rank_order == RankOrder::kArrival) {
+    return std::pair(arrival - 1, RankOrder::kArrival);
+  }
+  // Each participant wrote its descriptor right after it was counted; one
+  // missing for as long as a lost heartbeat died in between.
+  auto texts = backend->participants(r, size, s.lost_after());
+  if (!texts) {
+    event(
+        "round " + std::to_string(r) +
+            ": not every participant wrote its descriptor within " +
+            std::to_string(ms(s.lost_after())) +
+            " ms; one died as it arrived, joining the next round",
+        events::NodeState::kInit);
+    return std::nullopt;
+  }
+  TIDE_CHECK(static_cast<int64_t>(texts->size()) == size);
+  std::vector<Participant> ps;
+  std::string others;  // participants told another order
+  for (int64_t i = 1; i <= size; ++i) {
+    Descriptor d = decode_node(r, i, (*texts)[static_cast<size_t>(i - 1)]);
+    if (d.rank_order != rank_order_name(s.rank_order)) {
+      others +=
+          (others.empty() ? "" : ", ") + d.who.name() + " uses " + d.rank_order;
+    }
+    ps.push_back(std::move(d.who));
+  }
+  if (!others.empty()) {
+    // Two orders would give two nodes the same rank: end the job rather
+    // than run it wrong.
+    std::string why = "the nodes of round " + std::to_string(r) + " of run \"" +
+                      s.run_id +
+                      "\" use different rank orders: this node uses " +
+                      std::string(rank_order_name(s.rank_order)) + ", " +
+                      others + "; give every node the same --rank-order";
+    close(/*failed=*/true);
+    throw InvalidArgument(why);
+  }
+  RankAssignment ranks = assign_ranks(s.rank_order, std::move(ps));
+  if (!ranks.fallback.empty()) {
+    TIDE_LOG_WARN(
+        "[rendezvous {}] round {}: cannot order the nodes by node rank ({}); "
+        "ranking them by arrival instead",
+        s.run_id,
+        r,
+        ranks.fallback);
+    if (events::enabled()) {
+      events::record_rdzv_event(events::RdzvEvent{
+          .name = "DynamicRendezvousHandler.rank_order_fallback",
+          .run_id = s.run_id,
+          .message =
+              "round " + std::to_string(r) +
+              ": node-rank order fell back to arrival order: " + ranks.fallback,
+          .hostname = fqdn(),
+          .pid = ::getpid(),
+          .node_state = events::NodeState::kInit,
+          .local_id = self.self_.to_string(),
+      });
+    }
+  }
+  return std::pair(ranks.rank_of(arrival), ranks.order);
+}
+
+void DynamicRendezvousHandler::Impl::start_watch(
+    int64_t r, int64_t arrival, int64_t size, int rank) {
   auto w = std::make_shared<Watch>();
   w->settings = self.settings_;
   w->node = self.self_.to_string();
   w->round = r;
   w->index = arrival;
   w->size = size;
+  w->rank = rank;
   w->monitor = backend->monitor(r, arrival, self.settings_);
   std::lock_guard lock(watch_mutex);
   watch = w;
@@ -572,13 +730,11 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
         deadline = Clock::now() + s.join_timeout;
       }
     }
-    std::string node = json{
-        {"addr", self_.addr},
-        {"pid", self_.pid},
-        {"local_id",
-         self_.local_id}}.dump();
+    std::string node = encode_node(self_, s);
     int64_t arrival = 0;
     int64_t size = 0;
+    int64_t rank = 0;
+    RankOrder order = RankOrder::kArrival;
     BootstrapStoreInfo master;
     for (;;) {
       arrival = m.backend->join(r, node);
@@ -607,29 +763,33 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
       } else {
         size = m.await_size(r, arrival, deadline);
       }
-      if (arrival == 1) {
-        // Rank 0: its address and a free port there are the workers'
-        // MASTER_ADDR:MASTER_PORT.
-        std::string mine =
-            json{{"addr", self_.addr}, {"port", net::free_port()}}.dump();
-        master = decode_master(r, m.backend->set_once(r, "master", mine));
-        m.bump_round(r);
-        break;
-      }
       if (arrival <= size) {
-        // Rank 0 publishes at once; silence for as long as a lost heartbeat
-        // means it died after arriving. The round cannot work without it:
-        // everyone moves on to the next one.
-        if (auto text = m.backend->wait_value(r, "master", s.lost_after())) {
-          master = decode_master(r, *text);
-          break;
+        if (auto placed = m.place(r, arrival, size)) {
+          std::tie(rank, order) = *placed;
+          if (rank == 0) {
+            // Its address and a free port there are the workers'
+            // MASTER_ADDR:MASTER_PORT (global rank 0's worker hosts their
+            // store there).
+            std::string mine =
+                json{{"addr", self_.addr}, {"port", net::free_port()}}.dump();
+            master = decode_master(r, m.backend->set_once(r, "master", mine));
+            m.bump_round(r);
+            break;
+          }
+          // Rank 0 publishes at once; silence for as long as a lost
+          // heartbeat means it died after arriving. The round cannot work
+          // without it: everyone moves on to the next one.
+          if (auto text = m.backend->wait_value(r, "master", s.lost_after())) {
+            master = decode_master(r, *text);
+            break;
+          }
+          m.event(
+              "round " + std::to_string(r) +
+                  ": rank 0 did not publish the workers' address within " +
+                  std::to_string(ms(s.lost_after())) +
+                  " ms; it is presumed dead, joining the next round",
+              events::NodeState::kInit);
         }
-        m.event(
-            "round " + std::to_string(r) +
-                ": rank 0 did not publish the workers' address within " +
-                std::to_string(ms(s.lost_after())) +
-                " ms; it is presumed dead, joining the next round",
-            events::NodeState::kInit);
       } else if (size >= s.max_nodes) {
         m.wait_as_spare(r);
         deadline = Clock::now() + s.join_timeout;
@@ -646,19 +806,19 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
     m.round = r;
     m.index = arrival;
     m.size = size;
-    int rank = static_cast<int>(arrival - 1);
-    m.start_watch(r, arrival, size);
+    m.start_watch(r, arrival, size, static_cast<int>(rank));
     m.event(
         "round " + std::to_string(r) + " complete: rank " +
-            std::to_string(rank) + " of " + std::to_string(size) + " in " +
+            std::to_string(rank) + " of " + std::to_string(size) + " (" +
+            std::string(rank_order_name(order)) + " order) in " +
             std::to_string(ms(std::chrono::duration_cast<milliseconds>(
                 Clock::now() - start))) +
             " ms",
         events::NodeState::kRunning,
-        rank);
+        static_cast<int>(rank));
     return RendezvousInfo{
         .store = m.backend->round_store(r),
-        .rank = rank,
+        .rank = static_cast<int>(rank),
         .world_size = static_cast<int>(size),
         .bootstrap = master,
         .round = r,

@@ -2,8 +2,12 @@
 // its JSON gateway. No agent hosts anything, so the job survives any agent;
 // liveness is an etcd lease per participant.
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
@@ -189,6 +193,42 @@ class EtcdBackend final : public RendezvousBackend {
     int64_t index = client_.increment(keys_.round(round, "count"));
     client_.put(keys_.joins(round) + std::to_string(index), node);
     return index;
+  }
+
+  std::optional<std::vector<std::string>> participants(
+      int64_t round, int64_t count, milliseconds timeout) override {
+    std::lock_guard lock(mutex_);
+    const std::string prefix = keys_.joins(round);
+    auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto res = client_.range(prefix, RangeOptions{.prefix = true});
+      std::vector<std::optional<std::string>> found(static_cast<size_t>(count));
+      for (auto& kv : res.kvs) {
+        int64_t i = 0;
+        std::string_view rest = std::string_view(kv.key).substr(prefix.size());
+        auto [end, ec] =
+            std::from_chars(rest.data(), rest.data() + rest.size(), i);
+        if (ec == std::errc() && end == rest.data() + rest.size() && i >= 1 &&
+            i <= count) {
+          found[static_cast<size_t>(i - 1)] = std::move(kv.value);
+        }
+      }
+      if (std::all_of(found.begin(), found.end(), [](const auto& f) {
+            return f.has_value();
+          })) {
+        std::vector<std::string> out;
+        for (auto& f : found) {
+          out.push_back(std::move(*f));
+        }
+        return out;
+      }
+      auto left = std::chrono::duration_cast<milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left <= milliseconds(0) ||
+          !client_.watch(prefix, res.revision + 1, left, /*prefix=*/true)) {
+        return std::nullopt;
+      }
+    }
   }
 
   int64_t arrivals(int64_t round) override {

@@ -105,7 +105,9 @@ std::vector<std::string> dynamic_conf_keys(
       "close_timeout",
       "keep_alive_interval",
       "keep_alive_max_attempt",
-      "read_timeout"};
+      "read_timeout",
+      "rank_order",
+      "node_rank"};
   keys.insert(keys.end(), backend_keys.begin(), backend_keys.end());
   return keys;
 }

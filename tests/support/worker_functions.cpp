@@ -1,11 +1,14 @@
 #include "support/worker_functions.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "tide/agent/entrypoint.h"
+#include "tide/timer/heartbeat.h"
 
 namespace tide::test {
 
@@ -33,6 +36,16 @@ void register_worker_functions() {
   register_function(
       "throw", [](const std::vector<std::string>&) -> std::string {
         throw std::invalid_argument("bad input");
+      });
+  register_function(
+      "heartbeat_then_hang",
+      [](const std::vector<std::string>&) -> std::string {
+        for (int i = 0; i < 3; ++i) {
+          tide::timer::heartbeat();
+        }
+        for (;;) {
+          ::pause();
+        }
       });
   register_function(
       "exit_code", [](const std::vector<std::string>& args) -> std::string {

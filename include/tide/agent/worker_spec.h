@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include "tide/agent/health_check.h"
+#include "tide/agent/numa.h"
 #include "tide/rendezvous/rendezvous_handler.h"
 
 // What an agent runs: the worker specification and the worker's standard
@@ -99,6 +101,20 @@ struct WorkerSpec {
   std::string timer_file;
   // The timer server's longest sleep (torch: 0.1 s for the agent's).
   std::chrono::milliseconds timer_max_interval{100};
+  // Binds each worker to CPUs and memory nodes (torchrun's --numa-binding;
+  // tide/agent/numa.h has the modes). Planned at each start of the group;
+  // a topology that cannot be read, or cannot hold the workers, fails the
+  // start before any worker runs.
+  NumaBinding numa_binding = NumaBinding::kNone;
+  // The sysfs root the topology is read from: "/sys", or a fake tree.
+  std::string topology_root = "/sys";
+  // Hang detection (docs/tiderun.md#hang-detection): when positive, a
+  // worker that sent a heartbeat (tide/timer/heartbeat.h) and then none
+  // for this long is hung: its stack is captured, it is killed, and the
+  // group restarts as for any failure. 0: off (no socket, no variables).
+  std::chrono::milliseconds heartbeat_timeout{0};
+  // Checks run before each rendezvous (docs/tiderun.md#health-checks).
+  HealthCheckPolicy health;
 };
 
 // Throws InvalidArgument when a spec cannot run (no handler, no workers, an

@@ -59,6 +59,14 @@ struct LaunchConfig {
   // (empty: in the run's log directory).
   agent::WorkerSpec::Timer timer = agent::WorkerSpec::Timer::kNone;
   std::string timer_file;
+  // Binding of the workers to CPUs and memory (--numa-binding), and the
+  // sysfs root the NUMA topology is read from (TIDE_TOPOLOGY_ROOT).
+  agent::NumaBinding numa_binding = agent::NumaBinding::kNone;
+  std::string topology_root = "/sys";
+  // Hang detection (--heartbeat-timeout; 0: off) and the health checks
+  // before each rendezvous (--health-check*).
+  std::chrono::milliseconds heartbeat_timeout{0};
+  agent::HealthCheckPolicy health;
 };
 
 // The outcome of launch(): the agent's result, or the signal that stopped it.
@@ -75,7 +83,9 @@ struct LaunchResult {
 // call request_stop() from a signal handler meanwhile). Throws
 // InvalidArgument for a bad config or an unknown backend, and what the
 // rendezvous throws (RendezvousClosedError when another node ended the
-// job, RendezvousError when the backend is gone).
+// job, RendezvousError when the backend is gone), and HealthCheckError
+// when this node gave up on its health checks (the others go on without
+// it: the rendezvous is left open).
 LaunchResult launch(
     const LaunchConfig& config,
     const agent::Entrypoint& entrypoint,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tide/rendezvous/rendezvous_handler.h"
 #include "tide/store/store.h"
@@ -22,16 +23,20 @@
 //  - the arrival that brings the count to min_nodes opens the last call;
 //    every waiting node then closes the round after last_call_timeout, or
 //    the arrival that reaches max_nodes closes it at once. The first close
-//    fixes the round's size K (first writer wins); arrivals 1..K are in,
-//    with rank = arrival - 1.
+//    fixes the round's size K (first writer wins); arrivals 1..K are in.
+//    Their ranks follow the settings' rank_order: arrival - 1 by default,
+//    else every participant reads the K node descriptors and sorts them the
+//    same way (host names in natural order, torch's order, or the nodes'
+//    own node ranks). The node with rank 0 publishes the workers' master
+//    address.
 //  - an arrival past K joins the next round, which makes every running
 //    node's num_nodes_waiting() > 0, so their agents restart and join it
 //    too. When the round was full (K == max_nodes) the node instead waits
 //    as a hot spare until the next round opens, and triggers nothing.
 //  - every participant heartbeats and watches the next participant in
-//    arrival order; one silent for keep_alive_interval x
-//    keep_alive_max_attempt counts as lost, and num_nodes_waiting() > 0
-//    makes the agent restart into a round without it.
+//    arrival order (whatever the rank order); one silent for
+//    keep_alive_interval x keep_alive_max_attempt counts as lost, and
+//    num_nodes_waiting() > 0 makes the agent restart into a round without it.
 namespace tide::rendezvous {
 
 using std::chrono::milliseconds;
@@ -42,10 +47,31 @@ struct NodeDesc {
   std::string addr;
   int64_t pid = 0;
   int64_t local_id = 0;
+  // The host's name as gethostname() gives it (the UTS name, not the FQDN);
+  // tide's addition, for RankOrder::kNatural.
+  std::string host;
 
   std::string to_string() const;
-  // This process's next descriptor (local_id counts up).
+  // This process's next descriptor (local_id counts up), with this host's
+  // name.
   static NodeDesc make(const std::string& addr);
+};
+
+// How the participants of a round are given their ranks 0..K-1
+// (--rank-order). Whatever the order, ranks are unique and contiguous, and
+// every node computes the same ones.
+enum class RankOrder {
+  // By arrival: rank = arrival index - 1 (tide's default).
+  kArrival,
+  // By host name, runs of digits compared as numbers (node7 < node66 <
+  // node100), then address, then arrival (pytorch#191190).
+  kNatural,
+  // By each node's own node rank (--node-rank), when every participant gave
+  // a distinct one; else by arrival, which the nodes log (pytorch#182223).
+  kNodeRank,
+  // torch's order: (addr, pid, local_id) compared as plain strings and
+  // integers, so node66 < node7.
+  kLexicographic,
 };
 
 // --rdzv-conf keys of the dynamic rendezvous, with torch's defaults.
@@ -58,9 +84,13 @@ struct DynamicRendezvousSettings {
   milliseconds close_timeout{30'000};
   milliseconds keep_alive_interval{5'000};
   int keep_alive_max_attempt = 3;
+  RankOrder rank_order = RankOrder::kArrival;
+  // This node's --node-rank, for RankOrder::kNodeRank (>= 0).
+  std::optional<int> node_rank;
 
   // join_timeout, last_call_timeout, close_timeout, keep_alive_interval,
-  // keep_alive_max_attempt; InvalidArgument names a bad value.
+  // keep_alive_max_attempt, rank_order ("arrival", "natural", "node-rank",
+  // "lexicographic"), node_rank; InvalidArgument names a bad value.
   static DynamicRendezvousSettings from(const RendezvousParameters& params);
   // How long a silent node is given before it counts as lost.
   milliseconds lost_after() const {
@@ -110,6 +140,13 @@ class RendezvousBackend {
   // Adds node (its JSON) to round's arrivals; returns its arrival index,
   // from 1, unique and without gaps, in the order of arrival.
   virtual int64_t join(int64_t round, const std::string& node) = 0;
+  // The JSON that arrivals 1..count of round joined with, in arrival order,
+  // waiting up to timeout for each to be written (an arrival is counted
+  // before its JSON is stored); nullopt at timeout, when an arrival died in
+  // between. Needed for every rank order but arrival; this default throws
+  // InvalidArgument saying so.
+  virtual std::optional<std::vector<std::string>> participants(
+      int64_t round, int64_t count, milliseconds timeout);
   // The number of arrivals in round so far.
   virtual int64_t arrivals(int64_t round) = 0;
   // A round's write-once values ("last_call", "size", "master"): sets name

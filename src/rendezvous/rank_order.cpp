@@ -1,0 +1,184 @@
+#include "rendezvous/rank_order.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "tide/common/error.h"
+
+namespace tide::rendezvous {
+
+namespace {
+
+struct OrderName {
+  RankOrder order;
+  std::string_view name;
+};
+
+constexpr OrderName kOrderNames[] = {
+    {RankOrder::kArrival, "arrival"},
+    {RankOrder::kNatural, "natural"},
+    {RankOrder::kNodeRank, "node-rank"},
+    {RankOrder::kLexicographic, "lexicographic"},
+};
+
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+// The run of digits of s starting at i, without its leading zeros; i moves
+// past the run.
+std::string_view digit_run(std::string_view s, size_t& i) {
+  size_t start = i;
+  while (i < s.size() && is_digit(s[i])) {
+    ++i;
+  }
+  std::string_view run = s.substr(start, i - start);
+  size_t first = run.find_first_not_of('0');
+  return first == std::string_view::npos ? std::string_view()
+                                         : run.substr(first);
+}
+
+int sign(int c) {
+  return c < 0 ? -1 : (c > 0 ? 1 : 0);
+}
+
+// Why the participants cannot be ordered by node rank (empty when they
+// can): who gave none, and which ranks more than one gave.
+std::string node_rank_problem(const std::vector<Participant>& ps) {
+  std::string none;
+  std::map<int64_t, std::vector<const Participant*>> by_rank;
+  for (const auto& p : ps) {
+    if (!p.node_rank) {
+      none += (none.empty() ? "" : ", ") + p.name();
+    } else {
+      by_rank[*p.node_rank].push_back(&p);
+    }
+  }
+  std::string why;
+  if (!none.empty()) {
+    why = "no node rank from " + none;
+  }
+  for (const auto& [rank, holders] : by_rank) {
+    if (holders.size() < 2) {
+      continue;
+    }
+    std::string names;
+    for (const Participant* p : holders) {
+      names += (names.empty() ? "" : ", ") + p->name();
+    }
+    why += (why.empty() ? "" : "; ") + std::string("node rank ") +
+           std::to_string(rank) + " from each of " + names;
+  }
+  return why;
+}
+
+}  // namespace
+
+RankOrder parse_rank_order(std::string_view text) {
+  for (const auto& [order, name] : kOrderNames) {
+    if (text == name) {
+      return order;
+    }
+  }
+  throw InvalidArgument(
+      "rank_order=" + std::string(text) +
+      " is not a rank order; expected arrival, natural, node-rank or "
+      "lexicographic");
+}
+
+std::string_view rank_order_name(RankOrder order) {
+  for (const auto& [o, name] : kOrderNames) {
+    if (o == order) {
+      return name;
+    }
+  }
+  return "unknown";
+}
+
+std::string Participant::name() const {
+  std::string desc =
+      addr + "_" + std::to_string(pid) + "_" + std::to_string(local_id);
+  return host.empty() ? desc : host + " (" + desc + ")";
+}
+
+int natural_compare(std::string_view a, std::string_view b) {
+  size_t i = 0;
+  size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (is_digit(a[i]) && is_digit(b[j])) {
+      // Without leading zeros, the longer number is the larger one; this
+      // never overflows, however long the run.
+      std::string_view x = digit_run(a, i);
+      std::string_view y = digit_run(b, j);
+      if (x.size() != y.size()) {
+        return x.size() < y.size() ? -1 : 1;
+      }
+      if (int c = x.compare(y); c != 0) {
+        return sign(c);
+      }
+      continue;
+    }
+    if (a[i] != b[j]) {
+      return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j])
+                 ? -1
+                 : 1;
+    }
+    ++i;
+    ++j;
+  }
+  if (i < a.size() || j < b.size()) {
+    return i < a.size() ? 1 : -1;  // a prefix comes first
+  }
+  return sign(a.compare(b));
+}
+
+int64_t RankAssignment::rank_of(int64_t arrival) const {
+  auto it = std::find(arrivals.begin(), arrivals.end(), arrival);
+  TIDE_CHECK(it != arrivals.end());
+  return it - arrivals.begin();
+}
+
+RankAssignment assign_ranks(
+    RankOrder order, std::vector<Participant> participants) {
+  auto& ps = participants;
+  auto by_arrival = [](const Participant& x, const Participant& y) {
+    return x.arrival < y.arrival;
+  };
+  std::sort(ps.begin(), ps.end(), by_arrival);
+  RankAssignment out{.order = order};
+  switch (order) {
+    case RankOrder::kArrival:
+      break;
+    case RankOrder::kNatural:
+      std::sort(ps.begin(), ps.end(), [](const auto& x, const auto& y) {
+        if (int c = natural_compare(x.host, y.host); c != 0) {
+          return c < 0;
+        }
+        return std::tie(x.addr, x.arrival) < std::tie(y.addr, y.arrival);
+      });
+      break;
+    case RankOrder::kLexicographic:
+      std::sort(ps.begin(), ps.end(), [](const auto& x, const auto& y) {
+        return std::tie(x.addr, x.pid, x.local_id, x.arrival) <
+               std::tie(y.addr, y.pid, y.local_id, y.arrival);
+      });
+      break;
+    case RankOrder::kNodeRank:
+      out.fallback = node_rank_problem(ps);
+      if (!out.fallback.empty()) {
+        out.order = RankOrder::kArrival;
+        break;
+      }
+      std::sort(ps.begin(), ps.end(), [](const auto& x, const auto& y) {
+        return *x.node_rank < *y.node_rank;
+      });
+      break;
+  }
+  for (const auto& p : ps) {
+    out.arrivals.push_back(p.arrival);
+  }
+  return out;
+}
+
+}  // namespace tide::rendezvous
