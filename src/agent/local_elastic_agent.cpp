@@ -326,8 +326,9 @@ void LocalElasticAgent::Impl::start_workers() {
       const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
       ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
       for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
-        std::erase_if(
-            ls.env, [&](const std::string& e) { return e.starts_with(k + "="); });
+        std::erase_if(ls.env, [&](const std::string& e) {
+          return e.starts_with(k + "=");
+        });
         ls.env.push_back(k + "=" + v);
       }
       TIDE_LOG_INFO(
@@ -497,7 +498,8 @@ bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
       }
     }
   }
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  // Rounded up: waking before a deadline would only spin until it.
+  auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
   int timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
   int r = ::poll(fds.data(), fds.size(), timeout);
   if (r < 0 && errno != EINTR) {

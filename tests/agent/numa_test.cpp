@@ -377,8 +377,8 @@ TEST_F(NumaPlanTest, OnlyAllowedCpusAreGivenAndNodesWithoutAnyTakeNoRank) {
   plan =
       plan_numa_binding(two_sockets_, NumaBinding::kNode, 2, {2, 3, 4, 5, 12});
   EXPECT_EQ(cpus_of(plan), (Strings{"2-3", "4-5,12"}));
-  plan = plan_numa_binding(four_nodes_, NumaBinding::kSocket, 2, {1, 6, 9});
-  EXPECT_EQ(cpus_of(plan), (Strings{"1,6", "9"}));
+  plan = plan_numa_binding(four_nodes_, NumaBinding::kSocket, 3, {1, 6, 9});
+  EXPECT_EQ(cpus_of(plan), (Strings{"1,6", "1,6", "9"}));
   // Exclusive keeps what is left of each core together.
   plan = plan_numa_binding(two_sockets_, NumaBinding::kExclusive, 2, {0, 8, 1});
   EXPECT_EQ(cpus_of(plan), (Strings{"0,8", "1"}));
