@@ -581,6 +581,24 @@ bool etcd_key_appears(const std::string& endpoints, const std::string& key) {
   }
 }
 
+// Waits up to 20 s for no key to start with prefix in etcd.
+bool etcd_prefix_empties(
+    const std::string& endpoints, const std::string& prefix) {
+  etcd::EtcdClient c(endpoints, 5s);
+  auto until = Clock::now() + 20s;
+  for (;;) {
+    auto res = c.range(prefix, etcd::RangeOptions{.prefix = true});
+    if (res.kvs.empty()) {
+      return true;
+    }
+    auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+    if (left <= 0ms) {
+      return false;
+    }
+    c.watch(prefix, res.revision + 1, left, /*prefix=*/true);
+  }
+}
+
 TEST(RankOrderEtcd, NodeRankAndNaturalOrdersOverEtcd) {
   auto etcd = test::EtcdCluster::start(1);
   struct Case {
@@ -630,6 +648,10 @@ TEST(RankOrderEtcd, NodeRankAndNaturalOrdersOverEtcd) {
     for (auto& n : nodes) {
       n->shutdown();
     }
+    // Each keep-alive thread revokes its lease as it ends: wait for that
+    // while etcd is up, so none is left calling it after the test.
+    EXPECT_TRUE(etcd_prefix_empties(
+        etcd.endpoints(), "/tide/rdzv/" + c.run_id + "/r0/alive/"));
   }
 }
 
