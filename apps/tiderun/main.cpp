@@ -517,8 +517,8 @@ LaunchConfig make_config(const Flags& f) {
         tide::agent::command_health_check(f.health_check));
   }
   if (!f.health_check_min_free_disk.empty()) {
-    c.health.checks.push_back(tide::agent::disk_space_health_check(
-        tide::agent::parse_size(
+    c.health.checks.push_back(
+        tide::agent::disk_space_health_check(tide::agent::parse_size(
             f.health_check_min_free_disk, "--health-check-min-free-disk")));
   }
   if (f.standalone) {

@@ -78,7 +78,9 @@ enum class Interval { kDefault, kSmallest };
 enum class Kind { kLaunch, kRestart, kHang };
 
 const char* name(Kind k) {
-  return k == Kind::kLaunch ? "launch" : k == Kind::kRestart ? "restart" : "hang";
+  return k == Kind::kLaunch    ? "launch"
+         : k == Kind::kRestart ? "restart"
+                               : "hang";
 }
 
 const char* name(Launcher l) {

@@ -59,6 +59,10 @@ struct LocalElasticAgent::Impl {
   void rendezvous();
   void assign_ranks();
   void start_workers();
+  // Each local rank's --numa-binding (empty when off), planned once per
+  // start so that a topology that cannot hold the group fails the start,
+  // not a worker (numa.cpp).
+  std::vector<RankBinding> plan_numa() const;
   // Stops every running worker: `sig` to each process group, SIGKILL after
   // the grace period, and gives up on those that survive even that.
   void stop_workers(int sig, milliseconds grace);

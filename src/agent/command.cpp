@@ -53,8 +53,8 @@ CommandResult run_command(
   }
   args.push_back(nullptr);
   pid_t pid = -1;
-  int err = ::posix_spawnp(
-      &pid, args[0], &actions, &attr, args.data(), environ);
+  int err =
+      ::posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   write_end.reset();

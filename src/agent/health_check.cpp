@@ -50,25 +50,28 @@ class CommandCheck final : public HealthCheck {
         detail::run_command({"/bin/sh", "-c", command_}, context.timeout);
     // The end of the output says most about why.
     constexpr size_t kShown = 4096;
-    std::string text = out.output.size() > kShown
-                           ? "..." + out.output.substr(out.output.size() - kShown)
-                           : out.output;
+    std::string text =
+        out.output.size() > kShown
+            ? "..." + out.output.substr(out.output.size() - kShown)
+            : out.output;
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
       text.pop_back();
     }
     if (out.timed_out) {
-      return {false,
-              "`" + command_ + "` did not finish within " +
-                  std::to_string(context.timeout.count()) + " ms" +
-                  (text.empty() ? "" : ": " + text)};
+      return {
+          false,
+          "`" + command_ + "` did not finish within " +
+              std::to_string(context.timeout.count()) + " ms" +
+              (text.empty() ? "" : ": " + text)};
     }
     if (out.exitcode != 0) {
-      std::string how = out.exitcode < 0
-                            ? "was killed by signal " +
-                                  std::to_string(-out.exitcode)
-                            : "exited with " + std::to_string(out.exitcode);
-      return {false,
-              "`" + command_ + "` " + how + (text.empty() ? "" : ": " + text)};
+      std::string how =
+          out.exitcode < 0
+              ? "was killed by signal " + std::to_string(-out.exitcode)
+              : "exited with " + std::to_string(out.exitcode);
+      return {
+          false,
+          "`" + command_ + "` " + how + (text.empty() ? "" : ": " + text)};
     }
     return {true, text};
   }
@@ -114,7 +117,9 @@ class EndpointCheck final : public HealthCheck {
     Fd fd = net::connect_tcp(
         endpoint_.host, endpoint_.port, Clock::now() + context.timeout, error);
     if (!fd) {
-      return {false, "cannot reach the rendezvous endpoint " + where + ": " + error};
+      return {
+          false,
+          "cannot reach the rendezvous endpoint " + where + ": " + error};
     }
     return {true, where + " reachable"};
   }
@@ -157,11 +162,24 @@ uint64_t parse_size(const std::string& text, const char* what) {
     shift = 0;
   } else if (unit.size() == 1) {
     switch (unit[0]) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      case 't': case 'T': shift = 40; break;
-      default: break;
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      case 't':
+      case 'T':
+        shift = 40;
+        break;
+      default:
+        break;
     }
   }
   if (text.empty() || ec != std::errc() || shift < 0 || !(value >= 0) ||
@@ -190,9 +208,12 @@ void LocalElasticAgent::Impl::check_health() {
       } catch (const std::exception& e) {
         r = {false, std::string("the check threw: ") + e.what()};
       }
-      auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-      metrics::put_metric("health_check." + check->name() + ".healthy", r.healthy ? 1 : 0);
-      metrics::put_metric("health_check." + check->name() + ".duration_ms", took.count());
+      auto took =
+          std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+      metrics::put_metric(
+          "health_check." + check->name() + ".healthy", r.healthy ? 1 : 0);
+      metrics::put_metric(
+          "health_check." + check->name() + ".duration_ms", took.count());
       agent_event(
           "health_check",
           {{"check", check->name()},
@@ -210,7 +231,11 @@ void LocalElasticAgent::Impl::check_health() {
         failed = check->name() + ": " + r.detail;
         break;
       }
-      TIDE_LOG_DEBUG("[{}] health check \"{}\" passed in {} ms", spec.role, check->name(), took.count());
+      TIDE_LOG_DEBUG(
+          "[{}] health check \"{}\" passed in {} ms",
+          spec.role,
+          check->name(),
+          took.count());
     }
     if (failed.empty()) {
       if (attempt > 0) {

@@ -52,8 +52,16 @@ std::string capture_stack(pid_t pid) {
   std::string p = std::to_string(pid);
   const std::vector<std::vector<std::string>> tools = {
       {"eu-stack", "-p", p},
-      {"gdb", "-p", p, "-batch", "-nx", "-q", "-ex", "set debuginfod enabled off",
-       "-ex", "thread apply all bt"},
+      {"gdb",
+       "-p",
+       p,
+       "-batch",
+       "-nx",
+       "-q",
+       "-ex",
+       "set debuginfod enabled off",
+       "-ex",
+       "thread apply all bt"},
   };
   std::string why;
   for (const auto& argv : tools) {
@@ -62,9 +70,9 @@ std::string capture_stack(pid_t pid) {
       return argv[0] + " -p " + p + ":\n" + out.output;
     }
     why += (why.empty() ? "" : "; ") + argv[0] + ": " +
-           (out.timed_out ? "timed out"
-                          : out.output.empty() ? "no output"
-                                               : out.output.substr(0, 200));
+           (out.timed_out        ? "timed out"
+            : out.output.empty() ? "no output"
+                                 : out.output.substr(0, 200));
   }
   return "no stack captured (" + why +
          "); install elfutils (eu-stack) or gdb for one";
@@ -148,8 +156,7 @@ void LocalElasticAgent::Impl::check_heartbeats() {
         now < *last_beat[i] + spec.heartbeat_timeout) {
       continue;
     }
-    double age =
-        std::chrono::duration<double>(now - *last_beat[i]).count();
+    double age = std::chrono::duration<double>(now - *last_beat[i]).count();
     last_beat[i].reset();
     const Worker& w = group.workers[i];
     std::string message =
@@ -157,8 +164,8 @@ void LocalElasticAgent::Impl::check_heartbeats() {
         std::to_string(w.local_rank) + ", pid " + std::to_string(p.pid()) +
         ") sent no heartbeat for " + seconds_text(age) +
         " s (--heartbeat-timeout " +
-        seconds_text(spec.heartbeat_timeout.count() / 1000.0) +
-        " s); it was " + kernel_state(p.pid()) +
+        seconds_text(spec.heartbeat_timeout.count() / 1000.0) + " s); it was " +
+        kernel_state(p.pid()) +
         "; killed with SIGKILL after its stack was captured";
     std::string stack = capture_stack(p.pid());
     TIDE_LOG_ERROR("[{}] {}\n{}", spec.role, message, stack);

@@ -290,27 +290,7 @@ void LocalElasticAgent::Impl::start_workers() {
     }
   }
 
-  // --numa-binding: planned once per start, before any worker runs, so a
-  // topology that cannot hold the group fails the start, not a worker.
-  std::vector<RankBinding> numa;
-  if (spec.numa_binding != NumaBinding::kNone) {
-    numa = plan_numa_binding(
-        read_topology(spec.topology_root),
-        spec.numa_binding,
-        spec.local_world_size,
-        current_affinity());
-    std::vector<int> mems = memory_nodes_allowed();
-    if (auto unbound = restrict_memory_nodes(numa, mems); !unbound.empty()) {
-      TIDE_LOG_WARN(
-          "[{}] --numa-binding={}: memory of local rank(s) {} is not bound "
-          "(their CPUs are): the kernel lets this process allocate on "
-          "node(s) {} only",
-          spec.role,
-          to_string(spec.numa_binding),
-          format_cpulist(unbound),
-          mems.empty() ? std::string("<unknown>") : format_cpulist(mems));
-    }
-  }
+  std::vector<RankBinding> numa = plan_numa();
 
   processes.clear();
   // Recorded before the first worker runs: anything a worker makes visible

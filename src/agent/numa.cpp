@@ -19,7 +19,10 @@
 #include <sstream>
 
 #include "tide/common/error.h"
+#include "tide/common/logging.h"
 #include "tide/common/strings.h"
+
+#include "agent/agent_impl.h"
 
 namespace tide::agent {
 
@@ -488,6 +491,30 @@ std::vector<int> memory_nodes_allowed() {
     }
   }
   return {};
+}
+
+std::vector<RankBinding> LocalElasticAgent::Impl::plan_numa() const {
+  const WorkerSpec& spec = self.spec_;
+  std::vector<RankBinding> numa;
+  if (spec.numa_binding != NumaBinding::kNone) {
+    numa = plan_numa_binding(
+        read_topology(spec.topology_root),
+        spec.numa_binding,
+        spec.local_world_size,
+        current_affinity());
+    std::vector<int> mems = memory_nodes_allowed();
+    if (auto unbound = restrict_memory_nodes(numa, mems); !unbound.empty()) {
+      TIDE_LOG_WARN(
+          "[{}] --numa-binding={}: memory of local rank(s) {} is not bound "
+          "(their CPUs are): the kernel lets this process allocate on "
+          "node(s) {} only",
+          spec.role,
+          to_string(spec.numa_binding),
+          format_cpulist(unbound),
+          mems.empty() ? std::string("<unknown>") : format_cpulist(mems));
+    }
+  }
+  return numa;
 }
 
 }  // namespace tide::agent

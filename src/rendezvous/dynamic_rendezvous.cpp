@@ -120,64 +120,6 @@ BootstrapStoreInfo decode_master(int64_t round, const std::string& text) {
       .master_port = static_cast<uint16_t>(j["port"].get<uint64_t>())};
 }
 
-// A node's descriptor, the JSON it joins a round with: torch's _NodeDesc
-// fields, its host name, its node rank when given, and the rank order it
-// uses (so nodes told different orders notice instead of taking the same
-// rank).
-std::string encode_node(
-    const NodeDesc& self, const DynamicRendezvousSettings& s) {
-  json j{
-      {"addr", self.addr},
-      {"pid", self.pid},
-      {"local_id", self.local_id},
-      {"host", self.host},
-      {"rank_order", rank_order_name(s.rank_order)}};
-  if (s.node_rank) {
-    j["node_rank"] = *s.node_rank;
-  }
-  return j.dump();
-}
-
-// A participant's descriptor and the rank order it uses ("arrival" for a
-// node that does not say: a tide before --rank-order).
-struct Descriptor {
-  Participant who;
-  std::string rank_order;
-};
-
-Descriptor decode_node(
-    int64_t round, int64_t arrival, const std::string& text) {
-  json j = json::parse(text, nullptr, false);
-  auto is = [&](const char* name, auto check) {
-    auto it = j.find(name);
-    return it != j.end() && check(*it);
-  };
-  auto string = [](const json& v) { return v.is_string(); };
-  auto integer = [](const json& v) { return v.is_number_integer(); };
-  if (!j.is_object() || !is("addr", string) || !is("pid", integer) ||
-      !is("local_id", integer) || (j.contains("host") && !is("host", string)) ||
-      (j.contains("rank_order") && !is("rank_order", string)) ||
-      (j.contains("node_rank") && !is("node_rank", integer))) {
-    throw RendezvousStateError(
-        "round " + std::to_string(round) +
-        " has a malformed descriptor for arrival " + std::to_string(arrival) +
-        ": " + text.substr(0, 200));
-  }
-  Descriptor d{
-      .who =
-          Participant{
-              .arrival = arrival,
-              .host = j.value("host", std::string()),
-              .addr = j["addr"].get<std::string>(),
-              .pid = j["pid"].get<int64_t>(),
-              .local_id = j["local_id"].get<int64_t>()},
-      .rank_order = j.value("rank_order", std::string("arrival"))};
-  if (j.contains("node_rank")) {
-    d.who.node_rank = j["node_rank"].get<int64_t>();
-  }
-  return d;
-}
-
 std::string host_name() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
@@ -606,7 +548,8 @@ DynamicRendezvousHandler::Impl::place(
   std::vector<Participant> ps;
   std::string others;  // participants told another order
   for (int64_t i = 1; i <= size; ++i) {
-    Descriptor d = decode_node(r, i, (*texts)[static_cast<size_t>(i - 1)]);
+    Descriptor d =
+        decode_descriptor(r, i, (*texts)[static_cast<size_t>(i - 1)]);
     if (d.rank_order != rank_order_name(s.rank_order)) {
       others +=
           (others.empty() ? "" : ", ") + d.who.name() + " uses " + d.rank_order;
@@ -730,7 +673,7 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
         deadline = Clock::now() + s.join_timeout;
       }
     }
-    std::string node = encode_node(self_, s);
+    std::string node = encode_descriptor(self_, s);
     int64_t arrival = 0;
     int64_t size = 0;
     int64_t rank = 0;

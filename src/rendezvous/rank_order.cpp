@@ -4,9 +4,13 @@
 #include <map>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "tide/common/error.h"
 
 namespace tide::rendezvous {
+
+using nlohmann::json;
 
 namespace {
 
@@ -179,6 +183,53 @@ RankAssignment assign_ranks(
     out.arrivals.push_back(p.arrival);
   }
   return out;
+}
+
+std::string encode_descriptor(
+    const NodeDesc& self, const DynamicRendezvousSettings& s) {
+  json j{
+      {"addr", self.addr},
+      {"pid", self.pid},
+      {"local_id", self.local_id},
+      {"host", self.host},
+      {"rank_order", rank_order_name(s.rank_order)}};
+  if (s.node_rank) {
+    j["node_rank"] = *s.node_rank;
+  }
+  return j.dump();
+}
+
+Descriptor decode_descriptor(
+    int64_t round, int64_t arrival, const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  auto is = [&](const char* name, auto check) {
+    auto it = j.find(name);
+    return it != j.end() && check(*it);
+  };
+  auto string = [](const json& v) { return v.is_string(); };
+  auto integer = [](const json& v) { return v.is_number_integer(); };
+  if (!j.is_object() || !is("addr", string) || !is("pid", integer) ||
+      !is("local_id", integer) || (j.contains("host") && !is("host", string)) ||
+      (j.contains("rank_order") && !is("rank_order", string)) ||
+      (j.contains("node_rank") && !is("node_rank", integer))) {
+    throw RendezvousStateError(
+        "round " + std::to_string(round) +
+        " has a malformed descriptor for arrival " + std::to_string(arrival) +
+        ": " + text.substr(0, 200));
+  }
+  Descriptor d{
+      .who =
+          Participant{
+              .arrival = arrival,
+              .host = j.value("host", std::string()),
+              .addr = j["addr"].get<std::string>(),
+              .pid = j["pid"].get<int64_t>(),
+              .local_id = j["local_id"].get<int64_t>()},
+      .rank_order = j.value("rank_order", std::string("arrival"))};
+  if (j.contains("node_rank")) {
+    d.who.node_rank = j["node_rank"].get<int64_t>();
+  }
+  return d;
 }
 
 }  // namespace tide::rendezvous

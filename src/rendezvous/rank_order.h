@@ -50,6 +50,25 @@ struct RankAssignment {
   int64_t rank_of(int64_t arrival) const;
 };
 
+// A node's descriptor, the JSON it joins a round with: torch's _NodeDesc
+// fields, its host name, its node rank when given, and the rank order it
+// uses (so nodes told different orders notice instead of taking the same
+// rank).
+std::string encode_descriptor(
+    const NodeDesc& self, const DynamicRendezvousSettings& s);
+
+// A participant's descriptor and the rank order it uses ("arrival" for a
+// node that does not say: a tide before --rank-order).
+struct Descriptor {
+  Participant who;
+  std::string rank_order;
+};
+
+// Throws RendezvousStateError naming the round and arrival for a malformed
+// descriptor.
+Descriptor decode_descriptor(
+    int64_t round, int64_t arrival, const std::string& text);
+
 // Ranks 0..size-1 for the participants (any order of input, distinct
 // arrivals). kNodeRank needs a node rank from every participant, all
 // distinct; otherwise the ranks follow arrival.

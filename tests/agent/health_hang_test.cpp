@@ -216,8 +216,7 @@ TEST(HeartbeatTest, WithoutAnAgentABeatIsANoOpOrAClearError) {
   test::TempDir tmp;
   timer::HeartbeatClient client(tmp.path().string() + "/nobody.sock");
   EXPECT_THROW(client.beat(), Error);
-  EXPECT_THROW(
-      timer::HeartbeatClient(std::string(200, 'x')), InvalidArgument);
+  EXPECT_THROW(timer::HeartbeatClient(std::string(200, 'x')), InvalidArgument);
 }
 
 TEST_F(HealthHangTest, AWorkerWhoseHeartbeatsStopIsKilledWithItsStackReported) {
@@ -230,15 +229,17 @@ TEST_F(HealthHangTest, AWorkerWhoseHeartbeatsStopIsKilledWithItsStackReported) {
   const ProcessFailure& f = r.failures.at(0);
   EXPECT_EQ(f.exitcode, -SIGKILL);
   EXPECT_NE(
-      f.message.find("hung: rank 0 (local rank 0, pid " +
-                     std::to_string(f.pid) + ") sent no heartbeat for 0."),
+      f.message.find(
+          "hung: rank 0 (local rank 0, pid " + std::to_string(f.pid) +
+          ") sent no heartbeat for 0."),
       std::string::npos)
       << f.message;
   EXPECT_NE(f.message.find("(--heartbeat-timeout 0.300 s)"), std::string::npos)
       << f.message;
   // The stack, by eu-stack or gdb (scripts/setup.sh installs both).
-  EXPECT_NE(f.traceback.find(" -p " + std::to_string(f.pid) + ":\n"),
-            std::string::npos)
+  EXPECT_NE(
+      f.traceback.find(" -p " + std::to_string(f.pid) + ":\n"),
+      std::string::npos)
       << f.traceback;
   EXPECT_NE(f.traceback.find("pause"), std::string::npos) << f.traceback;
   EXPECT_NE(f.error_file_data.find("hung: rank 0"), std::string::npos);

@@ -92,15 +92,16 @@ class HangHealthTest : public ::testing::Test {
   const fs::path dir_ = tmp_.path();
 };
 
-TEST_F(HangHealthTest, AHungRankIsDetectedAndTheGroupRunsAgainWithinTheTimeout) {
+TEST_F(
+    HangHealthTest, AHungRankIsDetectedAndTheGroupRunsAgainWithinTheTimeout) {
   std::string worker = file("worker.py", kWorker);
-  auto [code, out] =
-      run({"--standalone",
-           "--nproc-per-node=2",
-           "--max-restarts=1",
-           "--heartbeat-timeout=1",
-           worker,
-           dir_.string()});
+  auto [code, out] = run(
+      {"--standalone",
+       "--nproc-per-node=2",
+       "--max-restarts=1",
+       "--heartbeat-timeout=1",
+       worker,
+       dir_.string()});
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("hung: rank 1 (local rank 1"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 0 done"), std::string::npos) << out;
@@ -145,7 +146,9 @@ TEST_F(HangHealthTest, TheSummaryAndErrorFileNameTheHungRankItsAgeAndStack) {
   EXPECT_EQ(json["message"]["errorCode"], -9);
 }
 
-TEST_F(HangHealthTest, ANodeFailingItsHealthCheckExitsWithItsReasonAndRunsNothing) {
+TEST_F(
+    HangHealthTest,
+    ANodeFailingItsHealthCheckExitsWithItsReasonAndRunsNothing) {
   std::string worker = file("w.sh", "#!/bin/sh\necho worker-started\n");
   auto [code, out] = run(
       {"--standalone",
@@ -157,8 +160,8 @@ TEST_F(HangHealthTest, ANodeFailingItsHealthCheckExitsWithItsReasonAndRunsNothin
   EXPECT_NE(out.find("stays out of the job"), std::string::npos) << out;
   EXPECT_EQ(out.find("worker-started"), std::string::npos) << out;
 
-  auto [code2, out2] = run(
-      {"--standalone", "--health-check-min-free-disk=1000000T", worker});
+  auto [code2, out2] =
+      run({"--standalone", "--health-check-min-free-disk=1000000T", worker});
   EXPECT_EQ(code2, 1) << out2;
   EXPECT_NE(out2.find("disk_space: "), std::string::npos) << out2;
   EXPECT_EQ(out2.find("worker-started"), std::string::npos) << out2;
@@ -211,10 +214,11 @@ TEST_F(HangHealthTest, AnUnhealthyNodeStaysOutWhileTheOthersFormTheJob) {
   c.start("a", args({}));
   c.start(
       "sick",
-      args({"--health-check",
-            "echo link eth1 is down; exit 1",
-            "--health-check-retries=-1",
-            "--health-check-backoff=0.2"}));
+      args(
+          {"--health-check",
+           "echo link eth1 is down; exit 1",
+           "--health-check-retries=-1",
+           "--health-check-backoff=0.2"}));
   ASSERT_TRUE(c.wait_line("sick| ", 30s)) << c.log();
   ASSERT_TRUE(c.wait_line("link eth1 is down", 30s)) << c.log();
   c.start("b", args({}));
