@@ -16,9 +16,9 @@
 
 #include "tide/agent/health_check.h"
 #include "tide/agent/local_elastic_agent.h"
-#include "tide/rendezvous/registry.h"
 #include "tide/timer/heartbeat.h"
 
+#include "support/agent_fixture.h"
 #include "support/temp_dir.h"
 
 namespace tide::agent {
@@ -27,31 +27,11 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-class HealthHangTest : public ::testing::Test {
+class HealthHangTest : public test::AgentTest {
  protected:
-  WorkerSpec spec(Entrypoint e, int nproc = 1) {
-    return WorkerSpec{
-        .local_world_size = nproc,
-        .entrypoint = std::move(e),
-        .rdzv_handler = rendezvous::handler_registry().create({
-            .backend = "static",
-            .endpoint = "127.0.0.1:0",
-            .run_id = "test",
-        }),
-        .max_restarts = 0,
-        .log_dir = (dir_ / "logs").string(),
-        .shutdown_grace = 5s,
-    };
-  }
-  static Command sh(const std::string& script) {
-    return Command{{"/bin/sh", "-c", script}};
-  }
   HealthCheckContext context(std::chrono::milliseconds timeout = 10s) const {
     return {.log_dir = dir_.string(), .timeout = timeout};
   }
-
-  test::TempDir tmp_;
-  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(HealthHangTest, ACommandCheckPassesOnExitZeroAndFailsWithItsOutput) {
@@ -142,7 +122,7 @@ TEST_F(HealthHangTest, SizesParseWithBinaryUnits) {
 
 TEST_F(HealthHangTest, AFailingNodeRetriesThenGivesUpWithoutStartingWorkers) {
   auto count = dir_ / "checks";
-  auto s = spec(sh("touch " + (dir_ / "ran").string()));
+  auto s = spec(sh("touch " + (dir_ / "ran").string()), 1);
   s.health.checks.push_back(command_health_check(
       "echo . >> " + count.string() + "; echo no GPU found; exit 1"));
   s.health.retries = 2;
@@ -165,7 +145,7 @@ TEST_F(HealthHangTest, AFailingNodeRetriesThenGivesUpWithoutStartingWorkers) {
 TEST_F(HealthHangTest, ANodeThatRecoversJoins) {
   // Unhealthy until the third check.
   auto count = dir_ / "checks";
-  auto s = spec(sh("exit 0"));
+  auto s = spec(sh("exit 0"), 1);
   s.health.checks.push_back(command_health_check(
       "echo . >> " + count.string() + "; [ $(wc -l < " + count.string() +
       ") -ge 3 ]"));
@@ -220,7 +200,7 @@ TEST(HeartbeatTest, WithoutAnAgentABeatIsANoOpOrAClearError) {
 }
 
 TEST_F(HealthHangTest, AWorkerWhoseHeartbeatsStopIsKilledWithItsStackReported) {
-  auto s = spec(FunctionCall{"heartbeat_then_hang", {}});
+  auto s = spec(FunctionCall{"heartbeat_then_hang", {}}, 1);
   s.start_method = StartMethod::kSpawn;
   s.heartbeat_timeout = 300ms;
   LocalElasticAgent agent(std::move(s));

@@ -14,6 +14,7 @@
 #include "tide/rendezvous/registry.h"
 #include "tide/store/hash_store.h"
 
+#include "support/agent_fixture.h"
 #include "support/process_checks.h"
 #include "support/temp_dir.h"
 
@@ -23,30 +24,7 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-class LocalElasticAgentTest : public ::testing::Test {
- protected:
-  WorkerSpec spec(Entrypoint e, int nproc = 2) {
-    return WorkerSpec{
-        .local_world_size = nproc,
-        .entrypoint = std::move(e),
-        .rdzv_handler = rendezvous::handler_registry().create({
-            .backend = "static",
-            .endpoint = "127.0.0.1:0",
-            .run_id = "test",
-        }),
-        .max_restarts = 0,
-        .log_dir = (dir_ / "logs").string(),
-        .shutdown_grace = 5s,
-    };
-  }
-
-  static Command sh(const std::string& script) {
-    return Command{{"/bin/sh", "-c", script}};
-  }
-
-  test::TempDir tmp_;
-  const fs::path dir_ = tmp_.path();
-};
+using LocalElasticAgentTest = test::AgentTest;
 
 // This node of a two-node job whose other node never shows up in the exit
 // barrier; the test closes the rendezvous when it likes.
