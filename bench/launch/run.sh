@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds launch_bench (with tiderun and the restart worker) optimised and runs
 # it: tiderun against torchrun, launch wall time and failure-to-restart
-# latency. Arguments go to launch_bench (--reps, --slow-reps, --cases, ...;
+# latency, and a hung rank to the group running again (--cases hang).
+# Arguments go to launch_bench (--reps, --slow-reps, --cases, ...;
 # see --help). Needs Debian's python3-torch (apt-get install python3-torch),
 # run as /usr/bin/python3.
 #
