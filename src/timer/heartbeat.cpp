@@ -1,6 +1,7 @@
 #include "tide/timer/heartbeat.h"
 
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,7 +24,9 @@ constexpr size_t kMaxBeat = 256;
 
 HeartbeatClient::HeartbeatClient(std::string path) : path_(std::move(path)) {
   // Checked now rather than at the first beat.
-  detail::connect_datagram_socket(path_, "heartbeat");
+  if (path_.size() >= sizeof(sockaddr_un::sun_path)) {
+    throw InvalidArgument("heartbeat socket path too long: " + path_);
+  }
 }
 
 void HeartbeatClient::beat() {
