@@ -260,8 +260,7 @@ void LocalElasticAgent::Impl::check_health() {
 void LocalElasticAgent::Impl::sleep_unless_stopped(Clock::time_point deadline) {
   while (Clock::now() < deadline) {
     check_stop();
-    auto left =
-        std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
     pollfd p{.fd = wake_fd.get(), .events = POLLIN, .revents = 0};
     if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) >
         0) {

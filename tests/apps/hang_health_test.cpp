@@ -2,6 +2,7 @@
 // health check stays out of the job; a Python worker (standard library
 // only) whose heartbeats stop is found hung, reported with its stack, and
 // the group runs again.
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -170,6 +171,37 @@ TEST_F(
       run({"--standalone", "--health-check-min-free-disk=lots", worker});
   EXPECT_EQ(code3, 2) << out3;
   EXPECT_NE(out3.find("is not a size"), std::string::npos) << out3;
+}
+
+TEST_F(HangHealthTest, AStopSignalEndsTheWaitBetweenHealthChecks) {
+  std::string worker = file("w.sh", "#!/bin/sh\necho worker-started\n");
+  Subprocess p(
+      {TIDERUN_BIN,
+       "--log-dir",
+       (dir_ / "logs").string(),
+       "--standalone",
+       "--health-check",
+       "exit 1",
+       "--health-check-retries=-1",
+       "--health-check-backoff=60",
+       worker},
+      {.merge_stderr = true});
+  std::string out;
+  while (auto line = p.read_line(30s)) {
+    out += *line + "\n";
+    if (line->find("health checks again in 60000 ms") != std::string::npos) {
+      break;
+    }
+  }
+  ASSERT_NE(out.find("health checks again in"), std::string::npos) << out;
+  p.signal(SIGTERM);
+  // Well before the minute of back-off is over.
+  auto status = p.wait(20s);
+  ASSERT_TRUE(status.has_value()) << out;
+  out += p.read_all(5s);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << out;
+  EXPECT_NE(out.find("stopped by SIGTERM"), std::string::npos) << out;
+  EXPECT_EQ(out.find("worker-started"), std::string::npos) << out;
 }
 
 TEST_F(HangHealthTest, HealthChecksRunAgainBeforeEveryReRendezvous) {
