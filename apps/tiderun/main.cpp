@@ -550,7 +550,14 @@ LaunchConfig make_config(const Flags& f) {
   } else {
     put_rank_order(f, c);
   }
-  if (f.health_check_endpoint) {
+  if (f.health_check_endpoint && c.rdzv_backend == "static" &&
+      f.node_rank.value_or(0) == 0) {
+    // Node 0 serves the static backend's store itself, from its rendezvous
+    // on: there is nothing to reach before it.
+    TIDE_LOG_INFO(
+        "--health-check-endpoint: node 0 serves {}; not checked",
+        c.rdzv_endpoint);
+  } else if (f.health_check_endpoint) {
     if (c.rdzv_endpoint.empty()) {
       throw InvalidArgument("--health-check-endpoint needs --rdzv-endpoint");
     }

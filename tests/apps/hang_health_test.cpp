@@ -173,6 +173,33 @@ TEST_F(
   EXPECT_NE(out3.find("is not a size"), std::string::npos) << out3;
 }
 
+TEST_F(HangHealthTest, TheEndpointCheckNeedsTheStoreOfNodeZeroOnlyElsewhere) {
+  std::string worker = file("w.sh", "#!/bin/sh\necho worker-started\n");
+  std::string port = std::to_string(test::free_port());
+  // Node 0 of the static backend serves the endpoint itself.
+  auto [code, out] = run(
+      {"--nnodes=1",
+       "--master-port=" + port,
+       "--health-check-endpoint",
+       worker});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("worker-started"), std::string::npos) << out;
+  // Node 1, whose node 0 is not there: out at once, not after the store's
+  // timeout.
+  auto [code1, out1] = run(
+      {"--nnodes=2",
+       "--node-rank=1",
+       "--master-port=" + port,
+       "--health-check-endpoint",
+       worker});
+  EXPECT_EQ(code1, 1) << out1;
+  EXPECT_NE(
+      out1.find("cannot reach the rendezvous endpoint 127.0.0.1:" + port),
+      std::string::npos)
+      << out1;
+  EXPECT_EQ(out1.find("worker-started"), std::string::npos) << out1;
+}
+
 TEST_F(HangHealthTest, AStopSignalEndsTheWaitBetweenHealthChecks) {
   std::string worker = file("w.sh", "#!/bin/sh\necho worker-started\n");
   Subprocess p(
