@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "tide/common/logging.h"
+#include "tide/common/strings.h"
 #include "tide/events/events.h"
 #include "tide/metrics/metrics.h"
 
@@ -50,13 +51,10 @@ class CommandCheck final : public HealthCheck {
         detail::run_command({"/bin/sh", "-c", command_}, context.timeout);
     // The end of the output says most about why.
     constexpr size_t kShown = 4096;
-    std::string text =
+    std::string text(trim(
         out.output.size() > kShown
             ? "..." + out.output.substr(out.output.size() - kShown)
-            : out.output;
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
-      text.pop_back();
-    }
+            : out.output));
     if (out.timed_out) {
       return {
           false,

@@ -126,15 +126,18 @@ void LocalElasticAgent::Impl::read_heartbeats() {
 }
 
 int LocalElasticAgent::Impl::local_rank_of(pid_t pid) const {
-  // The worker itself, or a process in its session (its children).
-  for (pid_t candidate : {pid, ::getsid(pid)}) {
+  // The worker itself, or else a process in its session (its children):
+  // getsid only for those.
+  auto find = [&](pid_t candidate) {
     for (const auto& p : processes) {
       if (p->pid() == candidate) {
         return p->local_rank();
       }
     }
-  }
-  return -1;
+    return -1;
+  };
+  int rank = find(pid);
+  return rank >= 0 ? rank : find(::getsid(pid));
 }
 
 Clock::time_point LocalElasticAgent::Impl::next_heartbeat_deadline() const {

@@ -36,15 +36,6 @@ namespace {
 constexpr int kMaxId = 1 << 16;
 constexpr size_t kWordBits = sizeof(unsigned long) * CHAR_BIT;
 
-std::string_view trim(std::string_view s) {
-  const char* blank = " \t\r\n";
-  auto first = s.find_first_not_of(blank);
-  if (first == std::string_view::npos) {
-    return {};
-  }
-  return s.substr(first, s.find_last_not_of(blank) - first + 1);
-}
-
 std::optional<int> parse_id(std::string_view s) {
   int v = -1;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);

@@ -545,29 +545,19 @@ DynamicRendezvousHandler::Impl::place(
     return std::nullopt;
   }
   TIDE_CHECK(static_cast<int64_t>(texts->size()) == size);
-  std::vector<Participant> ps;
-  std::string others;  // participants told another order
-  for (int64_t i = 1; i <= size; ++i) {
-    Descriptor d =
-        decode_descriptor(r, i, (*texts)[static_cast<size_t>(i - 1)]);
-    if (d.rank_order != rank_order_name(s.rank_order)) {
-      others +=
-          (others.empty() ? "" : ", ") + d.who.name() + " uses " + d.rank_order;
-    }
-    ps.push_back(std::move(d.who));
-  }
-  if (!others.empty()) {
+  RoundRanks placed = rank_round(r, *texts, s.rank_order);
+  if (!placed.mixed.empty()) {
     // Two orders would give two nodes the same rank: end the job rather
     // than run it wrong.
     std::string why = "the nodes of round " + std::to_string(r) + " of run \"" +
                       s.run_id +
                       "\" use different rank orders: this node uses " +
                       std::string(rank_order_name(s.rank_order)) + ", " +
-                      others + "; give every node the same --rank-order";
+                      placed.mixed + "; give every node the same --rank-order";
     close(/*failed=*/true);
     throw InvalidArgument(why);
   }
-  RankAssignment ranks = assign_ranks(s.rank_order, std::move(ps));
+  const RankAssignment& ranks = placed.ranks;
   if (!ranks.fallback.empty()) {
     TIDE_LOG_WARN(
         "[rendezvous {}] round {}: cannot order the nodes by node rank ({}); "

@@ -199,6 +199,17 @@ std::string encode_descriptor(
   return j.dump();
 }
 
+namespace {
+
+// A participant's descriptor and the rank order it uses ("arrival" for a
+// node that does not say: a tide before --rank-order).
+struct Descriptor {
+  Participant who;
+  std::string rank_order;
+};
+
+// Throws RendezvousStateError naming the round and arrival for a malformed
+// descriptor.
 Descriptor decode_descriptor(
     int64_t round, int64_t arrival, const std::string& text) {
   json j = json::parse(text, nullptr, false);
@@ -230,6 +241,27 @@ Descriptor decode_descriptor(
     d.who.node_rank = j["node_rank"].get<int64_t>();
   }
   return d;
+}
+
+}  // namespace
+
+RoundRanks rank_round(
+    int64_t round, const std::vector<std::string>& texts, RankOrder order) {
+  RoundRanks out;
+  std::vector<Participant> ps;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    Descriptor d =
+        decode_descriptor(round, static_cast<int64_t>(i + 1), texts[i]);
+    if (d.rank_order != rank_order_name(order)) {
+      out.mixed += (out.mixed.empty() ? "" : ", ") + d.who.name() + " uses " +
+                   d.rank_order;
+    }
+    ps.push_back(std::move(d.who));
+  }
+  if (out.mixed.empty()) {
+    out.ranks = assign_ranks(order, std::move(ps));
+  }
+  return out;
 }
 
 }  // namespace tide::rendezvous

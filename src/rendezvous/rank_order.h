@@ -57,22 +57,22 @@ struct RankAssignment {
 std::string encode_descriptor(
     const NodeDesc& self, const DynamicRendezvousSettings& s);
 
-// A participant's descriptor and the rank order it uses ("arrival" for a
-// node that does not say: a tide before --rank-order).
-struct Descriptor {
-  Participant who;
-  std::string rank_order;
-};
-
-// Throws RendezvousStateError naming the round and arrival for a malformed
-// descriptor.
-Descriptor decode_descriptor(
-    int64_t round, int64_t arrival, const std::string& text);
-
 // Ranks 0..size-1 for the participants (any order of input, distinct
 // arrivals). kNodeRank needs a node rank from every participant, all
 // distinct; otherwise the ranks follow arrival.
 RankAssignment assign_ranks(
     RankOrder order, std::vector<Participant> participants);
+
+// A round's ranks from its participants' descriptors (arrival i's at
+// texts[i - 1]) in `order`. When some participants were told another order,
+// `mixed` names them ("node66 (10.1.0.2_4120_0) uses natural, ...") and the
+// ranks are left empty. Throws RendezvousStateError for a malformed
+// descriptor.
+struct RoundRanks {
+  RankAssignment ranks;
+  std::string mixed;
+};
+RoundRanks rank_round(
+    int64_t round, const std::vector<std::string>& texts, RankOrder order);
 
 }  // namespace tide::rendezvous

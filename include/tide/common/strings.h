@@ -18,6 +18,16 @@ inline std::vector<std::string_view> split(std::string_view text, char sep) {
   return out;
 }
 
+// `text` without the blanks (spaces, tabs, CR, LF) at either end.
+inline std::string_view trim(std::string_view text) {
+  constexpr std::string_view kBlank = " \t\r\n";
+  auto first = text.find_first_not_of(kBlank);
+  if (first == std::string_view::npos) {
+    return {};
+  }
+  return text.substr(first, text.find_last_not_of(kBlank) - first + 1);
+}
+
 // Constant time in the contents, for secrets: the comparison leaks only the
 // length.
 inline bool token_equal(std::string_view a, std::string_view b) {
