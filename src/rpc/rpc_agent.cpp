@@ -100,9 +100,14 @@ struct RpcAgent::Impl {
   std::unique_ptr<detail::Calls> calls;
   std::unique_ptr<transport::Transport> transport;
   std::shared_ptr<detail::RRefBooks> books;
-  // Run the functions called here (transport/workers.h); gone before the
-  // transport they lend themselves to.
-  std::unique_ptr<transport::Workers> workers;
+  // Run the functions called here (transport/workers.h); joined before the
+  // transport they lend themselves to is gone. Shared with `continuations`,
+  // which futures may hold past the agent (joined, it runs nothing).
+  std::shared_ptr<transport::Workers> workers;
+  // Where the continuations of the futures rpc_async and RRef calls return
+  // run: on a free worker thread, so that one that blocks (an rpc_sync in a
+  // then()) stalls no reply; where the reply is read when none is free.
+  std::shared_ptr<Executor> continuations;
 
   void run_on_pool(std::function<void()> fn) {
     workers->run(std::move(fn));
@@ -557,8 +562,10 @@ RpcAgent::RpcAgent(
                   }
                 },
         });
-    impl.workers = std::make_unique<transport::Workers>(
+    impl.workers = std::make_shared<transport::Workers>(
         *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
+    impl.continuations =
+        std::make_shared<transport::FreeThreadExecutor>(impl.workers);
     impl.calls =
         std::make_unique<detail::Calls>(*impl.transport, impl.self.name);
     impl.books = std::make_shared<detail::RRefBooks>(
@@ -670,6 +677,10 @@ RRefPtr AgentAccess::local(RpcAgent& agent, Value value) {
   return agent.impl_->books->local(std::move(value));
 }
 
+const std::shared_ptr<Executor>& continuation_executor(RpcAgent& agent) {
+  return agent.impl_->continuations;
+}
+
 WireContext* AgentAccess::wire(RpcAgent& agent, const std::string& to) {
   return agent.wire_context(agent.get_worker_info(to).id);
 }
@@ -690,6 +701,10 @@ size_t RpcAgent::num_pending_calls() const {
 
 size_t RpcAgent::num_running_functions() const {
   return impl_->activity->running.load();
+}
+
+size_t RpcAgent::num_idle_threads() const {
+  return impl_->workers->threads() - impl_->workers->busy();
 }
 
 std::string RpcAgent::transport_to(const std::string& name) const {

@@ -25,16 +25,40 @@ bool Workers::run(std::function<void()> fn) {
   if (joined_) {
     return false;
   }
+  push_and_unlock(lock, std::move(fn));
+  return true;
+}
+
+bool Workers::run_if_free(std::function<void()>& fn) {
+  std::unique_lock lock(mutex_);
+  if (joined_ ||
+      queue_.size() + busy_.load(std::memory_order_relaxed) >= threads_) {
+    return false;
+  }
+  push_and_unlock(lock, std::move(fn));
+  return true;
+}
+
+void Workers::push_and_unlock(
+    std::unique_lock<std::mutex>& lock, std::function<void()> fn) {
   queue_.push_back(std::move(fn));
   queued_.store(queue_.size(), std::memory_order_release);
-  if (runners_ > busy_.load(std::memory_order_relaxed) ||
-      runners_ == threads_) {
-    return true;  // A runner will take it.
+  add_runner_and_unlock(lock);
+}
+
+void Workers::add_runner_and_unlock(std::unique_lock<std::mutex>& lock) {
+  // No runner is needed while nothing waits, or a free one will take it;
+  // none can be added past the pool's size.
+  bool add = !queue_.empty() &&
+             runners_ == busy_.load(std::memory_order_relaxed) &&
+             runners_ < threads_;
+  if (add) {
+    ++runners_;
   }
-  ++runners_;
   lock.unlock();
-  asio::post(pool_, [this] { drain(); });
-  return true;
+  if (add) {
+    asio::post(pool_, [this] { drain(); });
+  }
 }
 
 void Workers::drain() {
@@ -56,7 +80,11 @@ void Workers::drain() {
       queue_.pop_front();
       queued_.store(queue_.size(), std::memory_order_relaxed);
       busy_.fetch_add(1, std::memory_order_relaxed);
-      lock.unlock();
+      // This function may block for as long as it likes (a lock, a
+      // condition, a call that waits for a later request): what is queued
+      // behind it must not wait for it. Every runner now inside a function
+      // means one more, up to the pool's size.
+      add_runner_and_unlock(lock);
       try {
         next();
       } catch (const std::exception& e) {

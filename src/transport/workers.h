@@ -4,9 +4,12 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 #include <asio/thread_pool.hpp>
+
+#include "tide/common/future.h"
 
 #include "transport/transport.h"
 
@@ -14,8 +17,10 @@
 // a worker, the completions of its calls), beside a transport's loop.
 //
 // A burst of work wakes one thread, which runs it one function after
-// another; another thread is woken only when every running one is inside a
-// function (which may block), up to `threads`. An idle thread waits for the
+// another; another thread is woken whenever work is queued while every
+// running one is inside a function (which may block), up to `threads`: so
+// with T threads, T functions may block at once and the work queued behind
+// them still runs; the (T+1)th waits for a thread. An idle thread waits for the
 // next function a moment before it sleeps, lending itself to the transport's
 // loop meanwhile (Transport::help): the message that brings the next
 // function is then read on the thread that runs it, with no hand-off. One
@@ -40,6 +45,10 @@ class Workers {
   // Queues fn and returns true; false, leaving fn alone, after join() has
   // begun. Thread safe. An exception fn throws is logged.
   bool run(std::function<void()> fn);
+  // Queues fn (moved from) and returns true when a thread takes it at once:
+  // fewer functions queued than threads not inside one. Else false, leaving
+  // fn alone. Thread safe.
+  bool run_if_free(std::function<void()>& fn);
 
   size_t threads() const {
     return threads_;
@@ -56,6 +65,12 @@ class Workers {
  private:
   // A thread's task: runs queued functions until none has come for a while.
   void drain();
+  // Queues fn, then add_runner_and_unlock(). `lock` holds mutex_.
+  void push_and_unlock(
+      std::unique_lock<std::mutex>& lock, std::function<void()> fn);
+  // Posts one more runner when queued work has none free to take it and the
+  // pool has a thread left; releases `lock` (on mutex_) first.
+  void add_runner_and_unlock(std::unique_lock<std::mutex>& lock);
 
   Transport& transport_;
   const size_t threads_;
@@ -69,6 +84,25 @@ class Workers {
   size_t runners_ = 0;           // Tasks posted to the pool, not yet finished.
   std::atomic<size_t> busy_{0};  // Runners inside a function.
   bool joined_ = false;          // Guarded by mutex_.
+};
+
+// Runs the continuations of a future whose producer must not block (an
+// I/O loop; Future::via) on a thread of `workers` when one is free, else on
+// the completing thread, as without it: queued behind functions that block,
+// a continuation could wait for as long as they do, and they may be waiting
+// for it.
+class FreeThreadExecutor final : public Executor {
+ public:
+  explicit FreeThreadExecutor(std::shared_ptr<Workers> workers)
+      : workers_(std::move(workers)) {}
+  void run(std::function<void()> task) override {
+    if (!workers_->run_if_free(task)) {
+      task();
+    }
+  }
+
+ private:
+  const std::shared_ptr<Workers> workers_;
 };
 
 }  // namespace tide::transport

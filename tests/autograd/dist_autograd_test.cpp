@@ -8,12 +8,14 @@
 
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -535,6 +537,67 @@ TEST_F(DistAutogradTest, AnErrorInAnotherWorkersBackwardNamesIt) {
     EXPECT_THAT(e.what(), HasSubstr("worker 'w2'"));
     EXPECT_THAT(e.what(), HasSubstr("this backward fails"));
   }
+}
+
+// The parameter-server pattern with a readers-writer lock taken over rpc:
+// each trainer holds the read side around its backward and the write side
+// around its optimizer step, so one trainer's lock call waits on w0, holding
+// a thread there, while the other's forward, gradients and step are served.
+TEST_F(DistAutogradTest, TrainersTakeALockOnTheParameterServerOverRpc) {
+  start(3);
+  std::mutex mutex;
+  std::condition_variable changed;
+  int readers = 0;      // Guarded by mutex.
+  bool writer = false;  // Guarded by mutex.
+  w(0).register_function("read_lock", [&] {
+    std::unique_lock lock(mutex);
+    bool ok = changed.wait_for(lock, 20s, [&] { return !writer; });
+    readers += ok ? 1 : 0;
+    return ok;
+  });
+  w(0).register_function("read_unlock", [&] {
+    {
+      std::lock_guard lock(mutex);
+      --readers;
+    }
+    changed.notify_all();
+  });
+  w(0).register_function("write_lock", [&] {
+    std::unique_lock lock(mutex);
+    bool ok =
+        changed.wait_for(lock, 20s, [&] { return !writer && readers == 0; });
+    writer = writer || ok;
+    return ok;
+  });
+  w(0).register_function("write_unlock", [&] {
+    {
+      std::lock_guard lock(mutex);
+      writer = false;
+    }
+    changed.notify_all();
+  });
+  auto train = [this](int me) {
+    RpcAgent& agent = w(me);
+    RemoteModule<Net> model(agent, "w0/cpu", int64_t{4});
+    std::vector<RRef<at::Tensor>> params = model.remote_parameters();
+    at::Tensor before = params[0].to_here();
+    DistributedOptimizer opt(params, torch::optim::SGDOptions(0.05));
+    for (int step = 0; step < 4; ++step) {
+      dist_autograd::Context ctx(agent);
+      EXPECT_TRUE(agent.rpc_sync<bool>("w0", "read_lock"));
+      at::Tensor y = model.forward<at::Tensor>(at::randn({3, 4}));
+      dist_autograd::backward(ctx.context_id(), {y.pow(2).sum()});
+      agent.rpc_sync<void>("w0", "read_unlock");
+      EXPECT_TRUE(agent.rpc_sync<bool>("w0", "write_lock"));
+      opt.step(ctx.context_id());
+      agent.rpc_sync<void>("w0", "write_unlock");
+    }
+    EXPECT_FALSE(at::equal(params[0].to_here(), before)) << "trainer " << me;
+  };
+  auto a = std::async(std::launch::async, train, 1);
+  auto b = std::async(std::launch::async, train, 2);
+  a.get();
+  b.get();
 }
 
 // Trains `steps` steps of a local Linear followed by a RemoteModule on w1

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -533,10 +535,237 @@ TEST_F(RpcTest, PeerDeathFailsItsPendingCallsPromptly) {
   }
 }
 
+// ---- Functions that block on the callee (docs/thread_model.md) ----
+
+// The timeout of the calls below, far past the 20 s a blocked function waits.
+constexpr std::chrono::milliseconds kCallTimeout{60000};
+
+// Worker "w0" is a child process (run_blocking_child) whose functions wait
+// on a condition until released: by a call (release) or by a line on its
+// stdin, which also answers questions about its threads while every one of
+// them may be blocked. "w1" and "w2" are agents of this process.
+class BlockingTest : public RpcTest {
+ protected:
+  void start(int threads) {
+    child_.emplace(
+        std::vector<std::string>{"/proc/self/exe"},
+        test::SubprocessOptions{
+            .env =
+                {{"TIDE_RPC_TEST_CHILD", std::to_string(server_->port())},
+                 {"TIDE_RPC_TEST_CHILD_THREADS", std::to_string(threads)}},
+            .pipe_stdin = true});
+    std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
+    for (int r : {1, 2}) {
+      starting.push_back(std::async(std::launch::async, [this, r] {
+        return std::make_unique<RpcAgent>(
+            "w" + std::to_string(r), r, 3, RpcBackendOptions{}, client());
+      }));
+    }
+    for (auto& s : starting) {
+      agents_.push_back(s.get());
+    }
+    ASSERT_EQ(child_->read_line(30s), "ready");
+  }
+  // A line to the child and its answer.
+  std::string ask(const std::string& line) {
+    child_->write_line(line);
+    return child_->read_line(30s).value_or("(no answer)");
+  }
+  void TearDown() override {
+    for (auto& agent : agents_) {
+      agent->shutdown(false);
+    }
+  }
+
+  std::optional<test::Subprocess> child_;
+  std::vector<std::unique_ptr<RpcAgent>> agents_;
+};
+
+// The reproduction of a parameter server's lock over RPC: w1 makes N calls
+// that each block on w0 until released, w2 releases them one call at a time
+// once all N wait. Each wait gives up (false) after 20 s; a worker that stops
+// reading while its functions block would let none of the releases in.
+class BlockedFunctionsTest : public BlockingTest,
+                             public ::testing::WithParamInterface<int> {};
+
+TEST_P(BlockedFunctionsTest, ReleasesReachAWorkerWhoseFunctionsWait) {
+  const int n = GetParam();
+  // N waits, and the call that waits for them: N + 1 threads.
+  start(n + 1);
+  std::vector<Future<bool>> waits;
+  for (int i = 0; i < n; ++i) {
+    waits.push_back(agents_[0]->rpc_async<bool>(
+        "w0", "wait_for", kCallTimeout, int64_t{i + 1}));
+  }
+  ASSERT_TRUE(
+      agents_[1]->rpc_sync<bool>("w0", "waiters", kCallTimeout, int64_t{n}));
+  for (int i = 0; i < n; ++i) {
+    agents_[1]->rpc_sync<void>("w0", "release", kCallTimeout);
+  }
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(waits[static_cast<size_t>(i)].wait(60s)) << "wait " << i + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Waits, BlockedFunctionsTest, ::testing::Values(1, 2, 6, 16));
+
+// T threads, T + 1 blocked functions: the extra one waits for a thread; the
+// worker still reads, completes its own calls and lets callers time out.
+TEST_F(BlockingTest, TheFunctionPastTheThreadsWaitsAndNothingElseStalls) {
+  start(2);
+  std::vector<Future<bool>> waits;
+  for (int64_t k = 1; k <= 3; ++k) {
+    waits.push_back(
+        agents_[0]->rpc_async<bool>("w0", "wait_for", kCallTimeout, k));
+  }
+  // Two run and block; the third is queued.
+  EXPECT_EQ(ask("await 2"), "waiters 2 idle 0");
+  // A call to w0 needs a thread: it gets its timeout error.
+  EXPECT_THROW(
+      agents_[1]->rpc_sync<int64_t>("w0", "add", 300ms, int64_t{1}, int64_t{2}),
+      TimeoutError);
+  // w0's own call to w2 completes: its loop reads the reply.
+  agents_[1]->register_function("add", add);
+  EXPECT_EQ(ask("call w2"), "w2 says 5");
+  EXPECT_FALSE(waits[2].ready());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(ask("release"), "released");
+  }
+  for (auto& w : waits) {
+    EXPECT_TRUE(w.wait(60s));
+  }
+  EXPECT_EQ(
+      agents_[1]->rpc_sync<int64_t>(
+          "w0", "add", kCallTimeout, int64_t{2}, int64_t{3}),
+      5);
+}
+
+// A function that blocks until its own worker has served a call that came
+// back to it meanwhile (w0 -> w2 -> w0).
+TEST_F(BlockingTest, AFunctionWaitsWhileItsWorkerServesACallBackToIt) {
+  start(2);
+  agents_[1]->register_function("release_w0", [this] {
+    agents_[1]->rpc_sync<void>("w0", "release", kCallTimeout);
+  });
+  EXPECT_TRUE(
+      agents_[0]->rpc_sync<bool>("w0", "bounce_then_wait", kCallTimeout));
+}
+
+// Continuations of call futures run on a free pool thread: one that blocks
+// in another call (on the caller, and in an async function's chain on the
+// callee) holds up no other reply.
+TEST_F(RpcTest, ContinuationsThatBlockStallNoReply) {
+  auto agents = group({"a", "b", "c"});
+  RpcAgent& a = *agents[0];
+  RpcAgent& b = *agents[1];
+  agents[2]->register_function("add", add);
+  b.register_function("add", add);
+  b.register_function("add_twice_via_c", [&b](int64_t x) {
+    return b.rpc_async<int64_t>("c", "add", x, int64_t{1})
+        .then([&b](const int64_t& v) {
+          return b.rpc_sync<int64_t>("c", "add", v, int64_t{1});
+        });
+  });
+  std::vector<Future<int64_t>> chained;
+  for (int64_t i = 0; i < 8; ++i) {
+    chained.push_back(a.rpc_async<int64_t>("b", "add", i, int64_t{0})
+                          .then([&a](const int64_t& v) {
+                            return a.rpc_sync<int64_t>(
+                                "c", "add", v, int64_t{100});
+                          }));
+    chained.push_back(a.rpc_async<int64_t>("b", "add_twice_via_c", i));
+  }
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(chained[static_cast<size_t>(2 * i)].wait(30s), i + 100);
+    EXPECT_EQ(chained[static_cast<size_t>(2 * i + 1)].wait(30s), i + 2);
+  }
+  EXPECT_EQ(a.rpc_sync<int64_t>("c", "add", int64_t{1}, int64_t{1}), 2);
+}
+
 }  // namespace
 }  // namespace tide::rpc
 
 namespace tide::test {
+
+namespace {
+
+// Worker w0 of BlockingTest, with `threads` worker threads. Its functions
+// wait on one condition; its stdin takes "release", "await N" (until N
+// functions wait), "call w2" (an add on w2, from this side).
+[[noreturn]] void run_blocking_child(
+    const std::shared_ptr<store::Store>& store, int threads) {
+  using namespace std::chrono_literals;
+  constexpr std::chrono::milliseconds kCallTimeout{60000};
+  rpc::RpcAgent agent(
+      "w0", 0, 3, rpc::RpcBackendOptions{.num_worker_threads = threads}, store);
+  std::mutex mutex;
+  std::condition_variable changed;
+  int64_t released = 0;  // Guarded by mutex, as waiting.
+  int64_t waiting = 0;
+  auto release = [&] {
+    {
+      std::lock_guard lock(mutex);
+      ++released;
+    }
+    changed.notify_all();
+  };
+  auto wait_for = [&](int64_t k) {
+    std::unique_lock lock(mutex);
+    ++waiting;
+    changed.notify_all();
+    bool ok = changed.wait_for(lock, 20s, [&] { return released >= k; });
+    --waiting;
+    return ok;
+  };
+  auto waiters = [&](int64_t n) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, 20s, [&] { return waiting >= n; });
+  };
+  agent.register_function("wait_for", wait_for);
+  agent.register_function("release", release);
+  agent.register_function("waiters", waiters);
+  agent.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+  agent.register_function("bounce_then_wait", [&] {
+    int64_t target = 0;
+    {
+      std::lock_guard lock(mutex);
+      target = released + 1;
+    }
+    Future<void> bounced =
+        agent.rpc_async<void>("w2", "release_w0", kCallTimeout);
+    bool ok = wait_for(target);
+    bounced.wait(60s);
+    return ok;
+  });
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char line[256];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+    std::string cmd(line);
+    if (cmd == "release\n") {
+      release();
+      std::printf("released\n");
+    } else if (cmd.rfind("await ", 0) == 0) {
+      int64_t n = std::atoll(cmd.c_str() + 6);
+      bool ok = waiters(n);
+      std::printf(
+          "waiters %lld idle %zu\n",
+          static_cast<long long>(ok ? n : -1),
+          agent.num_idle_threads());
+    } else if (cmd == "call w2\n") {
+      std::printf(
+          "w2 says %lld\n",
+          static_cast<long long>(agent.rpc_sync<int64_t>(
+              "w2", "add", kCallTimeout, int64_t{2}, int64_t{3})));
+    }
+    std::fflush(stdout);
+  }
+  agent.shutdown(false);
+  std::_Exit(0);
+}
+
+}  // namespace
 
 void run_rpc_child_if_requested() {
   const char* port = std::getenv("TIDE_RPC_TEST_CHILD");
@@ -548,6 +777,9 @@ void run_rpc_child_if_requested() {
       .host = "127.0.0.1",
       .port = static_cast<uint16_t>(std::atoi(port)),
       .timeout = 30s});
+  if (const char* threads = std::getenv("TIDE_RPC_TEST_CHILD_THREADS")) {
+    run_blocking_child(store, std::atoi(threads));
+  }
   rpc::RpcAgent agent("child", 1, 3, {}, store);
   agent.register_function("slow", [] {
     std::printf("slow started\n");

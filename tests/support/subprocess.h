@@ -27,6 +27,8 @@ struct SubprocessOptions {
   std::vector<std::pair<std::string, std::string>> env;
   // Send stderr to the same pipe as stdout.
   bool merge_stderr = false;
+  // Give the child a pipe as stdin, written by write_line().
+  bool pipe_stdin = false;
 };
 
 class Subprocess {
@@ -35,7 +37,9 @@ class Subprocess {
       const std::vector<std::string>& argv,
       const SubprocessOptions& options = {}) {
     int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) {
+    int in[2] = {-1, -1};
+    if (::pipe2(out, O_CLOEXEC) != 0 ||
+        (options.pipe_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
       throw std::runtime_error("Subprocess: pipe failed");
     }
     // The child's environment, built before fork() (only async-signal-safe
@@ -73,6 +77,9 @@ class Subprocess {
       if (options.merge_stderr) {
         ::dup2(out[1], STDERR_FILENO);
       }
+      if (in[0] >= 0) {
+        ::dup2(in[0], STDIN_FILENO);
+      }
 
       ::execve(args[0], args.data(), envp.data());
       ::_exit(127);
@@ -80,6 +87,10 @@ class Subprocess {
     ::close(out[1]);
     out_ = out[0];
     out_reader_.reset(out_);
+    if (in[0] >= 0) {
+      ::close(in[0]);
+      in_ = in[1];
+    }
   }
   ~Subprocess() {
     if (pid_ > 0 && !status_) {
@@ -89,6 +100,9 @@ class Subprocess {
     }
     if (out_ >= 0) {
       ::close(out_);
+    }
+    if (in_ >= 0) {
+      ::close(in_);
     }
   }
   Subprocess(const Subprocess&) = delete;
@@ -101,6 +115,15 @@ class Subprocess {
   // The next line of the child's stdout, or nullopt on EOF or timeout.
   std::optional<std::string> read_line(std::chrono::milliseconds timeout) {
     return out_reader_.read_line(timeout);
+  }
+
+  // Writes `line` and a newline to the child's stdin (pipe_stdin).
+  void write_line(const std::string& line) {
+    std::string all = line + "\n";
+    if (in_ < 0 || ::write(in_, all.data(), all.size()) !=
+                       static_cast<ssize_t>(all.size())) {
+      throw std::runtime_error("Subprocess: cannot write to the child's stdin");
+    }
   }
 
   // Everything the child writes until it closes its output (or timeout).
@@ -144,6 +167,7 @@ class Subprocess {
  private:
   pid_t pid_ = -1;
   int out_ = -1;
+  int in_ = -1;
   LineReader out_reader_;
   std::optional<int> status_;
 };

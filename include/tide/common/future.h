@@ -35,6 +35,17 @@ namespace tide {
 template <typename T>
 class Future;
 
+// Runs tasks on threads of its own (a pool): where a future's
+// continuations go when the thread that completes it must not block
+// (Future::via).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Runs task on another thread, or now on this one when none can take it.
+  // Thread safe.
+  virtual void run(std::function<void()> task) = 0;
+};
+
 namespace detail {
 
 template <typename T>
@@ -55,6 +66,9 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
   // Most futures get one or two continuations: they need no vector.
   std::array<std::function<void()>, 2> first_callbacks;
   std::vector<std::function<void()>> more_callbacks;
+  // Where the continuations waiting at completion run (via()); null: on
+  // the completing thread.
+  std::shared_ptr<Executor> executor;
   // Copies of the promise alive; the last to go fails a pending future.
   std::atomic<size_t> promises{1};
 
@@ -62,6 +76,7 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
   bool complete(std::optional<Stored<T>> v, std::exception_ptr e) {
     std::array<std::function<void()>, 2> first;
     std::vector<std::function<void()>> more;
+    std::shared_ptr<Executor> elsewhere;
     {
       std::lock_guard lock(mutex);
       if (done) {
@@ -72,8 +87,24 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
       done = true;
       first.swap(first_callbacks);
       more.swap(more_callbacks);
+      elsewhere = std::move(executor);
     }
     done_cv.notify_all();
+    if (elsewhere && first[0]) {
+      // The task keeps the state alive: the callbacks point into it.
+      elsewhere->run(
+          [self = this->shared_from_this(),
+           first = std::move(first),
+           more = std::move(more)]() mutable { run_callbacks(first, more); });
+    } else {
+      run_callbacks(first, more);
+    }
+    return true;
+  }
+
+  static void run_callbacks(
+      std::array<std::function<void()>, 2>& first,
+      std::vector<std::function<void()>>& more) {
     for (auto& cb : first) {
       if (cb) {
         cb();
@@ -82,7 +113,6 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
     for (auto& cb : more) {
       cb();
     }
-    return true;
   }
 
   // The last promise went away: fails the future unless it is complete.
@@ -256,6 +286,18 @@ class Future {
           }
         });
     return next.get_future();
+  }
+
+  // The continuations waiting when this future completes run as one task
+  // on `executor` instead of on the completing thread (one added after
+  // completion runs inline, as always). For a producer whose thread must
+  // not block, such as an I/O loop. Returns this future.
+  Future via(std::shared_ptr<Executor> executor) const {
+    std::lock_guard lock(state_->mutex);
+    if (!state_->done) {
+      state_->executor = std::move(executor);
+    }
+    return *this;
   }
 
   // Calls `fn(const Future<T>&)` once this future completes, with a value or

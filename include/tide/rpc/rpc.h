@@ -37,12 +37,15 @@
 //                   down
 //   InvalidArgument unknown worker name (thrown by rpc_async itself)
 //
-// Threading: one I/O thread per agent and a pool of num_worker_threads that
-// runs the functions called on it. Continuations of call futures run where
-// the reply is read: on the I/O thread, or on a thread waiting in rpc_sync
-// or for the next request, which runs the I/O loop meanwhile. They must not
-// block (no rpc_sync inside a then()) nor take a lock that such a thread
-// may hold.
+// Threading: one I/O thread per agent and a pool of num_worker_threads (T)
+// that runs the functions called on it. Up to T functions may block at once
+// (a lock, a condition, a call to another worker) while the agent goes on
+// reading, answering and completing calls; the (T+1)th waits for a thread.
+// Continuations of the futures rpc_async and RRef calls return run on a
+// free pool thread, so they may block too (an rpc_sync inside a then());
+// when all T are busy they run where the reply is read (the I/O thread, or
+// a thread waiting in rpc_sync, which runs the I/O loop meanwhile), and
+// there a continuation that blocks holds up the replies behind it.
 namespace tide::store {
 class Store;
 }  // namespace tide::store
@@ -254,22 +257,31 @@ Payload encode_call(
 // and message's ids, if any.
 std::optional<std::pair<uint64_t, uint64_t>> read_autograd_ids(Decoder& d);
 
+// Where the continuations of the futures below run (RpcAgent's threading
+// note).
+const std::shared_ptr<Executor>& continuation_executor(RpcAgent& agent);
+
+// The future a user gets for a call of `agent`: the reply decoded as an R,
+// continuations off the loop.
 template <typename R>
 Future<R> decode_reply(
+    RpcAgent& agent,
     Future<Payload> reply,
     std::string fn,
     WireContext* context,
     GradsPtr grads = nullptr) {
-  return reply.then(
-      [fn = std::move(fn), context, grads = std::move(grads)](
-          const Payload& p) -> R {
-        if constexpr (!std::is_void_v<R>) {
-          Decoder d(p.data.view(), p.buffers);
-          d.set_context(context);
-          d.set_grads(grads.get());
-          return decode_result<R>(d, fn);
-        }
-      });
+  return reply
+      .then(
+          [fn = std::move(fn), context, grads = std::move(grads)](
+              const Payload& p) -> R {
+            if constexpr (!std::is_void_v<R>) {
+              Decoder d(p.data.view(), p.buffers);
+              d.set_context(context);
+              d.set_grads(grads.get());
+              return decode_result<R>(d, fn);
+            }
+          })
+      .via(continuation_executor(agent));
 }
 
 // The process-wide registry TIDE_RPC_FUNCTION fills; every agent consults it
@@ -341,6 +353,7 @@ class RpcAgent {
     detail::WireContext* wire = wire_context(id);
     detail::GradsPtr grads = detail::autograd_call(*this, id);
     return detail::decode_reply<R>(
+        *this,
         call(id, fn, timeout, detail::encode_call(wire, grads.get(), args...)),
         fn,
         wire,
@@ -400,6 +413,9 @@ class RpcAgent {
   // Calls this agent made that have not completed; functions running on it.
   size_t num_pending_calls() const;
   size_t num_running_functions() const;
+  // Of the num_worker_threads, those not inside a function or continuation
+  // now (torch's getMetrics()["agent.num_idle_threads"]).
+  size_t num_idle_threads() const;
 
   // How this worker's calls to worker `name` travel: "shm" or "tcp"; "" when
   // it has not called it yet (connections open on the first call).
@@ -423,6 +439,8 @@ class RpcAgent {
 
  private:
   friend struct detail::AgentAccess;
+  friend const std::shared_ptr<Executor>& detail::continuation_executor(
+      RpcAgent& agent);
 
   void add_handler(const std::string& name, detail::Handler handler);
   Future<detail::Payload> call(

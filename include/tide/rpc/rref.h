@@ -261,6 +261,7 @@ class RRef {
     }
     detail::GradsPtr grads = detail::autograd_call(agent(), owner().id);
     return detail::decode_reply<T>(
+        agent(),
         detail::rref_fetch(node_, timeout, grads.get()),
         "to_here",
         detail::rref_wire(*node_),
@@ -349,6 +350,7 @@ class RRef<T>::AsyncProxy {
     detail::GradsPtr grads =
         detail::autograd_call(rref_.agent(), rref_.owner().id);
     return detail::decode_reply<R>(
+        rref_.agent(),
         detail::rref_invoke(
             rref_.node_,
             timeout_,
