@@ -100,13 +100,15 @@ struct RpcAgent::Impl {
   std::unique_ptr<detail::Calls> calls;
   std::unique_ptr<transport::Transport> transport;
   std::shared_ptr<detail::RRefBooks> books;
-  // Run the functions called here (transport/workers.h); joined before the
-  // transport they lend themselves to is gone. Shared with `continuations`,
+  // Run the functions called here (transport/workers.h); gone before the
+  // transport they lend themselves to.
+  std::unique_ptr<transport::Workers> workers;
+  // Run the continuations of the futures rpc_async and RRef calls return:
+  // threads of their own, so that one that blocks (an rpc_sync in a then())
+  // holds up no reply, and none waits behind functions that block (they may
+  // be waiting for it). Joined with `workers`; shared with `continuations`,
   // which futures may hold past the agent (joined, it runs nothing).
-  std::shared_ptr<transport::Workers> workers;
-  // Where the continuations of the futures rpc_async and RRef calls return
-  // run: on a free worker thread, so that one that blocks (an rpc_sync in a
-  // then()) stalls no reply; where the reply is read when none is free.
+  std::shared_ptr<transport::Workers> completions;
   std::shared_ptr<Executor> continuations;
 
   void run_on_pool(std::function<void()> fn) {
@@ -339,6 +341,7 @@ struct RpcAgent::Impl {
     }
     if (workers) {
       workers->join();
+      completions->join();
     }
   }
 
@@ -562,10 +565,12 @@ RpcAgent::RpcAgent(
                   }
                 },
         });
-    impl.workers = std::make_shared<transport::Workers>(
+    impl.workers = std::make_unique<transport::Workers>(
+        *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
+    impl.completions = std::make_shared<transport::Workers>(
         *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
     impl.continuations =
-        std::make_shared<transport::FreeThreadExecutor>(impl.workers);
+        std::make_shared<transport::WorkersExecutor>(impl.completions);
     impl.calls =
         std::make_unique<detail::Calls>(*impl.transport, impl.self.name);
     impl.books = std::make_shared<detail::RRefBooks>(

@@ -77,8 +77,13 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   std::unordered_map<std::string, int> ids;
   c10::intrusive_ptr<c10d::Store> store;
   std::unique_ptr<transport::Transport> transport;
-  // Run requests and completions; gone before the transport.
+  // Run the requests; gone before the transport.
   std::unique_ptr<transport::Workers> workers;
+  // Complete this worker's calls, whose futures' callbacks run user code
+  // that may block: threads of their own, so that a completion never waits
+  // behind functions that block (they may be waiting for it), nor runs on
+  // the loop (a callback blocking there would stop the reading).
+  std::unique_ptr<transport::Workers> completions;
   int join_round = 0;
 
   std::mutex mutex;
@@ -118,14 +123,6 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       counter += delta;
     }
     count_cv.notify_all();
-  }
-
-  // Runs fn on a worker thread; here, once the workers are gone (a call
-  // failed during shutdown must still complete).
-  void run_on_pool(std::function<void()> fn) {
-    if (!workers->run(fn)) {
-      fn();
-    }
   }
 
   // ---- the calls this worker makes ----
@@ -178,17 +175,21 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     return call;
   }
 
-  // Completes `call` on the pool: its future's callbacks run user code.
+  // Completes `call` on the completions' threads; here once they are
+  // joined (a call failed during shutdown must still complete).
   void complete(
       Call call,
       c10::intrusive_ptr<tr::Message> reply,
       std::optional<std::string> error) {
-    run_on_pool([this,
-                 future = std::move(call.future),
-                 reply = std::move(reply),
-                 error = std::move(error)]() mutable {
+    std::function<void()> task = [this,
+                                  future = std::move(call.future),
+                                  reply = std::move(reply),
+                                  error = std::move(error)]() mutable {
       finish(*future, std::move(reply), std::move(error));
-    });
+    };
+    if (!completions->run(task)) {
+      task();
+    }
   }
 
   // Completes a call's future (its callbacks run here), then counts it
@@ -459,6 +460,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     transport->shutdown();
     transport->join();
     workers->join();
+    completions->join();
     std::vector<Call> left;
     {
       std::lock_guard lock(mutex);
@@ -531,10 +533,14 @@ Agent::Agent(
     impl.workers = std::make_unique<transport::Workers>(
         *impl.transport,
         static_cast<size_t>(impl.options.num_worker_threads),
+        worker_thread_init);
+    impl.completions = std::make_unique<transport::Workers>(
+        *impl.transport,
+        static_cast<size_t>(impl.options.num_worker_threads),
         std::move(worker_thread_init));
     impl.rendezvous(rank, workerInfo_.name_);
   } catch (...) {
-    if (impl.workers) {
+    if (impl.completions) {
       impl.stop();
     }
     throw;

@@ -29,16 +29,6 @@ bool Workers::run(std::function<void()> fn) {
   return true;
 }
 
-bool Workers::run_if_free(std::function<void()>& fn) {
-  std::unique_lock lock(mutex_);
-  if (joined_ ||
-      queue_.size() + busy_.load(std::memory_order_relaxed) >= threads_) {
-    return false;
-  }
-  push_and_unlock(lock, std::move(fn));
-  return true;
-}
-
 void Workers::push_and_unlock(
     std::unique_lock<std::mutex>& lock, std::function<void()> fn) {
   queue_.push_back(std::move(fn));

@@ -45,11 +45,6 @@ class Workers {
   // Queues fn and returns true; false, leaving fn alone, after join() has
   // begun. Thread safe. An exception fn throws is logged.
   bool run(std::function<void()> fn);
-  // Queues fn (moved from) and returns true when a thread takes it at once:
-  // fewer functions queued than threads not inside one. Else false, leaving
-  // fn alone. Thread safe.
-  bool run_if_free(std::function<void()>& fn);
-
   size_t threads() const {
     return threads_;
   }
@@ -86,17 +81,15 @@ class Workers {
   bool joined_ = false;          // Guarded by mutex_.
 };
 
-// Runs the continuations of a future whose producer must not block (an
-// I/O loop; Future::via) on a thread of `workers` when one is free, else on
-// the completing thread, as without it: queued behind functions that block,
-// a continuation could wait for as long as they do, and they may be waiting
-// for it.
-class FreeThreadExecutor final : public Executor {
+// Runs the continuations of futures whose producer must not block (an I/O
+// loop; Future::via) on `workers`; on the completing thread once they are
+// joined (shutdown).
+class WorkersExecutor final : public Executor {
  public:
-  explicit FreeThreadExecutor(std::shared_ptr<Workers> workers)
+  explicit WorkersExecutor(std::shared_ptr<Workers> workers)
       : workers_(std::move(workers)) {}
   void run(std::function<void()> task) override {
-    if (!workers_->run_if_free(task)) {
+    if (!workers_->run(task)) {
       task();
     }
   }

@@ -41,11 +41,9 @@
 // that runs the functions called on it. Up to T functions may block at once
 // (a lock, a condition, a call to another worker) while the agent goes on
 // reading, answering and completing calls; the (T+1)th waits for a thread.
-// Continuations of the futures rpc_async and RRef calls return run on a
-// free pool thread, so they may block too (an rpc_sync inside a then());
-// when all T are busy they run where the reply is read (the I/O thread, or
-// a thread waiting in rpc_sync, which runs the I/O loop meanwhile), and
-// there a continuation that blocks holds up the replies behind it.
+// Continuations of the futures rpc_async and RRef calls return run on
+// threads of their own (another num_worker_threads), so they may block too
+// (an rpc_sync inside a then()) and never wait behind blocked functions.
 namespace tide::store {
 class Store;
 }  // namespace tide::store
