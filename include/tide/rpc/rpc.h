@@ -411,8 +411,8 @@ class RpcAgent {
   // Calls this agent made that have not completed; functions running on it.
   size_t num_pending_calls() const;
   size_t num_running_functions() const;
-  // Of the num_worker_threads, those not inside a function or continuation
-  // now (torch's getMetrics()["agent.num_idle_threads"]).
+  // Of the num_worker_threads that run functions, those not inside one now
+  // (torch's getMetrics()["agent.num_idle_threads"]).
   size_t num_idle_threads() const;
 
   // How this worker's calls to worker `name` travel: "shm" or "tcp"; "" when
