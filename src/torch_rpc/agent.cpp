@@ -187,7 +187,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
                                   error = std::move(error)]() mutable {
       finish(*future, std::move(reply), std::move(error));
     };
-    if (!completions->run(task)) {
+    if (!completions->run(std::move(task))) {
       task();
     }
   }

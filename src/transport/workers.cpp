@@ -20,7 +20,7 @@ Workers::~Workers() {
   join();
 }
 
-bool Workers::run(std::function<void()> fn) {
+bool Workers::run(std::function<void()>&& fn) {
   std::unique_lock lock(mutex_);
   if (joined_) {
     return false;

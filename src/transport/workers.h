@@ -42,9 +42,9 @@ class Workers {
   Workers(const Workers&) = delete;
   Workers& operator=(const Workers&) = delete;
 
-  // Queues fn and returns true; false, leaving fn alone, after join() has
-  // begun. Thread safe. An exception fn throws is logged.
-  bool run(std::function<void()> fn);
+  // Queues fn (moved from) and returns true; false, leaving fn alone, after
+  // join() has begun. Thread safe. An exception fn throws is logged.
+  bool run(std::function<void()>&& fn);
   size_t threads() const {
     return threads_;
   }
@@ -89,7 +89,7 @@ class WorkersExecutor final : public Executor {
   explicit WorkersExecutor(std::shared_ptr<Workers> workers)
       : workers_(std::move(workers)) {}
   void run(std::function<void()> task) override {
-    if (!workers_->run(task)) {
+    if (!workers_->run(std::move(task))) {
       task();
     }
   }

@@ -85,34 +85,41 @@ struct FutureState : std::enable_shared_from_this<FutureState<T>> {
       value = std::move(v);
       error = std::move(e);
       done = true;
-      first.swap(first_callbacks);
-      more.swap(more_callbacks);
-      elsewhere = std::move(executor);
+      if (executor && first_callbacks[0]) {
+        // Once done, nothing else touches the callbacks (on_complete() runs
+        // a late one at once): the task reads them where they are.
+        elsewhere = std::move(executor);
+      } else {
+        first.swap(first_callbacks);
+        more.swap(more_callbacks);
+      }
     }
     done_cv.notify_all();
-    if (elsewhere && first[0]) {
+    if (elsewhere) {
       // The task keeps the state alive: the callbacks point into it.
-      elsewhere->run(
-          [self = this->shared_from_this(),
-           first = std::move(first),
-           more = std::move(more)]() mutable { run_callbacks(first, more); });
+      elsewhere->run([self = this->shared_from_this()] {
+        run_callbacks(self->first_callbacks, self->more_callbacks);
+      });
     } else {
       run_callbacks(first, more);
     }
     return true;
   }
 
+  // Runs the callbacks, then frees them (and what they hold).
   static void run_callbacks(
       std::array<std::function<void()>, 2>& first,
       std::vector<std::function<void()>>& more) {
     for (auto& cb : first) {
       if (cb) {
         cb();
+        cb = nullptr;
       }
     }
     for (auto& cb : more) {
       cb();
     }
+    more.clear();
   }
 
   // The last promise went away: fails the future unless it is complete.
