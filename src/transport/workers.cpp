@@ -25,15 +25,10 @@ bool Workers::run(std::function<void()>&& fn) {
   if (joined_) {
     return false;
   }
-  push_and_unlock(lock, std::move(fn));
-  return true;
-}
-
-void Workers::push_and_unlock(
-    std::unique_lock<std::mutex>& lock, std::function<void()> fn) {
   queue_.push_back(std::move(fn));
   queued_.store(queue_.size(), std::memory_order_release);
   add_runner_and_unlock(lock);
+  return true;
 }
 
 void Workers::add_runner_and_unlock(std::unique_lock<std::mutex>& lock) {

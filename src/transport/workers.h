@@ -20,11 +20,11 @@
 // another; another thread is woken whenever work is queued while every
 // running one is inside a function (which may block), up to `threads`: so
 // with T threads, T functions may block at once and the work queued behind
-// them still runs; the (T+1)th waits for a thread. An idle thread waits for the
-// next function a moment before it sleeps, lending itself to the transport's
-// loop meanwhile (Transport::help): the message that brings the next
-// function is then read on the thread that runs it, with no hand-off. One
-// task per function would wake a thread per function (50-200 us on a
+// them still runs; the (T+1)th waits for a thread. An idle thread waits for
+// the next function a moment before it sleeps, lending itself to the
+// transport's loop meanwhile (Transport::help): the message that brings the
+// next function is then read on the thread that runs it, with no hand-off.
+// One task per function would wake a thread per function (50-200 us on a
 // virtual machine).
 namespace tide::transport {
 
@@ -60,9 +60,6 @@ class Workers {
  private:
   // A thread's task: runs queued functions until none has come for a while.
   void drain();
-  // Queues fn, then add_runner_and_unlock(). `lock` holds mutex_.
-  void push_and_unlock(
-      std::unique_lock<std::mutex>& lock, std::function<void()> fn);
   // Posts one more runner when queued work has none free to take it and the
   // pool has a thread left; releases `lock` (on mutex_) first.
   void add_runner_and_unlock(std::unique_lock<std::mutex>& lock);
