@@ -181,15 +181,12 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       Call call,
       c10::intrusive_ptr<tr::Message> reply,
       std::optional<std::string> error) {
-    std::function<void()> task = [this,
-                                  future = std::move(call.future),
-                                  reply = std::move(reply),
-                                  error = std::move(error)]() mutable {
+    completions->run_or_here([this,
+                              future = std::move(call.future),
+                              reply = std::move(reply),
+                              error = std::move(error)]() mutable {
       finish(*future, std::move(reply), std::move(error));
-    };
-    if (!completions->run(std::move(task))) {
-      task();
-    }
+    });
   }
 
   // Completes a call's future (its callbacks run here), then counts it

@@ -45,6 +45,13 @@ class Workers {
   // Queues fn (moved from) and returns true; false, leaving fn alone, after
   // join() has begun. Thread safe. An exception fn throws is logged.
   bool run(std::function<void()>&& fn);
+  // run(fn), or fn here once join() has begun (a completion during
+  // shutdown must still happen).
+  void run_or_here(std::function<void()>&& fn) {
+    if (!run(std::move(fn))) {
+      fn();
+    }
+  }
   size_t threads() const {
     return threads_;
   }
@@ -86,9 +93,7 @@ class WorkersExecutor final : public Executor {
   explicit WorkersExecutor(std::shared_ptr<Workers> workers)
       : workers_(std::move(workers)) {}
   void run(std::function<void()> task) override {
-    if (!workers_->run(std::move(task))) {
-      task();
-    }
+    workers_->run_or_here(std::move(task));
   }
 
  private:

@@ -63,11 +63,23 @@ class RpcTest : public ::testing::Test {
   // Starts `names.size()` agents at once (each blocks until all are in).
   std::vector<std::unique_ptr<RpcAgent>> group(
       const std::vector<std::string>& names, RpcBackendOptions options = {}) {
+    std::vector<std::pair<std::string, int>> ranked;
+    for (size_t r = 0; r < names.size(); ++r) {
+      ranked.emplace_back(names[r], static_cast<int>(r));
+    }
+    return some_of(ranked, static_cast<int>(names.size()), options);
+  }
+  // Starts the agents (name, rank) of a group of `world_size` at once; the
+  // others are other processes. Returns once the group is complete.
+  std::vector<std::unique_ptr<RpcAgent>> some_of(
+      const std::vector<std::pair<std::string, int>>& ranked,
+      int world_size,
+      const RpcBackendOptions& options = {}) {
     std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
-    int n = static_cast<int>(names.size());
-    for (int r = 0; r < n; ++r) {
-      starting.push_back(std::async(std::launch::async, [&, r] {
-        return std::make_unique<RpcAgent>(names[r], r, n, options, client());
+    for (const auto& [name, rank] : ranked) {
+      starting.push_back(std::async(std::launch::async, [&, rank] {
+        return std::make_unique<RpcAgent>(
+            name, rank, world_size, options, client());
       }));
     }
     std::vector<std::unique_ptr<RpcAgent>> agents;
@@ -491,24 +503,7 @@ TEST_F(RpcTest, PeerDeathFailsItsPendingCallsPromptly) {
   test::Subprocess child(
       {"/proc/self/exe"},
       {.env = {{"TIDE_RPC_TEST_CHILD", std::to_string(server_->port())}}});
-  auto agents = std::async(std::launch::async, [&] {
-                  std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
-                  for (int r : {0, 2}) {
-                    starting.push_back(std::async(std::launch::async, [&, r] {
-                      return std::make_unique<RpcAgent>(
-                          r == 0 ? "parent" : "third",
-                          r,
-                          3,
-                          RpcBackendOptions{},
-                          client());
-                    }));
-                  }
-                  std::vector<std::unique_ptr<RpcAgent>> out;
-                  for (auto& s : starting) {
-                    out.push_back(s.get());
-                  }
-                  return out;
-                }).get();
+  auto agents = some_of({{"parent", 0}, {"third", 2}}, 3);
   ASSERT_EQ(child.read_line(30s), "ready");
   agents[1]->register_function("add", add);
   Future<int> slow = agents[0]->rpc_async<int>(
@@ -554,16 +549,7 @@ class BlockingTest : public RpcTest {
                 {{"TIDE_RPC_TEST_CHILD", std::to_string(server_->port())},
                  {"TIDE_RPC_TEST_CHILD_THREADS", std::to_string(threads)}},
             .pipe_stdin = true});
-    std::vector<std::future<std::unique_ptr<RpcAgent>>> starting;
-    for (int r : {1, 2}) {
-      starting.push_back(std::async(std::launch::async, [this, r] {
-        return std::make_unique<RpcAgent>(
-            "w" + std::to_string(r), r, 3, RpcBackendOptions{}, client());
-      }));
-    }
-    for (auto& s : starting) {
-      agents_.push_back(s.get());
-    }
+    agents_ = some_of({{"w1", 1}, {"w2", 2}}, 3);
     ASSERT_EQ(child_->read_line(30s), "ready");
   }
   // A line to the child and its answer.
