@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include <ATen/ThreadLocalState.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/rpc/utils.h>
 
@@ -326,6 +327,12 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   void serve(const transport::Pipe& pipe, transport::Message m) {
     uint64_t id = m.id;
     c10::intrusive_ptr<tr::JitFuture> future;
+    // The thread's torch state (grad mode, dispatch keys, RecordFunction
+    // callbacks, ...) goes back to what it was once torch has taken the
+    // request: torch 1.13's profiled requests leave a RecordFunction
+    // callback on the thread that served them, so the next profiled request
+    // it serves records every op twice and the caller's profiler drops them.
+    at::ThreadLocalStateGuard as_found{at::ThreadLocalState()};
     try {
       auto request = from_wire(std::move(m));
       future = (*callback)(*request, {});
