@@ -158,6 +158,7 @@ void LocalElasticAgent::Impl::rendezvous() {
 }
 
 void LocalElasticAgent::Impl::assign_ranks() {
+  auto prof = metrics::profile("SimpleElasticAgent._assign_worker_ranks");
   // torch's scheme: each node publishes (role, local_world_size); node 0
   // computes every node's first global rank and publishes them. Keys are
   // per round: a new membership never reads an old round's answer, and a
@@ -410,6 +411,7 @@ void LocalElasticAgent::Impl::check_stop() {
 }
 
 void LocalElasticAgent::Impl::initialize_workers() {
+  auto prof = metrics::profile("SimpleElasticAgent._initialize_workers");
   rendezvous();
   assign_ranks();
   reset_heartbeats();

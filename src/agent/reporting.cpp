@@ -103,11 +103,16 @@ void LocalElasticAgent::Impl::record_run_metrics(bool succeeded) {
   const WorkerSpec& spec = self.spec_;
   bool retried = restarts.used > 0;
   metrics::put_metric(metric("run_total"), 1);
-  metrics::put_metric(
-      metric(
-          std::string(succeeded ? "run_success" : "run_failed") +
-          (retried ? "_with_retries" : "_no_retries")),
-      1);
+  // All four, 1 for the one that happened and 0 for the others, as torch.
+  for (bool success : {true, false}) {
+    for (bool retries : {true, false}) {
+      metrics::put_metric(
+          metric(
+              std::string(success ? "run_success" : "run_failed") +
+              (retries ? "_with_retries" : "_no_retries")),
+          success == succeeded && retries == retried ? 1 : 0);
+    }
+  }
   int64_t flakiness = 100;
   if (succeeded) {
     flakiness = 100 - 100 * (restarts.left + 1) / (spec.max_restarts + 1);
