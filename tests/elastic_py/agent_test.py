@@ -174,6 +174,73 @@ class PythonHandler(RendezvousHandler):
         return True
 
 
+class DictStore:
+    """A store in plain Python with torch.distributed.Store's methods."""
+
+    def __init__(self):
+        self.data = {}
+        self.calls = set()
+
+    def _bytes(self, v):
+        return v if isinstance(v, bytes) else v.encode()
+
+    def set(self, key, value):
+        self.calls.add("set")
+        self.data[key] = self._bytes(value)
+
+    def get(self, key):
+        self.calls.add("get")
+        return self.data[key]
+
+    def add(self, key, amount):
+        self.calls.add("add")
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
+    def compare_set(self, key, expected, desired):
+        self.calls.add("compare_set")
+        current = self.data.get(key)
+        if (current is None and not expected) or current == self._bytes(expected):
+            self.data[key] = self._bytes(desired)
+        return self.data.get(key, self._bytes(expected))
+
+    def check(self, keys):
+        return all(k in self.data for k in keys)
+
+    def wait(self, keys, timeout=None):
+        self.calls.add("wait")
+        if not self.check(keys):
+            raise RuntimeError(f"Socket Timeout: waiting for {keys}")
+
+    def delete_key(self, key):
+        return self.data.pop(key, None) is not None
+
+    def num_keys(self):
+        return len(self.data)
+
+
+class DictStoreHandler(PythonHandler):
+    def __init__(self):
+        super().__init__()
+        self.store = DictStore()
+
+
+class TorchStoreHandler(PythonHandler):
+    """Node `rank` of `world`, meeting in torch's own TCPStore."""
+
+    def __init__(self, rank, world, port):
+        super().__init__()
+        import torch.distributed as dist
+        self.dist = dist
+        self.rank, self.world = rank, world
+        self.tcp = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+
+    def next_rendezvous(self):
+        self.rounds += 1
+        return self.dist.PrefixStore(f"round{self.rounds}", self.tcp), self.rank, self.world
+
+
 class Raising(metrics.MetricHandler, events.EventHandler):
     def __init__(self):
         self.calls = 0
@@ -316,6 +383,23 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(handler.store.get("torchelastic/round0/MASTER_PORT").decode(),
                          env["MASTER_PORT"])
 
+    def test_a_python_handlers_store_in_plain_python(self):
+        handler = DictStoreHandler()
+        _, result = run(environment, n=2, handler=handler)
+        self.assertEqual(result.return_values[1]["MASTER_PORT"],
+                         handler.store.data["torchelastic/round0/MASTER_PORT"].decode())
+        self.assertTrue({"set", "get"} <= handler.store.calls, handler.store.calls)
+
+    def test_two_nodes_meet_through_a_python_handler_on_torchs_store(self):
+        port = free_port()
+        nodes = [subprocess.Popen([sys.executable, __file__, "--torch-store-node", str(r),
+                                   str(port)], stdout=subprocess.PIPE, text=True)
+                 for r in (0, 1)]
+        outs = [n.communicate(timeout=120)[0] for n in nodes]
+        self.assertEqual([n.returncode for n in nodes], [0, 0], outs)
+        self.assertEqual(outs[0].strip(), "{0: '0/4', 1: '1/4'}")
+        self.assertEqual(outs[1].strip(), "{2: '2/4', 3: '3/4'}")
+
     def test_a_python_handler_that_is_closed_fails_or_raises(self):
         with self.assertRaisesRegex(RendezvousClosedError, "the job is over"):
             run(rank_plus, args=(0,), handler=PythonHandler("closed"))
@@ -371,6 +455,17 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(result.return_values, {0: 1, 1: 1})
 
 
+def rank_of_world():
+    return f"{os.environ['RANK']}/{os.environ['WORLD_SIZE']}"
+
+
+def torch_store_node(rank, port):
+    """A node of a two-node job whose Python handler meets on torch's TCPStore."""
+    handler = TorchStoreHandler(int(rank), 2, int(port))
+    _, result = run(rank_of_world, n=2, handler=handler)
+    print(result.return_values if not result.is_failed() else result.failures)
+
+
 def launch_and_hang(directory, out=None):
     """A launcher whose workers hang: killed or signalled by the tests."""
     try:
@@ -384,5 +479,7 @@ def launch_and_hang(directory, out=None):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--launch-and-hang"]:
         launch_and_hang(*sys.argv[2:])
+    elif sys.argv[1:2] == ["--torch-store-node"]:
+        torch_store_node(*sys.argv[2:])
     else:
         unittest.main()

@@ -2,8 +2,8 @@
 """tide.elastic's examples (examples/python/elastic/: torch.distributed.elastic's
 "Customization" and "Expiration Timers" listings, runnable) run on tide, and,
 with only their imports changed, on torch's own torch.distributed.elastic
-(Debian's torch) with the same output: the same RunResult after a restart and
-after a stuck worker is reaped, and the agent's metrics by torch's names. torch
+(Debian's torch) with the same output: the same RunResult after a restart, after
+a failure and after a stuck worker is reaped, and the agent's metrics by torch's names. torch
 1.13 has no events.configure: the event handler runs on tide only.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/elastic_py/examples_test.py
@@ -24,17 +24,17 @@ def as_torch(source):
             .replace("tide.elastic", "torch.distributed.elastic"))
 
 
-def run(path, *args):
+def run(path, *args, returncode=0):
     out = subprocess.run(["/usr/bin/python3", path, *args], capture_output=True, text=True,
                          timeout=240)
-    if out.returncode != 0:
+    if out.returncode != returncode:
         raise AssertionError(f"{path} {' '.join(args)} exited with {out.returncode}:\n"
                              f"{out.stderr[-4000:]}")
     return out.stdout.splitlines()
 
 
 class ExamplesTest(unittest.TestCase):
-    def both(self, name, *args):
+    def both(self, name, *args, returncode=0):
         path = os.path.join(EXAMPLES, name)
         with open(path) as f:
             source = f.read()
@@ -43,12 +43,20 @@ class ExamplesTest(unittest.TestCase):
             torch_path = os.path.join(d, name)
             with open(torch_path, "w") as f:
                 f.write(as_torch(source))
-            return run(path, *args), run(torch_path, *args)
+            return (run(path, *args, returncode=returncode),
+                    run(torch_path, *args, returncode=returncode))
 
     def test_custom_launcher_with_a_custom_rendezvous_handler(self):
         tide, torch = self.both("custom_launcher.py", "--fail-once")
         self.assertEqual(tide, ["worker 0 return value is: hello from rank 0 of 2",
                                 "worker 1 return value is: hello from rank 1 of 2"])
+        self.assertEqual(tide, torch)
+
+    def test_custom_launcher_reports_the_same_failure(self):
+        tide, torch = self.both("custom_launcher.py", "--fail-once", "--max-restarts", "0",
+                                returncode=1)
+        self.assertEqual(tide, ["worker 1 failed with exit code 1: "
+                                "RuntimeError: rank 1 fails in the first attempt"])
         self.assertEqual(tide, torch)
 
     def test_expiration_timers_reap_a_stuck_worker(self):

@@ -155,7 +155,8 @@ packages)
   py=$(echo "$packages"/python3-tide_*.deb)
   [[ -f $py ]] || fail "no python3-tide_*.deb in $packages"
   py_files=$(dpkg-deb --contents "$py")
-  for f in __init__.py torch_rpc.py _torch_rpc.cpython-; do
+  for f in __init__.py torch_rpc.py _torch_rpc.cpython- _elastic.cpython- \
+      elastic/agent/server/local_elastic_agent.py elastic/_worker.py; do
     grep -q "\./usr/lib/python3/dist-packages/tide/$f" <<<"$py_files" || fail "python3-tide lacks tide/$f*"
   done
   grep -q python3-torch <<<"$(dpkg-deb --field "$py" Depends)" || fail "python3-tide does not depend on python3-torch"
@@ -182,6 +183,18 @@ opts = tide.torch_rpc.TideRpcBackendOptions(init_method="tcp://127.0.0.1:'"$(fre
 rpc.init_rpc("solo", rank=0, world_size=1, backend=rpc.BackendType.TIDE, rpc_backend_options=opts)
 assert torch.equal(rpc.rpc_sync("solo", torch.add, args=(torch.ones(2), 1)), torch.full((2,), 2.0))
 rpc.shutdown()' || fail "the unpacked python3-tide does not run a call"
+  step "the unpacked python3-tide runs tide.elastic's agent"
+  PYTHONPATH="$root/usr/lib/python3/dist-packages" /usr/bin/python3 -c '
+import os
+from tide.elastic.agent.server.api import WorkerSpec
+from tide.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from tide.elastic.rendezvous import RendezvousParameters
+from tide.elastic.rendezvous.registry import get_rendezvous_handler
+handler = get_rendezvous_handler(RendezvousParameters("c10d", "127.0.0.1:'"$(free_port)"'", "pkg", 1, 1))
+spec = WorkerSpec(role="w", local_world_size=2, entrypoint=os.getcwd, rdzv_handler=handler)
+result = LocalElasticAgent(spec).run()
+assert result.return_values == {0: os.getcwd(), 1: os.getcwd()}, result' \
+    || fail "the unpacked python3-tide does not run tide.elastic's agent"
   step "the unpacked tide-dev serves find_package(tide)"
   consumer "$root/usr" "$work/consumer-deb" rpc_hello hostlist_rendezvous
   run_installed "$root/usr/bin" "$work/consumer-deb"

@@ -8,7 +8,8 @@
         --nproc-per-node 2 --max-restarts 1 --fail-once
 
 Each worker returns a greeting; with --fail-once, rank 1 raises in the first
-attempt, the agent restarts the group, and the second attempt succeeds.
+attempt, the agent restarts the group, and the second attempt succeeds (with
+--max-restarts 0 the run fails, and the failure is printed).
 """
 import argparse
 import os
@@ -94,7 +95,9 @@ if __name__ == "__main__":
     agent = LocalElasticAgent(spec, start_method="spawn")
     run_result = agent.run()
     if run_result.is_failed():
-        print(f"worker 0 failed with: {run_result.failures[0].message}")
+        for rank, failure in sorted(run_result.failures.items()):
+            print(f"worker {rank} failed with exit code {failure.exitcode}: "
+                  f"{failure.message['message']}")
         sys.exit(1)
     for rank, value in sorted(run_result.return_values.items()):
         print(f"worker {rank} return value is: {value}")
