@@ -4,9 +4,6 @@
 // callbacks (python/tide/elastic/). The GIL is released around everything
 // that may block, and taken only around calls into Python; an exception a
 // Python metric or event handler raises is logged and the caller goes on.
-#include <pybind11/chrono.h>
-#include <pybind11/functional.h>
-#include <pybind11/stl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +16,10 @@
 #include <string>
 #include <type_traits>
 #include <variant>
+
+#include <pybind11/chrono.h>
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
 
 #include "tide/agent/local_elastic_agent.h"
 #include "tide/common/error.h"
@@ -128,8 +129,8 @@ class PyStore final : public store::Store {
     return call("check", keys).cast<bool>();
   }
   using Store::wait;
-  void wait(const std::vector<std::string>& keys, milliseconds timeout)
-      override {
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     call("wait", keys, timeout);
   }
@@ -275,10 +276,10 @@ void bind_stores(py::module_& m) {
           [](Store& s,
              const std::vector<std::string>& keys,
              const py::object& timeout) {
-            milliseconds t =
-                timeout.is_none()
-                    ? s.timeout()
-                    : milliseconds(static_cast<int64_t>(seconds(timeout) * 1e3));
+            milliseconds t = timeout.is_none()
+                                 ? s.timeout()
+                                 : milliseconds(static_cast<int64_t>(
+                                       seconds(timeout) * 1e3));
             py::gil_scoped_release release;
             s.wait(keys, t);
           },
@@ -290,7 +291,9 @@ void bind_stores(py::module_& m) {
           py::arg("key"),
           py::call_guard<py::gil_scoped_release>())
       .def(
-          "num_keys", &Store::num_keys, py::call_guard<py::gil_scoped_release>())
+          "num_keys",
+          &Store::num_keys,
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "append",
           [](Store& s, const std::string& key, const py::object& value) {
@@ -336,9 +339,8 @@ void bind_stores(py::module_& m) {
                 milliseconds(static_cast<int64_t>(seconds(timeout) * 1e3)));
           },
           py::arg("timeout"))
-      .def_property_readonly("timeout", [](const Store& s) {
-        return s.timeout();
-      });
+      .def_property_readonly(
+          "timeout", [](const Store& s) { return s.timeout(); });
 
   // torch.distributed's TCPStore, HashStore and PrefixStore, by name.
   py::class_<store::TcpStore, Store, std::shared_ptr<store::TcpStore>>(
@@ -376,7 +378,8 @@ void bind_stores(py::module_& m) {
       m, "PrefixStore")
       .def(
           py::init([](const std::string& prefix, const py::object& inner) {
-            return std::make_shared<store::PrefixStore>(prefix, to_store(inner));
+            return std::make_shared<store::PrefixStore>(
+                prefix, to_store(inner));
           }),
           py::arg("prefix"),
           py::arg("store"));
@@ -458,8 +461,8 @@ class PyRendezvousHandler final : public rendezvous::RendezvousHandler {
       info.store->set(base + "MASTER_PORT", std::to_string(net::free_port()));
     }
     info.bootstrap.master_addr = info.store->get(base + "MASTER_ADDR");
-    info.bootstrap.master_port = static_cast<uint16_t>(
-        std::stoi(info.store->get(base + "MASTER_PORT")));
+    info.bootstrap.master_port =
+        static_cast<uint16_t>(std::stoi(info.store->get(base + "MASTER_PORT")));
     return info;
   }
   bool is_closed() override {
@@ -491,8 +494,7 @@ class PyRendezvousHandler final : public rendezvous::RendezvousHandler {
     try {
       return handler_.get().attr(name)();
     } catch (py::error_already_set& e) {
-      std::string type =
-          py::str(e.type().attr("__name__")).cast<std::string>();
+      std::string type = py::str(e.type().attr("__name__")).cast<std::string>();
       std::string what =
           "rendezvous handler's " + std::string(name) + "(): " + describe(e);
       if (type == "RendezvousClosedError") {
@@ -518,8 +520,7 @@ class PyRendezvousHandler final : public rendezvous::RendezvousHandler {
   int64_t rounds_ = 0;
 };
 
-std::shared_ptr<rendezvous::RendezvousHandler> to_handler(
-    const py::object& o) {
+std::shared_ptr<rendezvous::RendezvousHandler> to_handler(const py::object& o) {
   if (py::isinstance<rendezvous::RendezvousHandler>(o)) {
     return o.cast<std::shared_ptr<rendezvous::RendezvousHandler>>();
   }
@@ -533,7 +534,9 @@ std::shared_ptr<rendezvous::RendezvousHandler> to_handler(
 void bind_rendezvous(py::module_& m) {
   using rendezvous::RendezvousHandler;
   py::class_<RendezvousHandler, std::shared_ptr<RendezvousHandler>>(
-      m, "NativeHandler", "One of tide's rendezvous backends (c10d, etcd, static).")
+      m,
+      "NativeHandler",
+      "One of tide's rendezvous backends (c10d, etcd, static).")
       .def(
           "get_backend",
           &RendezvousHandler::get_backend,
@@ -637,8 +640,7 @@ agent::StdSpec to_std_spec(const py::object& o) {
   agent::StdSpec spec;
   if (py::isinstance<py::dict>(o)) {
     for (auto [k, v] : o.cast<py::dict>()) {
-      spec.by_rank[k.cast<int>()] =
-          static_cast<agent::Std>(v.cast<int>());
+      spec.by_rank[k.cast<int>()] = static_cast<agent::Std>(v.cast<int>());
     }
   } else {
     spec.all = static_cast<agent::Std>(o.cast<int>());
@@ -822,7 +824,9 @@ class PyMetricHandler final : public metrics::MetricHandler {
       emit_.get()(d.timestamp, d.group_name, d.name, d.value);
     } catch (py::error_already_set& e) {
       TIDE_LOG_ERROR(
-          "metric handler raised on {}.{}: {}", d.group_name, d.name,
+          "metric handler raised on {}.{}: {}",
+          d.group_name,
+          d.name,
           describe(e));
     }
   }
@@ -944,7 +948,8 @@ void bind_metrics_and_events(py::module_& m) {
           events::configure(std::make_shared<events::NullEventHandler>());
           return;
         }
-        events::configure(std::make_shared<PyEventHandler>(record, record_rdzv));
+        events::configure(
+            std::make_shared<PyEventHandler>(record, record_rdzv));
       },
       py::arg("record"),
       py::arg("record_rdzv"));
@@ -1003,47 +1008,42 @@ bool is_own_worker(pid_t pid) {
   return session > 0 && parent_of(session) == self;
 }
 
+// A timer server on `path` (a socket, or a FIFO) that signals only this
+// process's own workers.
+template <typename Server>
+void bind_timer_server(py::module_& m, const char* name) {
+  py::class_<Server, timer::TimerServer>(m, name)
+      .def(
+          py::init([](const std::string& path,
+                      double max_interval,
+                      const std::string& run_id) {
+            return std::make_unique<Server>(
+                path,
+                timer::TimerServerOptions{
+                    .max_interval =
+                        milliseconds(static_cast<int64_t>(max_interval * 1e3)),
+                    .run_id = run_id,
+                    .allow_pid = is_own_worker,
+                });
+          }),
+          py::arg("path"),
+          py::arg("max_interval"),
+          py::arg("run_id") = "")
+      .def_property_readonly("path", &Server::path);
+}
+
 void bind_timers(py::module_& m) {
-  using timer::TimerServer;
   using timer::TimerClient;
+  using timer::TimerServer;
   py::class_<TimerServer>(m, "TimerServer")
-      .def("start", &TimerServer::start, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "start",
+          &TimerServer::start,
+          py::call_guard<py::gil_scoped_release>())
       .def("stop", &TimerServer::stop, py::call_guard<py::gil_scoped_release>())
       .def("size", &TimerServer::size);
-  auto options = [](double max_interval, const std::string& run_id) {
-    return timer::TimerServerOptions{
-        .max_interval =
-            milliseconds(static_cast<int64_t>(max_interval * 1e3)),
-        .run_id = run_id,
-        .allow_pid = is_own_worker,
-    };
-  };
-  py::class_<timer::LocalTimerServer, TimerServer>(m, "LocalTimerServer")
-      .def(
-          py::init([options](
-                       const std::string& path,
-                       double max_interval,
-                       const std::string& run_id) {
-            return std::make_unique<timer::LocalTimerServer>(
-                path, options(max_interval, run_id));
-          }),
-          py::arg("path"),
-          py::arg("max_interval"),
-          py::arg("run_id") = "")
-      .def_property_readonly("path", &timer::LocalTimerServer::path);
-  py::class_<timer::FileTimerServer, TimerServer>(m, "FileTimerServer")
-      .def(
-          py::init([options](
-                       const std::string& path,
-                       double max_interval,
-                       const std::string& run_id) {
-            return std::make_unique<timer::FileTimerServer>(
-                path, options(max_interval, run_id));
-          }),
-          py::arg("path"),
-          py::arg("max_interval"),
-          py::arg("run_id") = "")
-      .def_property_readonly("path", &timer::FileTimerServer::path);
+  bind_timer_server<timer::LocalTimerServer>(m, "LocalTimerServer");
+  bind_timer_server<timer::FileTimerServer>(m, "FileTimerServer");
 
   py::class_<TimerClient, std::shared_ptr<TimerClient>>(m, "TimerClient")
       .def(
@@ -1076,8 +1076,9 @@ void bind_timers(py::module_& m) {
 }  // namespace
 
 PYBIND11_MODULE(_elastic, m) {
-  m.doc() = "tide's agent, rendezvous, stores, metrics, events and timers "
-            "under tide.elastic";
+  m.doc() =
+      "tide's agent, rendezvous, stores, metrics, events and timers "
+      "under tide.elastic";
   py::register_exception_translator(translate_errors);
   bind_stores(m);
   bind_rendezvous(m);

@@ -303,12 +303,13 @@ class AgentTest(unittest.TestCase):
 
     def test_restarts_up_to_max_restarts_then_fails(self):
         with tempfile.TemporaryDirectory() as d:
-            _, result = run(records_attempt_then_fails, args=(d,), n=2, max_restarts=2)
+            # One worker: with more, the first to fail has the others
+            # stopped, perhaps before they wrote.
+            _, result = run(records_attempt_then_fails, args=(d,), n=1, max_restarts=2)
             self.assertTrue(result.is_failed())
-            self.assertEqual({f.exitcode for f in result.failures.values()}, {2})
-            for rank in (0, 1):
-                with open(os.path.join(d, f"rank{rank}")) as f:
-                    self.assertEqual(f.read().split(), ["0", "1", "2"])
+            self.assertEqual(result.failures[0].exitcode, 2)
+            with open(os.path.join(d, "rank0")) as f:
+                self.assertEqual(f.read().split(), ["0", "1", "2"])
 
     def test_a_sigkilled_worker(self):
         _, result = run(kills_itself_on_rank_zero, n=2)
