@@ -3,7 +3,7 @@
 against torch's own torch.distributed.elastic (Debian's python3-torch), in one run.
 
 The same launcher (c10d rendezvous, 4 workers, max_restarts=1) runs a function
-whose rank 0 raises in attempt 0 while the others work, so the agent restarts
+whose rank 0 raises in attempt 0 once all four are in, while the others work, so the agent restarts
 the group and attempt 1 returns. torch runs at its fastest monitor interval
 (0.01 s) and at its default (30 s, WorkerSpec's); tide's agent sees exits at
 once and uses 0.1 s (it only paces the "are nodes waiting?" question).
@@ -14,9 +14,11 @@ path, before any import of theirs), "entered" when the worker function runs.
 
     launch -> entered         agent.run() called to the workers' function entered
                               (first / last of 4)
-    failure -> up             rank 0 raising to attempt 1's interpreters up: the
+    failure -> started        rank 0 raising to attempt 1's processes started: the
                               agent noticing, stopping the group, the rendezvous,
-                              starting 4 processes (first / last)
+                              starting 4 processes (tide's worker events, stamped
+                              at the spawn; torch's multiprocessing Popen, timed)
+    failure -> up             ... to attempt 1's interpreters up (first / last)
     failure -> entered        ... to attempt 1's function entered (first / last)
     up -> entered             attempt 1, per worker: the interpreter's imports and
                               unpickling before the function runs (median)
@@ -62,6 +64,11 @@ def trainer():
     stamp(f"entered.{attempt}.{rank}", str(os.getpid()))
     if attempt == "0":
         if rank == "0":
+            # Fail once every worker of the attempt is in: a failure while
+            # some still start would not be one of a running group.
+            names = [f"entered.0.{r}" for r in range(4)]
+            while not all(os.path.exists(os.path.join(STAMPS, n)) for n in names):
+                time.sleep(0.001)
             stamp("failure")
             raise RuntimeError("injected failure")
         time.sleep(300)  # working, until the agent stops the group
@@ -77,6 +84,34 @@ if __name__ == "__main__":
         max_nodes=1))
     spec = WorkerSpec(role="trainer", local_world_size=4, entrypoint=trainer,
                       rdzv_handler=handler, max_restarts=1, monitor_interval=INTERVAL)
+    # When each worker process was started: tide's agent says so in its
+    # worker events (stamped at the spawn); torch's start goes through
+    # multiprocessing's spawn Popen, timed here once it returns.
+    if IMPL == "tide":
+        from tide.elastic import events
+
+        class Started(events.EventHandler):
+            def record(self, e):
+                name = None
+                if e.name == "torchelastic.worker.status.HEALTHY":
+                    name = f"started.{e.metadata['agent_restarts']}.{e.metadata['global_rank']}"
+                elif e.name == "torchelastic.worker.status.FAILED":
+                    name = "exited"  # the failed worker's exit, as the agent saw it
+                if name:
+                    with open(os.path.join(STAMPS, name), "w") as f:
+                        f.write(repr(e.timestamp / 1000))  # ms since the epoch
+
+        events.configure(Started())
+    else:
+        import multiprocessing.popen_spawn_posix as popen
+
+        launch_process = popen.Popen._launch
+
+        def timed_launch(self, process_obj):
+            launch_process(self, process_obj)
+            stamp(f"spawned.{self.pid}")
+
+        popen.Popen._launch = timed_launch
     agent = LocalElasticAgent(spec, start_method="spawn")
     stamp("launch")
     result = agent.run()
@@ -122,10 +157,18 @@ def one_run(impl, interval, scratch, timeout):
     enter0 = [float(e[0]) for e in entered[0]]
     enter1 = [float(e[0]) for e in entered[1]]
     up1 = [t(f"up.{e[1]}") for e in entered[1]]
+    if impl == "tide":
+        started1 = [t(f"started.1.{r}") for r in range(4)]
+    else:
+        started1 = [t(f"spawned.{e[1]}") for e in entered[1]]
     ms = lambda x: round(x * 1000, 1)  # noqa: E731
     return {
+        "failure -> the failed worker's exit (tide: its event)":
+            ms(t("exited") - failure) if impl == "tide" else None,
         "launch -> entered, first": ms(min(enter0) - launch),
         "launch -> entered, last": ms(max(enter0) - launch),
+        "failure -> started, first": ms(min(started1) - failure),
+        "failure -> started, last": ms(max(started1) - failure),
         "failure -> up, first": ms(min(up1) - failure),
         "failure -> up, last": ms(max(up1) - failure),
         "failure -> entered, first": ms(min(enter1) - failure),
@@ -156,9 +199,11 @@ def main():
     print(f"\n| ms, median | {' | '.join(head)} | torch (0.01 s) / tide |")
     print("|---|" + "--:|" * (len(CASES) + 1))
     for name in names:
-        med = [statistics.median(r[name] for r in results[c]) for c in CASES]
-        ratio = f"{med[1] / med[0]:.1f}x" if med[0] > 0 else "-"
-        print(f"| {name} | {' | '.join(str(m) for m in med)} | {ratio} |")
+        med = [statistics.median(r[name] for r in results[c]) if results[c][0][name] is not None
+               else None for c in CASES]
+        ratio = f"{med[1] / med[0]:.1f}x" if None not in med[:2] and med[0] > 0 else "-"
+        cells = " | ".join("-" if m is None else str(m) for m in med)
+        print(f"| {name} | {cells} | {ratio} |")
     print(f"\n({args.reps} runs of tide and of torch at 0.01 s, 1 of torch at 30 s; "
           f"4 workers, 2 cores)")
 
