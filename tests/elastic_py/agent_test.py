@@ -443,6 +443,35 @@ class AgentTest(unittest.TestCase):
             server.stop()
         self.assertEqual(result.return_values, {0: 1, 1: 1})
 
+    def test_a_timer_server_signals_only_the_launchers_own_processes(self):
+        # An expired timer of a process that is not this launcher's child (an
+        # orphan: its parent exited) is refused; one of a child is enforced.
+        # Requests are served in order: once the child is killed, the
+        # orphan's earlier request has been seen.
+        queue = timer.TimerQueue()
+        server = timer.LocalTimerServer(queue, max_interval=0.01)
+        server.start()
+        arm = ("import sys, time; from tide.elastic import timer; "
+               f"timer.LocalTimerClient(timer.TimerQueue({queue.path!r})).acquire('x', 1.0); "
+               "print(flush=True); time.sleep(60)")
+        with tempfile.TemporaryDirectory() as d:
+            pid_file = os.path.join(d, "orphan")
+            try:
+                subprocess.run(["sh", "-c", f'{sys.executable} -c "{arm}" > {d}/armed & '
+                                f'echo $! > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}'],
+                               check=True)
+                wait_until(lambda: os.path.exists(pid_file), "the orphan started")
+                orphan = read_int(pid_file)
+                wait_until(lambda: os.path.getsize(f"{d}/armed") > 0, "the orphan armed")
+                child = subprocess.Popen([sys.executable, "-c", arm],
+                                         stdout=subprocess.DEVNULL)
+                self.assertEqual(child.wait(timeout=DEADLINE), -signal.SIGKILL)
+                self.assertTrue(alive(orphan), "the orphan's timer was enforced")
+            finally:
+                server.stop()
+                if os.path.exists(pid_file):
+                    os.kill(read_int(pid_file), signal.SIGKILL)
+
     def test_torchs_file_timer_client_against_tides_server(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "watchdog")

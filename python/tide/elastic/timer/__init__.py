@@ -13,8 +13,8 @@ kills it when the deadline passes, so the agent restarts the group.
     with timer.expires(after=60):
         train_step()
 
-The servers are tide's (C++): they signal only the launcher's own workers and
-their children. A multiprocessing queue given to a LocalTimerServer reaches
+The servers are tide's (C++): they signal only the launcher's children (its
+workers) and the processes of their sessions. A multiprocessing queue given to a LocalTimerServer reaches
 tide's workers as the server's address (docs/python.md#timers).
 """
 from tide.elastic.timer.api import TimerClient, configure, expires  # noqa: F401

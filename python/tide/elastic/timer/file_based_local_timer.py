@@ -10,7 +10,8 @@ from tide.elastic.timer.api import TimerClient
 
 class FileTimerServer:
     """Creates the FIFO at file_path and kills a worker whose timer expired;
-    only this process's own workers and their children."""
+    only this process's children (its workers) and the processes of
+    their sessions."""
 
     def __init__(self, file_path: str, max_interval: float = 10, daemon: bool = True,
                  log_event=None, run_id: str = "") -> None:

@@ -56,7 +56,8 @@ def timer_queue_of(obj: Any):
 
 class LocalTimerServer:
     """Holds the workers' timers and kills (SIGKILL) a worker whose timer
-    expired; only this process's own workers and their children."""
+    expired; only this process's children (its workers) and the processes of
+    their sessions."""
 
     def __init__(self, mp_queue: Any, max_interval: float = 60, daemon: bool = True) -> None:
         if isinstance(mp_queue, TimerQueue):
