@@ -14,8 +14,9 @@ kills it when the deadline passes, so the agent restarts the group.
         train_step()
 
 The servers are tide's (C++): they signal only the launcher's children (its
-workers) and the processes of their sessions. A multiprocessing queue given to a LocalTimerServer reaches
-tide's workers as the server's address (docs/python.md#timers).
+workers) and the processes of their sessions. A multiprocessing queue given to
+a LocalTimerServer reaches tide's workers as the server's address
+(docs/python.md#timers).
 """
 from tide.elastic.timer.api import TimerClient, configure, expires  # noqa: F401
 from tide.elastic.timer.file_based_local_timer import (  # noqa: F401
