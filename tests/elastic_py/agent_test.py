@@ -279,6 +279,19 @@ class AgentTest(unittest.TestCase):
         self.assertEqual([w.global_rank for w in group.workers], [0, 1, 2])
         self.assertEqual(group.state, WorkerState.SUCCEEDED)
 
+    def test_the_static_backend(self):
+        handler = get_rendezvous_handler(RendezvousParameters(
+            backend="static", endpoint=f"127.0.0.1:{free_port()}", run_id="static-run",
+            min_nodes=1, max_nodes=1, rank=0))
+        self.assertEqual(handler.get_backend(), "static")
+        _, result = run(environment, n=2, handler=handler)
+        self.assertEqual(result.return_values[1]["TORCHELASTIC_RUN_ID"], "static-run")
+
+    def test_an_unknown_backend_names_the_registered_ones(self):
+        with self.assertRaisesRegex(ValueError, "c10d, etcd, etcd-v2, static"):
+            get_rendezvous_handler(RendezvousParameters(
+                backend="nope", endpoint="", run_id="x", min_nodes=1, max_nodes=1))
+
     def test_workers_get_torchruns_environment(self):
         _, result = run(environment, n=2)
         env = result.return_values
