@@ -206,6 +206,9 @@ struct Flags {
   std::string rdzv_plugins;
   std::string numa_binding = "none";
   double heartbeat_timeout = 0;
+  bool prestart = false;
+  int prestart_spares = 0;
+  std::string prestart_imports = "torch,torch.distributed";
   std::string health_check;
   double health_check_timeout = 60;
   int health_check_retries = 0;
@@ -355,6 +358,23 @@ void add_flags(CLI::App& app, Flags& f) {
          "serve expiration timers to the workers on a FIFO "
          "(TORCHELASTIC_TIMER_FILE)")
       ->envname("TORCHELASTIC_ENABLE_FILE_TIMER");
+  app.add_flag(
+         "--prestart",
+         f.prestart,
+         "start the workers' Python interpreters before they are needed, "
+         "with --prestart-imports imported, and hand each attempt's workers "
+         "to them (a Python script's workers only)")
+      ->envname("PET_PRESTART");
+  opt("--prestart-spares,--prestart_spares",
+      f.prestart_spares,
+      "PET_PRESTART_SPARES",
+      "prestarted interpreters kept beyond one per local rank")
+      ->check(CLI::NonNegativeNumber);
+  opt("--prestart-imports,--prestart_imports",
+      f.prestart_imports,
+      "PET_PRESTART_IMPORTS",
+      "modules a prestarted interpreter imports before its hand-off, "
+      "comma-separated");
   opt("--metrics",
       f.metrics,
       "PET_METRICS",
@@ -501,6 +521,14 @@ LaunchConfig make_config(const Flags& f) {
   if (f.heartbeat_timeout != 0) {
     c.heartbeat_timeout =
         seconds_flag(f.heartbeat_timeout, "--heartbeat-timeout");
+  }
+  c.prestart.enabled = f.prestart;
+  c.prestart.spares = f.prestart_spares;
+  c.prestart.imports.clear();
+  for (std::string_view m : tide::split(f.prestart_imports, ',')) {
+    if (!m.empty()) {
+      c.prestart.imports.emplace_back(m);
+    }
   }
   c.health.timeout =
       seconds_flag(f.health_check_timeout, "--health-check-timeout");

@@ -28,6 +28,7 @@
 #include "tide/timer/timer_server.h"
 
 #include "agent/janitor.h"
+#include "agent/prestart.h"
 #include "agent/worker_process.h"
 #include "common/clock.h"
 
@@ -59,6 +60,23 @@ struct LocalElasticAgent::Impl {
   void rendezvous();
   void assign_ranks();
   void start_workers();
+  // The Command entrypoint's resolved executable ("" for a function).
+  std::string resolve_exe() const;
+  // How local rank w's worker is started in attempt directory `dir`.
+  detail::LaunchSpec launch_spec(
+      const Worker& w,
+      const std::string& exe,
+      const std::vector<RankBinding>& numa,
+      const std::string& dir) const;
+  // A warm worker from the prestart pool when it can take `ls`, else a
+  // cold one (the log says why).
+  std::unique_ptr<detail::WorkerProcess> start_process(
+      const detail::LaunchSpec& ls);
+  // --prestart: makes the pool (when the workers run a Python script) and
+  // starts its interpreters.
+  void start_prestart();
+  // Starts the prestarted interpreters missing (all local ranks).
+  void fill_prestart(const std::string& exe);
   // Each local rank's --numa-binding (empty when off), planned once per
   // start so that a topology that cannot hold the group fails the start,
   // not a worker (numa.cpp).
@@ -98,6 +116,9 @@ struct LocalElasticAgent::Impl {
     int left = 0;
   } restarts;
   std::vector<std::unique_ptr<detail::WorkerProcess>> processes;
+  // --prestart: the waiting interpreters, and the script they run.
+  std::unique_ptr<detail::PrestartPool> prestart;
+  std::optional<detail::PythonCommand> prestart_cmd;
   std::vector<std::string> result_files;
   std::vector<std::string> error_files;
   std::map<std::string, std::string> base_env;

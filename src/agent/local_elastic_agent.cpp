@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "tide/agent/error_file.h"
@@ -266,6 +267,147 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
   return out;
 }
 
+std::string LocalElasticAgent::Impl::resolve_exe() const {
+  const auto* c = std::get_if<Command>(&self.spec_.entrypoint);
+  if (c == nullptr) {
+    return "";
+  }
+  auto path = base_env.find("PATH");
+  std::string exe = detail::find_executable(
+      c->argv[0], path == base_env.end() ? "" : path->second);
+  if (exe.empty()) {
+    throw InvalidArgument(
+        "cannot run \"" + c->argv[0] +
+        "\": no such executable (PATH searched)");
+  }
+  return exe;
+}
+
+detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
+    const Worker& w,
+    const std::string& exe,
+    const std::vector<RankBinding>& numa,
+    const std::string& dir) const {
+  const WorkerSpec& spec = self.spec_;
+  detail::LaunchSpec ls;
+  ls.local_rank = w.local_rank;
+  ls.env = worker_env(w);
+  if (!numa.empty()) {
+    const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
+    ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
+    for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
+      std::erase_if(ls.env, [&](const std::string& e) {
+        return e.starts_with(k + "=");
+      });
+      ls.env.push_back(k + "=" + v);
+    }
+  }
+  std::string rank_dir = dir + "/" + std::to_string(w.local_rank);
+  if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
+    ls.path = exe;
+    ls.argv = c->argv;
+  } else {
+    const auto& f = std::get<FunctionCall>(spec.entrypoint);
+    ls.result_file = result_files[static_cast<size_t>(w.local_rank)];
+    if (spec.start_method == StartMethod::kFork) {
+      ls.function = f.name;
+      ls.function_args = f.args;
+    } else {
+      ls.path = "/proc/self/exe";
+      ls.argv.push_back(std::string("tide-worker:") + f.name);
+      ls.argv.insert(ls.argv.end(), f.args.begin(), f.args.end());
+      ls.env.push_back(std::string(detail::kFunctionEnv) + "=" + f.name);
+      ls.env.push_back(
+          std::string(detail::kResultFileEnv) + "=" + ls.result_file);
+    }
+  }
+  bool shown = spec.local_ranks_filter.empty() ||
+               spec.local_ranks_filter.count(w.local_rank) > 0;
+  auto target = [&](Std bit, const char* file) {
+    detail::StreamTarget t;
+    auto has = [&](const StdSpec& s) {
+      return (static_cast<int>(s.for_rank(w.local_rank)) &
+              static_cast<int>(bit)) != 0;
+    };
+    if (has(spec.tee) && shown) {
+      t.mode = detail::StreamTarget::Mode::kTee;
+    } else if (has(spec.redirects) || has(spec.tee) || !shown) {
+      t.mode = detail::StreamTarget::Mode::kFile;
+    }
+    t.path = rank_dir + "/" + file;
+    return t;
+  };
+  ls.out = target(Std::kOut, "stdout.log");
+  ls.err = target(Std::kErr, "stderr.log");
+  ls.console_prefix = "[" + spec.role + std::to_string(w.local_rank) + "]:";
+  return ls;
+}
+
+std::unique_ptr<detail::WorkerProcess> LocalElasticAgent::Impl::start_process(
+    const detail::LaunchSpec& ls) {
+  const WorkerSpec& spec = self.spec_;
+  if (prestart) {
+    std::string why_not;
+    if (auto p = prestart->take(ls, *prestart_cmd, &why_not)) {
+      TIDE_LOG_INFO(
+          "[{}] local rank {}: handed to prestarted interpreter {}",
+          spec.role,
+          ls.local_rank,
+          p->pid());
+      return p;
+    }
+    TIDE_LOG_INFO(
+        "[{}] local rank {}: cold start: {}", spec.role, ls.local_rank, why_not);
+  }
+  return std::make_unique<detail::WorkerProcess>(ls, janitor.get());
+}
+
+void LocalElasticAgent::Impl::start_prestart() {
+  const WorkerSpec& spec = self.spec_;
+  std::string exe = resolve_exe();
+  std::string why_not = "the workers run a C++ function";
+  if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
+    prestart_cmd = detail::PythonCommand::parse(exe, c->argv, &why_not);
+  }
+  if (!prestart_cmd) {
+    TIDE_LOG_WARN("[{}] --prestart does not apply: {}", spec.role, why_not);
+    return;
+  }
+  prestart = std::make_unique<detail::PrestartPool>(
+      detail::PrestartPool::Options{
+          .imports = spec.prestart.imports,
+          .spares = spec.prestart.spares,
+          .log_dir = run_log_dir + "/prestart",
+      },
+      janitor.get());
+  // Started now, so that their imports run while the rendezvous does.
+  fill_prestart(exe);
+  TIDE_LOG_INFO(
+      "[{}] prestarting {} interpreters (importing {})",
+      spec.role,
+      spec.local_world_size + spec.prestart.spares,
+      fmt::join(spec.prestart.imports, ","));
+}
+
+void LocalElasticAgent::Impl::fill_prestart(const std::string& exe) {
+  if (!prestart) {
+    return;
+  }
+  // The slots' environments and bindings as the next attempt's workers
+  // will have them, but for what changes per attempt (dropped by the pool).
+  const WorkerSpec& spec = self.spec_;
+  if (error_files.size() < static_cast<size_t>(spec.local_world_size)) {
+    error_files.resize(static_cast<size_t>(spec.local_world_size));
+    result_files.resize(static_cast<size_t>(spec.local_world_size));
+  }
+  std::vector<RankBinding> numa = plan_numa();
+  std::vector<detail::LaunchSpec> slots;
+  for (int i = 0; i < spec.local_world_size; ++i) {
+    slots.push_back(launch_spec(Worker{.local_rank = i}, exe, numa, ""));
+  }
+  prestart->fill(exe, slots);
+}
+
 void LocalElasticAgent::Impl::start_workers() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("LocalElasticAgent._start_workers");
@@ -279,18 +421,7 @@ void LocalElasticAgent::Impl::start_workers() {
     error_files[static_cast<size_t>(i)] = rank_dir + "/error.json";
   }
 
-  std::string exe;
-  if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
-    auto path = base_env.find("PATH");
-    exe = detail::find_executable(
-        c->argv[0], path == base_env.end() ? "" : path->second);
-    if (exe.empty()) {
-      throw InvalidArgument(
-          "cannot run \"" + c->argv[0] +
-          "\": no such executable (PATH searched)");
-    }
-  }
-
+  std::string exe = resolve_exe();
   std::vector<RankBinding> numa = plan_numa();
 
   processes.clear();
@@ -300,68 +431,19 @@ void LocalElasticAgent::Impl::start_workers() {
   metrics::put_metric(metric("remaining_restarts"), restarts.left);
   set_state(WorkerState::kHealthy);
   for (const Worker& w : group.workers) {
-    detail::LaunchSpec ls;
-    ls.local_rank = w.local_rank;
-    ls.env = worker_env(w);
     if (!numa.empty()) {
-      const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
-      ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
-      for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
-        std::erase_if(ls.env, [&](const std::string& e) {
-          return e.starts_with(k + "=");
-        });
-        ls.env.push_back(k + "=" + v);
-      }
       TIDE_LOG_INFO(
           "[{}] local rank {}: --numa-binding={}: {}",
           spec.role,
           w.local_rank,
           to_string(spec.numa_binding),
-          describe(b));
+          describe(numa[static_cast<size_t>(w.local_rank)]));
     }
-    std::string rank_dir = dir + "/" + std::to_string(w.local_rank);
-    if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
-      ls.path = exe;
-      ls.argv = c->argv;
-    } else {
-      const auto& f = std::get<FunctionCall>(spec.entrypoint);
-      ls.result_file = result_files[static_cast<size_t>(w.local_rank)];
-      if (spec.start_method == StartMethod::kFork) {
-        ls.function = f.name;
-        ls.function_args = f.args;
-      } else {
-        ls.path = "/proc/self/exe";
-        ls.argv.push_back(std::string("tide-worker:") + f.name);
-        ls.argv.insert(ls.argv.end(), f.args.begin(), f.args.end());
-        ls.env.push_back(std::string(detail::kFunctionEnv) + "=" + f.name);
-        ls.env.push_back(
-            std::string(detail::kResultFileEnv) + "=" + ls.result_file);
-      }
-    }
-    bool shown = spec.local_ranks_filter.empty() ||
-                 spec.local_ranks_filter.count(w.local_rank) > 0;
-    auto target = [&](Std bit, const char* file) {
-      detail::StreamTarget t;
-      auto has = [&](const StdSpec& s) {
-        return (static_cast<int>(s.for_rank(w.local_rank)) &
-                static_cast<int>(bit)) != 0;
-      };
-      if (has(spec.tee) && shown) {
-        t.mode = detail::StreamTarget::Mode::kTee;
-      } else if (has(spec.redirects) || has(spec.tee) || !shown) {
-        t.mode = detail::StreamTarget::Mode::kFile;
-      }
-      t.path = rank_dir + "/" + file;
-      return t;
-    };
-    ls.out = target(Std::kOut, "stdout.log");
-    ls.err = target(Std::kErr, "stderr.log");
-    ls.console_prefix = "[" + spec.role + std::to_string(w.local_rank) + "]:";
-    processes.push_back(
-        std::make_unique<detail::WorkerProcess>(ls, janitor.get()));
+    processes.push_back(start_process(launch_spec(w, exe, numa, dir)));
     group.workers[static_cast<size_t>(w.local_rank)].pid =
         processes.back()->pid();
   }
+  fill_prestart(exe);
   std::set<pid_t> old_pids;
   {
     std::lock_guard lock(timer_mutex);
@@ -439,6 +521,9 @@ void LocalElasticAgent::Impl::reap() {
           p->set_status(st);
           ours = true;
         }
+      }
+      if (!ours && prestart) {
+        ours = prestart->reaped(pid, st);
       }
       if (!ours && janitor) {
         janitor->forget(pid);  // An earlier group's worker, left behind once.
@@ -661,6 +746,17 @@ RunResult LocalElasticAgent::Impl::run() {
       spec.local_world_size,
       spec.max_restarts,
       run_log_dir);
+
+  if (spec.prestart.enabled) {
+    start_prestart();
+  }
+  // The waiting interpreters go with run(), however it ends.
+  struct DrainPool {
+    Impl& impl;
+    ~DrainPool() {
+      impl.prestart.reset();
+    }
+  } drain_pool{*this};
 
   auto run_prof = metrics::profile("SimpleElasticAgent.run");
   check_stop();

@@ -137,10 +137,19 @@ void apply_binding_in_child(const Binding& b) {
   if (spec.binding) {
     apply_binding_in_child(*spec.binding);
   }
+  unsigned first_closed = 3;
+  if (spec.keep_fd >= 0) {
+    if (spec.keep_fd != 3) {
+      ::dup2(spec.keep_fd, 3);  // the copy is not close-on-exec
+    } else {
+      ::fcntl(3, F_SETFD, 0);
+    }
+    first_closed = 4;
+  }
   if (!spec.path.empty()) {
     // Nothing of the agent's (its store's sockets, the janitor's channel)
     // leaks into the worker.
-    ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    ::syscall(SYS_close_range, first_closed, ~0U, CLOSE_RANGE_CLOEXEC);
     ::execve(spec.path.c_str(), argv, envp);
     const char* msg = "tide: exec failed: ";
     write_all(STDERR_FILENO, msg, std::strlen(msg));
@@ -269,10 +278,8 @@ void TeePump::emit_lines(bool flush_partial) {
   }
 }
 
-WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
-    : local_rank_(spec.local_rank), janitor_(janitor) {
-  // Descriptors the child gets as stdout/stderr; closed in the parent after
-  // the fork. None: inherit.
+std::pair<Fd, Fd> WorkerProcess::open_targets(const LaunchSpec& spec) {
+  // Descriptors the child gets as stdout/stderr. None: inherit.
   Fd child_fds[2];
   auto setup = [&](const StreamTarget& t, int index, int console) {
     if (t.mode == StreamTarget::Mode::kInherit) {
@@ -293,6 +300,23 @@ WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
   };
   setup(spec.out, 0, STDOUT_FILENO);
   setup(spec.err, 1, STDERR_FILENO);
+  return {std::move(child_fds[0]), std::move(child_fds[1])};
+}
+
+std::pair<Fd, Fd> WorkerProcess::retarget(const LaunchSpec& spec) {
+  for (TeePump& p : pumps_) {
+    p.finish();
+  }
+  pumps_.clear();
+  local_rank_ = spec.local_rank;
+  return open_targets(spec);
+}
+
+WorkerProcess::WorkerProcess(const LaunchSpec& spec, Janitor* janitor)
+    : local_rank_(spec.local_rank), janitor_(janitor) {
+  // Closed in the parent after the fork.
+  auto [child_out, child_err] = open_targets(spec);
+  Fd child_fds[2] = {std::move(child_out), std::move(child_err)};
 
   // Everything the child needs is built before fork().
   std::vector<char*> argv;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tide/common/fd.h"
@@ -61,6 +62,10 @@ struct LaunchSpec {
   // failure there is reported as a failed exec is: a line on the worker's
   // stderr, exit code 127.
   std::optional<Binding> binding;
+  // When >= 0, a descriptor the program gets as its descriptor 3 (a
+  // prestarted interpreter's hand-off channel); every other one of the
+  // agent's is closed at exec.
+  int keep_fd = -1;
 };
 
 // Copies a tee'd stream from its pipe to the log file and, line by line
@@ -106,6 +111,11 @@ class WorkerProcess {
   int local_rank() const {
     return local_rank_;
   }
+  // Points a running process's output at `spec`'s targets (files, tee
+  // pumps), as the constructor does for a new one: for a prestarted
+  // interpreter given its worker's place. Returns the descriptors the
+  // process must make its stdout and stderr (-1: the agent's own).
+  std::pair<Fd, Fd> retarget(const LaunchSpec& spec);
   // Readable once the process has exited.
   int pidfd() const {
     return pidfd_.get();
@@ -143,6 +153,8 @@ class WorkerProcess {
 
  private:
   void on_exit(int wait_status);
+  // Opens spec's stream targets: the child's ends, and pumps for tee.
+  std::pair<Fd, Fd> open_targets(const LaunchSpec& spec);
 
   int local_rank_ = 0;
   pid_t pid_ = -1;

@@ -46,6 +46,7 @@ LaunchResult launch(
       .topology_root = config.topology_root,
       .heartbeat_timeout = config.heartbeat_timeout,
       .health = config.health,
+      .prestart = config.prestart,
   };
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});
   // Whoever was shown the agent is told it is gone before it is destroyed,

@@ -115,6 +115,19 @@ struct WorkerSpec {
   std::chrono::milliseconds heartbeat_timeout{0};
   // Checks run before each rendezvous (docs/tiderun.md#health-checks).
   HealthCheckPolicy health;
+  // Prestarted workers (docs/tiderun.md#prestarted-workers): for a Python
+  // script's workers (`PYTHON -u script.py ...` or `-m module`), Python
+  // interpreters are started before they are needed, with `imports`
+  // imported, one per local rank plus `spares`; each attempt hands its
+  // workers to them (started while the first rendezvous runs, refilled
+  // after each start). A worker whose import-time environment or binding
+  // would differ starts cold, and the log says why.
+  struct Prestart {
+    bool enabled = false;
+    std::vector<std::string> imports = {"torch", "torch.distributed"};
+    int spares = 0;
+  };
+  Prestart prestart;
 };
 
 // Throws InvalidArgument when a spec cannot run (no handler, no workers, an

@@ -67,6 +67,8 @@ struct LaunchConfig {
   // before each rendezvous (--health-check*).
   std::chrono::milliseconds heartbeat_timeout{0};
   agent::HealthCheckPolicy health;
+  // Prestarted workers (--prestart, --prestart-spares, --prestart-imports).
+  agent::WorkerSpec::Prestart prestart;
 };
 
 // The outcome of launch(): the agent's result, or the signal that stopped it.

@@ -1,0 +1,47 @@
+"""The training script of bench/launch/ddp_restart_bench.py: a small DDP model
+(gloo, CPU) written for torchrun. It stamps, per attempt and rank, when the
+script starts running (before its imports), when torch is imported, when the
+process group is up and when its first training step completes; rank
+BENCH_FAIL_RANK raises after step 3 of attempt 0. Attempt 1 runs
+BENCH_STEPS steps and exits."""
+import os
+import time
+
+T0 = time.time()
+STAMPS = os.environ["BENCH_STAMPS"]
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+RANK = int(os.environ["RANK"])
+
+
+def stamp(name, t=None):
+    path = os.path.join(STAMPS, f"{name}.{ATTEMPT}.{RANK}")
+    with open(path + ".tmp", "w") as f:
+        f.write(repr(t if t is not None else time.time()))
+    os.rename(path + ".tmp", path)
+
+
+stamp("up", T0)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+stamp("imported")
+dist.init_process_group("gloo")
+stamp("pg")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+gen = torch.Generator().manual_seed(RANK)
+for step in range(int(os.environ.get("BENCH_STEPS", "5"))):
+    x = torch.randn(32, 64, generator=gen)
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 0:
+        stamp("step1")
+    if ATTEMPT == 0 and RANK == int(os.environ.get("BENCH_FAIL_RANK", "1")) and step == 2:
+        stamp("failure")
+        raise RuntimeError("injected failure")
+print(f"rank {RANK} attempt {ATTEMPT}: final loss {loss.item():.6f}", flush=True)
+dist.destroy_process_group()
