@@ -296,9 +296,8 @@ detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
     const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
     ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
     for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
-      std::erase_if(ls.env, [&](const std::string& e) {
-        return e.starts_with(k + "=");
-      });
+      std::erase_if(
+          ls.env, [&](const std::string& e) { return e.starts_with(k + "="); });
       ls.env.push_back(k + "=" + v);
     }
   }
@@ -357,7 +356,10 @@ std::unique_ptr<detail::WorkerProcess> LocalElasticAgent::Impl::start_process(
       return p;
     }
     TIDE_LOG_INFO(
-        "[{}] local rank {}: cold start: {}", spec.role, ls.local_rank, why_not);
+        "[{}] local rank {}: cold start: {}",
+        spec.role,
+        ls.local_rank,
+        why_not);
   }
   return std::make_unique<detail::WorkerProcess>(ls, janitor.get());
 }

@@ -304,14 +304,17 @@ std::unique_ptr<WorkerProcess> PrestartPool::take(
     auto eq = e.find('=');
     env_map[e.substr(0, eq)] = eq == std::string::npos ? "" : e.substr(eq + 1);
   }
-  std::string body = nlohmann::json{
-      {"module", cmd.module},
-      {"target", cmd.target},
-      {"args", cmd.args},
-      {"env", env_map},
-      {"cwd", std::filesystem::current_path().string()},
-  }.dump();
-  int fds[2] = {out ? out.get() : STDOUT_FILENO, err ? err.get() : STDERR_FILENO};
+  std::string body =
+      nlohmann::json{
+          {"module", cmd.module},
+          {"target", cmd.target},
+          {"args", cmd.args},
+          {"env", env_map},
+          {"cwd", std::filesystem::current_path().string()},
+      }
+          .dump();
+  int fds[2] = {
+      out ? out.get() : STDOUT_FILENO, err ? err.get() : STDERR_FILENO};
   iovec iov{.iov_base = body.data(), .iov_len = body.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
   msghdr msg{};

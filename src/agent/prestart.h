@@ -73,7 +73,7 @@ class PrestartPool {
 
  private:
   struct Waiting {
-    int local_rank = -1;  // -1: a spare
+    int local_rank = -1;           // -1: a spare
     std::vector<std::string> env;  // import-time environment, sorted
     std::optional<Binding> binding;
     std::unique_ptr<WorkerProcess> process;

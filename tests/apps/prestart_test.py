@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""tiderun --prestart with real processes: workers handed to prestarted Python
+interpreters keep the worker contract. The same torchrun scripts
+(prestart/worker.py) run cold and from the pool: a DDP job restarted after a
+failure trains to the same losses; a worker sees the same argv, sys.path[0],
+__file__, __name__, working directory and environment (but for what differs
+between any two runs); error files, per-attempt logs and tee, a timer kill and
+`-m module` work; SIGKILL of tiderun leaves no interpreter or worker; and the
+pool says why it does not apply to --no-python.
+
+    /usr/bin/python3 tests/apps/prestart_test.py build/apps/tiderun
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prestart")
+WORKER = os.path.join(HERE, "worker.py")
+DEADLINE = 60  # seconds any awaited condition gets
+
+
+def tiderun(mode, out, *flags, prestart=True, script=(WORKER,), nproc=2, wait=True):
+    cmd = [TIDERUN, "--standalone", f"--nproc-per-node={nproc}", *flags]
+    if prestart:
+        cmd.append("--prestart")
+    env = dict(os.environ, MODE=mode, OUT=out, PYTHON_EXEC="/usr/bin/python3",
+               PYTHONPATH=HERE)
+    if not wait:
+        return subprocess.Popen(cmd + list(script), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd + list(script), env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def read(directory, name):
+    with open(os.path.join(directory, name)) as f:
+        return f.read()
+
+
+def wait_until(condition, what):
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {DEADLINE} s")
+        time.sleep(0.02)
+
+
+def children(pid):
+    """pid's children, then theirs, from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else []:
+            try:
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except FileNotFoundError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class PrestartTest(unittest.TestCase):
+    maxDiff = None
+
+    def setUp(self):
+        self.dirs = []
+
+    def tearDown(self):
+        for d in self.dirs:
+            d.cleanup()
+
+    def tmp(self):
+        d = tempfile.TemporaryDirectory()
+        self.dirs.append(d)
+        return d.name
+
+    def test_a_ddp_job_restarted_from_the_pool_trains_as_a_cold_restart(self):
+        results = []
+        for prestart in (False, True):
+            out = self.tmp()
+            r = tiderun("ddp", out, "--max-restarts=1", prestart=prestart)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            results.append([read(out, f"losses.{k}") for k in (0, 1)])
+            if prestart:
+                self.assertIn("local rank 1: handed to prestarted interpreter", r.stderr)
+                self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 4,
+                                 "both attempts' workers come from the pool")
+        self.assertEqual(results[0], results[1])
+
+    def test_a_pooled_worker_sees_what_a_cold_one_does(self):
+        dumps = []
+        for prestart in (False, True):
+            out = self.tmp()
+            r = tiderun("dump", out, prestart=prestart)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            dumps.append([json.loads(read(out, f"dump.{k}")) for k in (0, 1)])
+        # What differs between any two runs: the run's id, its paths, the
+        # port, this test's output directory.
+        varies = {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT", "OUT"}
+        for cold, warm in zip(*dumps):
+            for d in (cold, warm):
+                for k in varies:
+                    d["env"].pop(k)
+            self.assertEqual(cold, warm)
+        self.assertEqual(dumps[1][0]["name"], "__main__")
+        self.assertEqual(dumps[1][0]["argv"], [WORKER])
+        self.assertEqual(dumps[1][0]["path0"], HERE)
+
+    def test_module_workers_from_the_pool(self):
+        dumps = []
+        for prestart in (False, True):
+            out = self.tmp()
+            r = tiderun("dump", out, prestart=prestart, script=("-m", "worker"))
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            dumps.append(json.loads(read(out, "dump.1")))
+        for d in dumps:
+            for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT", "OUT"):
+                d["env"].pop(k)
+        self.assertEqual(dumps[0], dumps[1])
+        self.assertEqual(dumps[1]["argv"][0], WORKER)
+
+    def test_error_files_logs_and_tee_of_pooled_workers(self):
+        out, logs = self.tmp(), self.tmp()
+        r = tiderun("fail", out, "--tee=3", f"--log-dir={logs}")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("handed to prestarted interpreter", r.stderr)
+        self.assertIn("ValueError: bad value on rank", r.stderr)  # from the error file
+        self.assertIn("[default0]:", r.stderr)  # tee's prefix
+        [run_dir] = os.listdir(logs)
+        stderr_log = read(os.path.join(logs, run_dir, "attempt_0", "0"), "stderr.log")
+        self.assertIn("ValueError: bad value on rank 0", stderr_log)
+        self.assertNotIn("<frozen runpy>", stderr_log)
+        error = json.loads(read(os.path.join(logs, run_dir, "attempt_0", "0"), "error.json"))
+        self.assertEqual(error["message"]["message"], "ValueError: bad value on rank 0")
+
+    def test_a_pooled_worker_stuck_in_its_timer_is_killed_and_retried(self):
+        out = self.tmp()
+        r = tiderun("stuck_in_timer", out, "--file-timer", "--max-restarts=1")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual([read(out, f"done.{k}") for k in (0, 1)], ["1", "1"])
+        self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 4)
+
+    def test_killing_tiderun_leaves_no_interpreter_or_worker(self):
+        out = self.tmp()
+        p = tiderun("hang", out, "--prestart-spares=1", wait=False)
+        try:
+            wait_until(lambda: all(os.path.exists(os.path.join(out, f"pid.{k}"))
+                                   for k in (0, 1)), "workers started")
+            # Two workers, and the pool refilled: two interpreters and a spare.
+            wait_until(lambda: len(children(p.pid)) >= 5, "the pool refilled")
+            everyone = children(p.pid)
+            p.kill()
+            p.wait()
+            wait_until(lambda: not any(alive(c) for c in everyone), "all gone")
+        finally:
+            p.kill()
+            p.communicate()
+
+    def test_the_pool_says_it_does_not_apply_to_no_python(self):
+        r = tiderun("dump", self.tmp(), "--no-python", prestart=True, nproc=1,
+                    script=("/bin/true",))
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertIn("--prestart does not apply", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
