@@ -195,14 +195,14 @@ void PrestartPool::fill(
     const std::string& python, const std::vector<LaunchSpec>& slots) {
   // An interpreter that died waiting (killed, an import that failed) is
   // replaced.
-  std::erase_if(waiting_, [](Waiting& w) {
+  std::erase_if(waiting_, [this](Waiting& w) {
     if (w.process->poll_exit()) {
       TIDE_LOG_WARN(
-          "prestarted interpreter {} ended before it was used (exit {}); "
-          "see {}",
+          "prestarted interpreter {} ended before it was used (exit {}); its "
+          "output is in {}",
           w.process->pid(),
           w.process->exitcode(),
-          std::string("its log under --log-dir's prestart/"));
+          options_.log_dir);
       return true;
     }
     return false;
