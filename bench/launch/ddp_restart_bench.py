@@ -103,8 +103,7 @@ def main():
                           flush=True)
     names = list(next(iter(results.values()))[0])
     for nproc in args.nproc:
-        print(f"\n{nproc} ranks, ms, median | " + " | ".join(cases))
-        print(f"| ms, {nproc} ranks | " + " | ".join(cases) + " |")
+        print(f"\n| ms, {nproc} ranks, median | " + " | ".join(cases) + " |")
         print("|---|" + "--:|" * len(cases))
         for name in names:
             cells = [str(statistics.median(r[name] for r in results[(c, nproc)]))
