@@ -5,8 +5,8 @@ interpreters keep the worker contract. The same torchrun scripts
 failure trains to the same losses; a worker sees the same argv, sys.path[0],
 __file__, __name__, working directory and environment (but for what differs
 between any two runs); error files, per-attempt logs and tee, a timer kill and
-`-m module` work; SIGKILL of tiderun leaves no interpreter or worker; and the
-pool says why it does not apply to --no-python.
+`-m module` work; SIGKILL or SIGTERM of tiderun leaves no interpreter or
+worker; and the pool says why it does not apply to --no-python.
 
     /usr/bin/python3 tests/apps/prestart_test.py build/apps/tiderun
 """
@@ -156,21 +156,29 @@ class PrestartTest(unittest.TestCase):
         self.assertEqual([read(out, f"done.{k}") for k in (0, 1)], ["1", "1"])
         self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 4)
 
-    def test_killing_tiderun_leaves_no_interpreter_or_worker(self):
+    def stop_tiderun(self, sig):
         out = self.tmp()
         p = tiderun("hang", out, "--prestart-spares=1", wait=False)
         try:
             wait_until(lambda: all(os.path.exists(os.path.join(out, f"pid.{k}"))
                                    for k in (0, 1)), "workers started")
-            # Two workers, and the pool refilled: two interpreters and a spare.
-            wait_until(lambda: len(children(p.pid)) >= 5, "the pool refilled")
+            # Two workers, and the pool refilled: two interpreters and a spare
+            # (with the janitor, tiderun's children).
+            wait_until(lambda: len(children(p.pid)) >= 6, "the pool refilled")
             everyone = children(p.pid)
-            p.kill()
-            p.wait()
+            p.send_signal(sig)
+            p.wait(timeout=DEADLINE)
             wait_until(lambda: not any(alive(c) for c in everyone), "all gone")
+            return p.returncode
         finally:
             p.kill()
             p.communicate()
+
+    def test_killing_tiderun_leaves_no_interpreter_or_worker(self):
+        self.assertEqual(self.stop_tiderun(signal.SIGKILL), -signal.SIGKILL)
+
+    def test_sigterm_stops_the_workers_and_drains_the_pool(self):
+        self.assertEqual(self.stop_tiderun(signal.SIGTERM), 1)
 
     def test_the_pool_says_it_does_not_apply_to_no_python(self):
         r = tiderun("dump", self.tmp(), "--no-python", prestart=True, nproc=1,
