@@ -374,7 +374,7 @@ void add_flags(CLI::App& app, Flags& f) {
       f.prestart_imports,
       "PET_PRESTART_IMPORTS",
       "modules a prestarted interpreter imports before its hand-off, "
-      "comma-separated");
+      "comma-separated (none: nothing)");
   opt("--metrics",
       f.metrics,
       "PET_METRICS",
@@ -526,7 +526,7 @@ LaunchConfig make_config(const Flags& f) {
   c.prestart.spares = f.prestart_spares;
   c.prestart.imports.clear();
   for (std::string_view m : tide::split(f.prestart_imports, ',')) {
-    if (!m.empty()) {
+    if (!m.empty() && m != "none") {
       c.prestart.imports.emplace_back(m);
     }
   }

@@ -385,10 +385,14 @@ void LocalElasticAgent::Impl::start_prestart() {
   // Started now, so that their imports run while the rendezvous does.
   fill_prestart(exe);
   TIDE_LOG_INFO(
-      "[{}] prestarting {} interpreters (importing {})",
+      "[{}] prestarting Python interpreters: {} (one per local rank, {} "
+      "spares), importing {}",
       spec.role,
       spec.local_world_size + spec.prestart.spares,
-      fmt::join(spec.prestart.imports, ","));
+      spec.prestart.spares,
+      spec.prestart.imports.empty()
+          ? std::string("nothing")
+          : fmt::format("{}", fmt::join(spec.prestart.imports, ",")));
 }
 
 void LocalElasticAgent::Impl::fill_prestart(const std::string& exe) {
