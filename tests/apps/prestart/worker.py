@@ -56,7 +56,10 @@ def dump():
 
 
 def fail():
-    raise ValueError(f"bad value on rank {RANK}")
+    """Rank 0 raises; the others wait to be stopped."""
+    if RANK == 0:
+        raise ValueError(f"bad value on rank {RANK}")
+    time.sleep(600)
 
 
 def stuck_in_timer():
