@@ -5,7 +5,7 @@ interpreters keep the worker contract. The same torchrun scripts
 failure trains to the same losses; a worker sees the same argv, sys.path[0],
 __file__, __name__, working directory and environment (but for what differs
 between any two runs); error files, per-attempt logs and tee, a timer kill and
-`-m module` work; SIGKILL or SIGTERM of tiderun leaves no interpreter or
+`-m module` and heartbeats work; SIGKILL or SIGTERM of tiderun leaves no interpreter or
 worker; and the pool says why it does not apply to --no-python.
 
     /usr/bin/python3 tests/apps/prestart_test.py build/apps/tiderun
@@ -153,6 +153,14 @@ class PrestartTest(unittest.TestCase):
         out = self.tmp()
         r = tiderun("stuck_in_timer", out, "--file-timer", "--max-restarts=1")
         self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual([read(out, f"done.{k}") for k in (0, 1)], ["1", "1"])
+        self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 4)
+
+    def test_a_pooled_worker_that_stops_beating_is_found_hung(self):
+        out = self.tmp()
+        r = tiderun("beats_then_hangs", out, "--heartbeat-timeout=1", "--max-restarts=1")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertIn("hung: rank 0", r.stderr)
         self.assertEqual([read(out, f"done.{k}") for k in (0, 1)], ["1", "1"])
         self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 4)
 

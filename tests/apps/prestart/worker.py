@@ -71,6 +71,17 @@ def stuck_in_timer():
     write(f"done.{RANK}", str(ATTEMPT))
 
 
+def beats_then_hangs():
+    """Rank 0 beats once in attempt 0, then hangs: the agent must find it."""
+    import socket
+    beat = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    beat.connect(os.environ["TIDE_HEARTBEAT_SOCKET"])
+    beat.send(b".")
+    if ATTEMPT == 0 and RANK == 0:
+        time.sleep(600)  # hung
+    write(f"done.{RANK}", str(ATTEMPT))
+
+
 def hang():
     write(f"pid.{RANK}", str(os.getpid()))
     time.sleep(600)  # until tiderun is killed
