@@ -16,13 +16,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from procs import DEADLINE, alive, children, wait_until  # noqa: E402
 
 TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prestart")
 WORKER = os.path.join(HERE, "worker.py")
-DEADLINE = 60  # seconds any awaited condition gets
 
 
 def tiderun(mode, out, *flags, prestart=True, script=(WORKER,), nproc=2, wait=True):
@@ -41,38 +42,6 @@ def tiderun(mode, out, *flags, prestart=True, script=(WORKER,), nproc=2, wait=Tr
 def read(directory, name):
     with open(os.path.join(directory, name)) as f:
         return f.read()
-
-
-def wait_until(condition, what):
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {DEADLINE} s")
-        time.sleep(0.02)
-
-
-def children(pid):
-    """pid's children, then theirs, from /proc."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else []:
-            try:
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except FileNotFoundError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 class PrestartTest(unittest.TestCase):

@@ -31,7 +31,9 @@ from tide.elastic.rendezvous import (
 from tide.elastic.rendezvous.registry import get_rendezvous_handler
 from tide.elastic.store import HashStore
 
-DEADLINE = 30  # seconds any awaited condition gets before a test fails
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from procs import DEADLINE, alive, wait_until  # noqa: E402
+
 
 
 def free_port():
@@ -54,25 +56,9 @@ def run(entrypoint, args=(), n=2, max_restarts=0, handler=None, **kw):
     return agent, agent.run()
 
 
-def wait_until(condition, what):
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {DEADLINE} s")
-        time.sleep(0.02)
-
-
 def read_int(path):
     with open(path) as f:
         return int(f.read())
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # ---- worker functions (workers import this file as __mp_main__) ----
