@@ -63,8 +63,8 @@ void Connection::accept_ack(Frame& frame) {
   if (id != peer_id) {
     throw ProtocolError(
         "connected to worker " + std::to_string(peer_id) +
-        " but the peer says it is worker " + std::to_string(id) + " (" + name +
-        ")");
+        " but the peer says it is worker " + std::to_string(id) + " (" +
+        printable(name) + ")");
   }
   set_state(State::kOpen);
   decoder.trust_lengths();
@@ -112,7 +112,7 @@ void Connection::refuse(const std::string& name, int id, bool no_token) {
   TIDE_LOG_WARN(
       "[{}] refused a connection from '{}' (id {}): {}",
       owner.options.self_name,
-      name,
+      printable(name),  // the stranger's words
       id,
       no_token ? "it presented no token" : "its token is wrong");
   Message refusal{

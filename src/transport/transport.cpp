@@ -14,6 +14,7 @@
 #include "tide/common/error.h"
 #include "tide/common/future.h"
 #include "tide/common/logging.h"
+#include "tide/common/strings.h"
 
 #include "common/random.h"
 #include "net/address.h"
@@ -73,7 +74,9 @@ std::string Transport::Impl::peer_label(int id) const {
   if (it == peers.end()) {
     return "worker " + std::to_string(id);
   }
-  return "worker '" + it->second.name + "' (id " + std::to_string(id) + ", " +
+  // Names come from the store, which anyone may write to.
+  return "worker '" + printable(it->second.name) + "' (id " +
+         std::to_string(id) + ", " +
          net::format_host_port(it->second.host, it->second.port) + ")";
 }
 

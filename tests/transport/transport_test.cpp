@@ -13,14 +13,18 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include "tide/common/error.h"
+#include "tide/common/logging.h"
+#include "tide/common/strings.h"
 #include "tide/rpc/rpc.h"
 #include "tide/store/tcp_store.h"
 
@@ -416,6 +420,47 @@ std::string buffer_part(
        .metadata =
            transport::FieldWriter().u32(index).u32(parts).u64(total).take(),
        .buffers = {std::string(bytes, 'p')}});
+}
+
+TEST_F(TransportTest, AStrangersNameCannotForgeALogLine) {
+  // What the logger writes during the test (the sink added and removed while
+  // no agent runs).
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  tide::logger().sinks().push_back(sink);
+  {
+    RpcBackendOptions o;
+    o.transports = {"tcp"};
+    o.token = "s3cret";
+    auto agents = group({o, o});
+    test::RawClient raw(published(1).port);
+    ASSERT_TRUE(raw.send(transport::encode(
+        {.type = transport::ControlType::kHandshake,
+         .metadata = transport::FieldWriter()
+                         .i32(7)
+                         .str("x\n[tide] [error] forged\x1b[31m")
+                         .u32(0)
+                         .str("guess")
+                         .take()})));
+    EXPECT_TRUE(raw.closed_within(10s));  // refused: logged before
+    for (auto& a : agents) {
+      a->shutdown(false);
+    }
+  }
+  std::erase(tide::logger().sinks(), sink);
+  std::string log = captured.str();
+  EXPECT_THAT(
+      log,
+      HasSubstr("refused a connection from 'x\\x0a[tide] [error] "
+                "forged\\x1b[31m' (id 7)"));
+  EXPECT_EQ(log.find('\x1b'), std::string::npos);
+  EXPECT_EQ(log.find("\n[tide] [error] forged"), std::string::npos);
+}
+
+TEST(PrintableTest, ControlBytesAndBackslashesAreEscapedAndLengthBounded) {
+  EXPECT_EQ(tide::printable("w0"), "w0");
+  EXPECT_EQ(tide::printable("a\nb\\c\x7f"), "a\\x0ab\\x5cc\\x7f");
+  EXPECT_EQ(tide::printable(std::string(200, 'n'), 4), "nnnn...");
 }
 
 TEST_F(TransportTest, MalformedLanesDropTheirConnection) {

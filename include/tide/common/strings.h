@@ -1,5 +1,6 @@
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -39,6 +40,29 @@ inline bool token_equal(std::string_view a, std::string_view b) {
     diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   }
   return diff == 0;
+}
+
+// `text` as it may go into a log line or an error message when a peer chose
+// it: control bytes (a newline, an escape sequence) and backslashes written
+// as \xNN, and at most `max` bytes kept ("..." after them), so a peer cannot
+// forge or hide log lines.
+inline std::string printable(std::string_view text, size_t max = 128) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < max; ++i) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 0xf];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (text.size() > max) {
+    out += "...";
+  }
+  return out;
 }
 
 }  // namespace tide
