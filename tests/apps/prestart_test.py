@@ -5,7 +5,7 @@ interpreters keep the worker contract. The same torchrun scripts
 failure trains to the same losses; a worker sees the same argv, sys.path[0],
 __file__, __name__, working directory and environment (but for what differs
 between any two runs); error files, per-attempt logs and tee, a timer kill and
-`-m module` and heartbeats work; SIGKILL or SIGTERM of tiderun leaves no interpreter or
+`-m module`, heartbeats and NUMA binding work; SIGKILL or SIGTERM of tiderun leaves no interpreter or
 worker; and the pool says why it does not apply to --no-python.
 
     /usr/bin/python3 tests/apps/prestart_test.py build/apps/tiderun
@@ -132,6 +132,31 @@ class PrestartTest(unittest.TestCase):
         self.assertIn("hung: rank 0", r.stderr)
         self.assertEqual([read(out, f"done.{k}") for k in (0, 1)], ["1", "1"])
         self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 4)
+
+    def test_pooled_workers_are_bound_as_cold_ones(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            self.skipTest("needs 2 allowed CPUs")
+        # A fake topology of two nodes of one CPU each: each local rank's
+        # interpreter is started bound to its own.
+        sysfs = self.tmp()
+        for node, cpu in enumerate(cpus[:2]):
+            for path, text in ((f"devices/system/node/node{node}/cpulist", str(cpu)),
+                               (f"devices/system/cpu/cpu{cpu}/topology/physical_package_id",
+                                "0")):
+                os.makedirs(os.path.dirname(os.path.join(sysfs, path)), exist_ok=True)
+                with open(os.path.join(sysfs, path), "w") as f:
+                    f.write(text + "\n")
+        out = self.tmp()
+        os.environ["TIDE_TOPOLOGY_ROOT"] = sysfs
+        try:
+            r = tiderun("affinity", out, "--numa-binding=node")
+        finally:
+            del os.environ["TIDE_TOPOLOGY_ROOT"]
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertEqual(r.stderr.count("handed to prestarted interpreter"), 2, r.stderr)
+        self.assertEqual([read(out, f"affinity.{k}") for k in (0, 1)],
+                         [str(cpus[0]), str(cpus[1])])
 
     def stop_tiderun(self, sig):
         out = self.tmp()

@@ -82,6 +82,10 @@ def beats_then_hangs():
     write(f"done.{RANK}", str(ATTEMPT))
 
 
+def affinity():
+    write(f"affinity.{RANK}", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+
+
 def hang():
     write(f"pid.{RANK}", str(os.getpid()))
     time.sleep(600)  # until tiderun is killed
