@@ -75,8 +75,10 @@ struct LocalElasticAgent::Impl {
   // --prestart: makes the pool (when the workers run a Python script) and
   // starts its interpreters.
   void start_prestart();
-  // Starts the prestarted interpreters missing (all local ranks).
-  void fill_prestart(const std::string& exe);
+  // Starts the prestarted interpreters missing (all local ranks), bound as
+  // `numa` plans.
+  void fill_prestart(
+      const std::string& exe, const std::vector<RankBinding>& numa);
   // Each local rank's --numa-binding (empty when off), planned once per
   // start so that a topology that cannot hold the group fails the start,
   // not a worker (numa.cpp).

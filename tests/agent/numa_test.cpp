@@ -32,12 +32,7 @@ void write_file(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
-std::string read_whole(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using test::read_whole;
 
 // A sysfs tree under a temporary directory.
 class FakeSysfs {

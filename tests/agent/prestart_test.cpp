@@ -26,10 +26,7 @@ using detail::LaunchSpec;
 using detail::PrestartPool;
 using detail::PythonCommand;
 
-std::string read_whole(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
+using test::read_whole;
 
 bool alive(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

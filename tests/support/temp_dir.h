@@ -5,10 +5,18 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
 namespace tide::test {
+
+// A file's whole contents ("" when it cannot be read).
+inline std::string read_whole(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
 
 // A new directory under $TMPDIR, removed with everything in it when this
 // goes out of scope.

@@ -1,0 +1,227 @@
+// How the agent starts a worker: its environment (torchrun's variables), its
+// launch (the program or function, binding, output), cold or handed to a
+// prestarted interpreter (--prestart, agent/prestart.h).
+#include <fmt/ranges.h>
+
+#include "tide/agent/local_elastic_agent.h"
+#include "tide/common/logging.h"
+#include "tide/timer/file_timer.h"
+#include "tide/timer/heartbeat.h"
+#include "tide/timer/local_timer.h"
+
+#include "agent/agent_impl.h"
+#include "agent/entrypoint_run.h"
+#include "agent/worker_process.h"
+
+namespace tide::agent {
+
+namespace {
+
+const char* py_bool(bool b) {
+  return b ? "True" : "False";
+}
+
+}  // namespace
+
+std::vector<std::string> LocalElasticAgent::Impl::worker_env(
+    const Worker& w) const {
+  const WorkerSpec& spec = self.spec_;
+  std::map<std::string, std::string> env = base_env;
+  for (const auto& [k, v] : spec.env) {
+    env[k] = v;
+  }
+  auto set = [&](const char* k, const std::string& v) { env[k] = v; };
+  set("LOCAL_RANK", std::to_string(w.local_rank));
+  set("RANK", std::to_string(w.global_rank));
+  set("GROUP_RANK", std::to_string(group.group_rank));
+  set("ROLE_RANK", std::to_string(w.role_rank));
+  set("ROLE_NAME", spec.role);
+  set("LOCAL_WORLD_SIZE", std::to_string(spec.local_world_size));
+  set("WORLD_SIZE", std::to_string(w.world_size));
+  set("GROUP_WORLD_SIZE", std::to_string(group.group_world_size));
+  set("ROLE_WORLD_SIZE", std::to_string(w.role_world_size));
+  set("MASTER_ADDR", spec.master_addr.value_or(rdzv.bootstrap.master_addr));
+  set("MASTER_PORT",
+      std::to_string(spec.master_port.value_or(rdzv.bootstrap.master_port)));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts.used));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(spec.max_restarts));
+  set("TORCHELASTIC_RUN_ID", spec.rdzv_handler->get_run_id());
+  set("TORCHELASTIC_USE_AGENT_STORE",
+      py_bool(spec.rdzv_handler->use_agent_store()));
+  set("TORCHELASTIC_ERROR_FILE",
+      error_files[static_cast<size_t>(w.local_rank)]);
+  if (auto* f = dynamic_cast<timer::FileTimerServer*>(timer_server.get())) {
+    set("TORCHELASTIC_TIMER_FILE", f->path());
+  } else if (
+      auto* l = dynamic_cast<timer::LocalTimerServer*>(timer_server.get())) {
+    set("TIDE_TIMER_SOCKET", l->path());
+  }
+  if (heartbeats) {
+    set(timer::kHeartbeatSocketEnv, heartbeats->path());
+    char timeout[32];
+    std::snprintf(
+        timeout,
+        sizeof timeout,
+        "%g",
+        static_cast<double>(spec.heartbeat_timeout.count()) / 1000);
+    set(timer::kHeartbeatTimeoutEnv, timeout);
+  }
+  // torch 1.13 and today's torch name this differently; set both.
+  env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
+  env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) {
+    out.push_back(k + "=" + v);
+  }
+  return out;
+}
+
+std::string LocalElasticAgent::Impl::resolve_exe() const {
+  const auto* c = std::get_if<Command>(&self.spec_.entrypoint);
+  if (c == nullptr) {
+    return "";
+  }
+  auto path = base_env.find("PATH");
+  std::string exe = detail::find_executable(
+      c->argv[0], path == base_env.end() ? "" : path->second);
+  if (exe.empty()) {
+    throw InvalidArgument(
+        "cannot run \"" + c->argv[0] +
+        "\": no such executable (PATH searched)");
+  }
+  return exe;
+}
+
+detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
+    const Worker& w,
+    const std::string& exe,
+    const std::vector<RankBinding>& numa,
+    const std::string& dir) const {
+  const WorkerSpec& spec = self.spec_;
+  detail::LaunchSpec ls;
+  ls.local_rank = w.local_rank;
+  ls.env = worker_env(w);
+  if (!numa.empty()) {
+    const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
+    ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
+    for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
+      std::erase_if(
+          ls.env, [&](const std::string& e) { return e.starts_with(k + "="); });
+      ls.env.push_back(k + "=" + v);
+    }
+  }
+  std::string rank_dir = dir + "/" + std::to_string(w.local_rank);
+  if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
+    ls.path = exe;
+    ls.argv = c->argv;
+  } else {
+    const auto& f = std::get<FunctionCall>(spec.entrypoint);
+    ls.result_file = result_files[static_cast<size_t>(w.local_rank)];
+    if (spec.start_method == StartMethod::kFork) {
+      ls.function = f.name;
+      ls.function_args = f.args;
+    } else {
+      ls.path = "/proc/self/exe";
+      ls.argv.push_back(std::string("tide-worker:") + f.name);
+      ls.argv.insert(ls.argv.end(), f.args.begin(), f.args.end());
+      ls.env.push_back(std::string(detail::kFunctionEnv) + "=" + f.name);
+      ls.env.push_back(
+          std::string(detail::kResultFileEnv) + "=" + ls.result_file);
+    }
+  }
+  bool shown = spec.local_ranks_filter.empty() ||
+               spec.local_ranks_filter.count(w.local_rank) > 0;
+  auto target = [&](Std bit, const char* file) {
+    detail::StreamTarget t;
+    auto has = [&](const StdSpec& s) {
+      return (static_cast<int>(s.for_rank(w.local_rank)) &
+              static_cast<int>(bit)) != 0;
+    };
+    if (has(spec.tee) && shown) {
+      t.mode = detail::StreamTarget::Mode::kTee;
+    } else if (has(spec.redirects) || has(spec.tee) || !shown) {
+      t.mode = detail::StreamTarget::Mode::kFile;
+    }
+    t.path = rank_dir + "/" + file;
+    return t;
+  };
+  ls.out = target(Std::kOut, "stdout.log");
+  ls.err = target(Std::kErr, "stderr.log");
+  ls.console_prefix = "[" + spec.role + std::to_string(w.local_rank) + "]:";
+  return ls;
+}
+
+std::unique_ptr<detail::WorkerProcess> LocalElasticAgent::Impl::start_process(
+    const detail::LaunchSpec& ls) {
+  const WorkerSpec& spec = self.spec_;
+  if (prestart) {
+    std::string why_not;
+    if (auto p = prestart->take(ls, *prestart_cmd, &why_not)) {
+      TIDE_LOG_INFO(
+          "[{}] local rank {}: handed to prestarted interpreter {}",
+          spec.role,
+          ls.local_rank,
+          p->pid());
+      return p;
+    }
+    TIDE_LOG_INFO(
+        "[{}] local rank {}: cold start: {}",
+        spec.role,
+        ls.local_rank,
+        why_not);
+  }
+  return std::make_unique<detail::WorkerProcess>(ls, janitor.get());
+}
+
+void LocalElasticAgent::Impl::start_prestart() {
+  const WorkerSpec& spec = self.spec_;
+  std::string exe = resolve_exe();
+  std::string why_not = "the workers run a C++ function";
+  if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
+    prestart_cmd = detail::PythonCommand::parse(exe, c->argv, &why_not);
+  }
+  if (!prestart_cmd) {
+    TIDE_LOG_WARN("[{}] --prestart does not apply: {}", spec.role, why_not);
+    return;
+  }
+  prestart = std::make_unique<detail::PrestartPool>(
+      detail::PrestartPool::Options{
+          .imports = spec.prestart.imports,
+          .spares = spec.prestart.spares,
+          .log_dir = run_log_dir + "/prestart",
+      },
+      janitor.get());
+  // Started now, so that their imports run while the rendezvous does.
+  fill_prestart(exe, plan_numa());
+  TIDE_LOG_INFO(
+      "[{}] prestarting Python interpreters: {} (one per local rank, {} "
+      "spares), importing {}",
+      spec.role,
+      spec.local_world_size + spec.prestart.spares,
+      spec.prestart.spares,
+      spec.prestart.imports.empty()
+          ? std::string("nothing")
+          : fmt::format("{}", fmt::join(spec.prestart.imports, ",")));
+}
+
+void LocalElasticAgent::Impl::fill_prestart(
+    const std::string& exe, const std::vector<RankBinding>& numa) {
+  if (!prestart) {
+    return;
+  }
+  // The slots' environments and bindings as the next attempt's workers
+  // will have them, but for what changes per attempt (dropped by the pool).
+  const WorkerSpec& spec = self.spec_;
+  if (error_files.size() < static_cast<size_t>(spec.local_world_size)) {
+    error_files.resize(static_cast<size_t>(spec.local_world_size));
+    result_files.resize(static_cast<size_t>(spec.local_world_size));
+  }
+  std::vector<detail::LaunchSpec> slots;
+  for (int i = 0; i < spec.local_world_size; ++i) {
+    slots.push_back(launch_spec(Worker{.local_rank = i}, exe, numa, ""));
+  }
+  prestart->fill(exe, slots);
+}
+
+}  // namespace tide::agent
