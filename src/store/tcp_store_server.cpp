@@ -34,13 +34,20 @@ struct Waiter {
   bool done = false;
 };
 
-// Largest reply backlog a client may leave unread before the server stops
-// reading its requests.
-constexpr size_t kMaxPendingOutput = 64 * 1024 * 1024;
 // Bytes read per read: at least one chunk, more for a request known to be
 // long, at most the maximum before other clients get their turn.
 constexpr size_t kReadChunk = 4096;
 constexpr size_t kMaxReadChunk = 1024 * 1024;
+// A buffer over this is freed when it empties rather than kept for an idle
+// connection.
+constexpr size_t kKeepBuffer = 64 * 1024;
+
+void release(std::string& buffer) {
+  buffer.clear();
+  if (buffer.capacity() > kKeepBuffer) {
+    std::string().swap(buffer);
+  }
+}
 
 }  // namespace
 
@@ -60,6 +67,9 @@ struct TcpStoreServer::Impl {
   void drop_waiters(Connection& conn);
   // False (and logs) when the write would pass max_total_bytes.
   bool has_room(Connection& conn, const wire::Request& req);
+  // Bytes of the reply to req, known before it is built (an upper bound for
+  // COMPARE_SET).
+  uint64_t reply_bytes(const wire::Request& req) const;
 
   const TcpStoreServerOptions options;
   asio::io_context io;
@@ -166,12 +176,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t wait_keys = 0;
 
  private:
+  size_t pending_output() const {
+    return out_.size() + writing_.size();
+  }
+
   void arm_read() {
-    if (closed_ || reading_) {
+    // While paused, requests wait in in_ and the socket; otherwise in_ holds
+    // at most one incomplete request, which must be read whole (however
+    // many replies are unread) or its timer would drop an honest client.
+    if (closed_ || reading_ || paused_) {
       return;
-    }
-    if (out_.size() + writing_.size() > kMaxPendingOutput) {
-      return;  // Resumed by flush() once the client reads its replies.
     }
     reading_ = true;
     // Read straight into the tail of in_: no buffer beyond what the
@@ -194,12 +208,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
             self->on_read_error(ec);
             return;
           }
-          self->in_read_ = true;
-          self->process();
-          self->in_read_ = false;
-          self->flush();
-          self->arm_read();
+          self->serve();
         });
+  }
+
+  // Handles the requests that have arrived, sends their replies, and reads
+  // more. Not while a read is pending: it would own the tail of in_.
+  void serve() {
+    TIDE_DCHECK(!reading_);
+    do {
+      paused_ = false;
+      in_read_ = true;
+      process();
+      in_read_ = false;
+      flush();
+      // Paused, but the replies went out at once: no write completion will
+      // resume us, so go on now.
+    } while (paused_ && !closed_ && writing_.empty());
+    arm_read();
   }
 
   void on_read_error(const asio::error_code& ec) {
@@ -219,7 +245,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void process() {
-    while (!closed_) {
+    while (!closed_ && !paused_) {
       size_t avail = in_.size() - in_pos_;
       if (avail == 0 || avail < need_) {
         break;
@@ -243,7 +269,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (in_pos_ == in_.size()) {
       in_.clear();
-      if (in_.capacity() > 64 * 1024) {
+      if (in_.capacity() > kKeepBuffer) {
         in_.shrink_to_fit();  // A big request's buffer is not kept idle.
       }
       in_pos_ = 0;
@@ -257,7 +283,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
         in_pos_ = 0;
         disarm_request_timer();
       }
-      arm_request_timer();
+      if (paused_) {
+        disarm_request_timer();  // The server is the one waiting now.
+      } else {
+        arm_request_timer();
+      }
     }
   }
 
@@ -299,8 +329,37 @@ class Connection : public std::enable_shared_from_this<Connection> {
       need_ = d.need;
       return false;
     }
+    if (!fits_output(req)) {
+      return false;
+    }
     consume(d.consumed);
     server_.handle(shared_from_this(), req);
+    return true;
+  }
+
+  // Whether req's reply may be built now. A reply is built only while the
+  // unread ones stay within max_pending_reply_bytes, or alone: a server
+  // holds at most about the bound plus one value per client, however many
+  // requests arrive at once. Otherwise the request stays in in_ (decoded
+  // again on resume) until the client reads. A MULTI_GET of several keys
+  // whose reply alone passes the bound is refused; one value never is.
+  bool fits_output(const wire::Request& req) {
+    const size_t bound = server_.options.limits.max_pending_reply_bytes;
+    uint64_t reply = server_.reply_bytes(req);
+    if (req.op == wire::Op::kMultiGet && req.keys.size() > 1 && reply > bound) {
+      close(
+          spdlog::level::warn,
+          "MULTI_GET of " + std::to_string(req.keys.size()) +
+              " keys would reply " + std::to_string(reply) +
+              " bytes, over max_pending_reply_bytes " + std::to_string(bound) +
+              "; ask for fewer keys per call");
+      return false;
+    }
+    size_t pending = pending_output();
+    if (pending > 0 && pending + reply > bound) {
+      paused_ = true;  // Resumed by the write that drains the replies.
+      return false;
+    }
     return true;
   }
 
@@ -362,16 +421,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     if (n == out_.size()) {
-      out_.clear();
+      release(out_);
       return;
     }
-    writing_.assign(out_, n);
-    out_.clear();
+    // Swapped, not copied: the replies are held once. out_ gets the empty
+    // buffer of the last write.
+    writing_.swap(out_);
     asio::async_write(
         socket_,
-        asio::buffer(writing_),
+        asio::buffer(writing_) + n,
         [self = shared_from_this()](const asio::error_code& ec, size_t) {
-          self->writing_.clear();
+          release(self->writing_);
           if (ec) {
             if (ec != asio::error::operation_aborted) {
               self->close(
@@ -379,8 +439,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
             }
             return;
           }
-          self->flush();
-          self->arm_read();
+          if (self->paused_) {
+            self->serve();  // No read is pending while paused.
+          } else {
+            self->flush();
+            self->arm_read();
+          }
         });
   }
 
@@ -395,6 +459,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool timer_armed_ = false;
   uint64_t timer_generation_ = 0;
   bool in_read_ = false;
+  // Requests wait in in_ until the client reads its replies (fits_output);
+  // no read is pending meanwhile.
+  bool paused_ = false;
   std::optional<Dialect> dialect_;
   std::string in_;
   size_t in_pos_ = 0;
@@ -622,6 +689,53 @@ bool TcpStoreServer::Impl::has_room(
           std::to_string(incoming) + " more would pass max_total_bytes " +
           std::to_string(options.limits.max_total_bytes));
   return false;
+}
+
+uint64_t TcpStoreServer::Impl::reply_bytes(const wire::Request& req) const {
+  using wire::Op;
+  auto stored = [this](std::string_view key) -> uint64_t {
+    const std::string* v = kv.find(key);
+    return v ? v->size() : 0;
+  };
+  switch (req.op) {
+    case Op::kGet:
+      return sizeof(uint64_t) + stored(req.keys[0]);
+    case Op::kMultiGet: {
+      uint64_t n = 0;
+      for (const auto& k : req.keys) {
+        n += sizeof(uint64_t) + stored(k);
+      }
+      return n;
+    }
+    case Op::kCompareSet:
+      // The value after the operation, or `expected`.
+      return sizeof(uint64_t) + std::max<uint64_t>(
+                                    {stored(req.keys[0]),
+                                     req.values[0].size(),
+                                     req.values[1].size()});
+    case Op::kQueuePop: {
+      auto it = queues.find(req.keys[0]);
+      return 2 * sizeof(uint64_t) + (it == queues.end() || it->second.empty()
+                                         ? 0
+                                         : it->second.front().size());
+    }
+    case Op::kSet:
+    case Op::kAdd:
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kNumKeys:
+    case Op::kDeleteKey:
+    case Op::kAppend:
+    case Op::kMultiSet:
+    case Op::kCancelWait:
+    case Op::kPing:
+    case Op::kValidate:
+    case Op::kQueuePush:
+    case Op::kQueueLen:
+    case Op::kAuth:
+      return sizeof(uint64_t);  // A number or a byte, or none.
+  }
+  TIDE_CHECK(false);
 }
 
 void TcpStoreServer::Impl::handle(

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "tide/common/error.h"
 
 #include "store/wire.h"
+#include "support/peak_memory.h"
 #include "support/raw_client.h"
 #include "support/subprocess.h"
 
@@ -46,6 +48,40 @@ std::string legacy_get(std::string_view key) {
 int64_t as_i64(const std::string& bytes) {
   return wire::load<int64_t>(bytes.data());
 }
+
+std::string modern_hello() {
+  std::string out = encode(Dialect::kModern, Op::kValidate);
+  Writer(out).u32(wire::kValidateMagic);
+  return out;
+}
+
+std::string modern_get(std::string_view key) {
+  std::string out = encode(Dialect::kModern, Op::kGet);
+  Writer(out).str(key);
+  return out;
+}
+
+std::string modern_multi_get(const std::vector<std::string>& keys) {
+  std::string out = encode(Dialect::kModern, Op::kMultiGet);
+  Writer w(out);
+  w.u64(keys.size());
+  for (const auto& k : keys) {
+    w.str(k);
+  }
+  return out;
+}
+
+// One value of a reply: its length, then its bytes.
+std::string read_value(RawClient& raw) {
+  auto len = static_cast<size_t>(as_i64(raw.read(8)));
+  return raw.read(len);
+}
+
+// test::PeakMemory: the server runs in this process. (Allocator slack,
+// ASan's quarantine and TSan's shadow inflate it: bounds leave room.)
+using test::PeakMemory;
+
+constexpr uint64_t kMiB = 1024 * 1024;
 
 class TcpStoreServerTest : public ::testing::Test {
  protected:
@@ -187,6 +223,124 @@ TEST_F(TcpStoreServerTest, AFullStoreRefusesWritesAndKeepsWhatItHolds) {
   EXPECT_THROW(c->num_keys(), NetworkError);
   EXPECT_EQ(c->get("first"), std::string(600, 'a'));
   EXPECT_FALSE(c->check({"second"}));
+}
+
+TEST_F(TcpStoreServerTest, AMultiGetOfOneBigValueManyTimesIsRefusedUnbuilt) {
+  start();  // Default limits: 8 MiB values, 64 MiB of pending replies.
+  const std::string big(StoreLimits{}.max_value_bytes, 'b');
+  auto keeper = client();
+  keeper->set("big", big);
+  ASSERT_TRUE(keeper->check({"big"}));  // SET has no reply: a round trip.
+  PeakMemory memory;
+  RawClient raw(server_->port());
+  // 48 x 8 MiB: a 384 MiB reply asked for with a 600-byte request.
+  ASSERT_TRUE(raw.send(
+      modern_hello() + modern_multi_get(std::vector<std::string>(48, "/big"))));
+  EXPECT_TRUE(raw.closed_within(5s));
+  // Nothing was built (the whole reply built at once was +776 MB).
+  EXPECT_LT(memory.growth(), 32 * kMiB);
+  expect_served();
+  EXPECT_TRUE(keeper->get("big") == big);  // (Not printed: 8 MiB.)
+}
+
+TEST_F(TcpStoreServerTest, PipelinedGetsAreAnsweredOnlyAsFastAsTheyAreRead) {
+  constexpr uint64_t kBound = kMiB;
+  start({.limits = {.max_pending_reply_bytes = kBound}});
+  // One value as big as the bound: served, but one reply at a time.
+  const std::string value(kBound, 'v');
+  auto keeper = client();
+  keeper->set("big", value);
+  ASSERT_TRUE(keeper->check({"big"}));  // SET has no reply: a round trip.
+  PeakMemory memory;
+  RawClient raw(server_->port());
+  // 200 GETs in one write (2.6 KB, one read): 200 MiB of replies.
+  std::string gets = modern_hello();
+  for (int i = 0; i < 200; ++i) {
+    gets += modern_get("/big");
+  }
+  ASSERT_TRUE(raw.send(gets));
+  // The first reply has left the server, which read all the GETs at once.
+  EXPECT_EQ(as_i64(raw.read(8)), static_cast<int64_t>(kBound));
+  // The client reads no further; others are served meanwhile.
+  expect_served();
+  // About the bound plus one value is held (every reply built at once was
+  // +398 MB).
+  EXPECT_LT(memory.growth(), 32 * kMiB);
+  EXPECT_TRUE(keeper->get("big") == value);
+}
+
+TEST_F(TcpStoreServerTest, AClientReadingSlowlyGetsEveryPipelinedReplyInOrder) {
+  constexpr uint64_t kBound = kMiB;
+  start(
+      {.limits = {.max_pending_reply_bytes = kBound},
+       .request_timeout = 200ms});
+  // Eight distinct 256 KiB values: several replies fit the bound at once.
+  auto keeper = client();
+  std::vector<std::string> values;
+  for (int k = 0; k < 8; ++k) {
+    values.push_back(std::string(256 * 1024, static_cast<char>('a' + k)));
+    keeper->set("v" + std::to_string(k), values.back());
+  }
+  ASSERT_TRUE(keeper->check({"v7"}));  // SET has no reply: a round trip.
+  RawClient raw(server_->port());
+  // 300 requests (4.2 KB) in one write, each a GET or a MULTI_GET of three
+  // keys (under the bound): 90 MiB of replies.
+  std::string requests = modern_hello();
+  std::vector<int> expected;
+  for (int i = 0; i < 300; ++i) {
+    if (i % 10 == 9) {
+      std::vector<std::string> keys;
+      for (int j = 0; j < 3; ++j) {
+        keys.push_back("/v" + std::to_string((i + j) % 8));
+        expected.push_back((i + j) % 8);
+      }
+      requests += modern_multi_get(keys);
+    } else {
+      requests += modern_get("/v" + std::to_string(i % 8));
+      expected.push_back(i % 8);
+    }
+  }
+  ASSERT_TRUE(raw.send(requests));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (i == expected.size() / 2) {
+      // A reader slower than request_timeout is the scenario under test (its
+      // requests wait on the server, not on it), not synchronisation.
+      std::this_thread::sleep_for(500ms);
+      expect_served();
+    }
+    ASSERT_TRUE(read_value(raw) == values[expected[i]]) << "reply " << i;
+  }
+  // Nothing more: the server answered each request once.
+  std::string ping = encode(Dialect::kModern, Op::kPing);
+  Writer(ping).u32(9);
+  ASSERT_TRUE(raw.send(ping));
+  EXPECT_EQ(wire::load<uint32_t>(raw.read(4).data()), 9u);
+}
+
+TEST_F(
+    TcpStoreServerTest, ARequestCompletedWhileRepliesAreUnreadIsNotTimedOut) {
+  start(
+      {.limits = {.max_pending_reply_bytes = kMiB}, .request_timeout = 200ms});
+  // A reply far over the bound and the kernel's buffers: it stays pending.
+  // Stored in pieces, each quick to send whatever the build (TSan).
+  const std::string value(StoreLimits{}.max_value_bytes, 'h');
+  auto keeper = client({.dialect = Dialect::kModern});
+  for (size_t at = 0; at < value.size(); at += 256 * 1024) {
+    keeper->append("huge", std::string_view(value).substr(at, 256 * 1024));
+  }
+  ASSERT_TRUE(keeper->check({"huge"}));  // APPEND has no reply: a round trip.
+  RawClient raw(server_->port());
+  std::string second = modern_get("/huge");
+  ASSERT_TRUE(
+      raw.send(modern_hello() + modern_get("/huge") + second.substr(0, 5)));
+  // The server has answered the first GET and holds the second's start.
+  EXPECT_EQ(as_i64(raw.read(8)), static_cast<int64_t>(value.size()));
+  ASSERT_TRUE(raw.send(second.substr(5)));
+  // A reader slower than request_timeout is the scenario under test: the
+  // second request arrived whole, so its clock must not run.
+  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(raw.read(value.size()) == value);
+  EXPECT_TRUE(read_value(raw) == value);
 }
 
 TEST_F(TcpStoreServerTest, ThousandsOfConcurrentClientsAreServedAndWoken) {

@@ -27,8 +27,9 @@ enum class Dialect : uint8_t {
   kModern,
 };
 
-// Bounds on what one client may send. torch's libuv server has the same
-// first three. A request over a bound closes that client's connection.
+// Bounds on what one client may send or leave unread. torch's libuv server
+// has the same first three. A request over a bound closes that client's
+// connection.
 struct StoreLimits {
   size_t max_key_bytes = 8 * 1024;
   size_t max_value_bytes = 8 * 1024 * 1024;
@@ -37,6 +38,12 @@ struct StoreLimits {
   size_t max_request_bytes = 64 * 1024 * 1024;
   // All keys and values the server holds; a write past it is refused.
   uint64_t max_total_bytes = 4ull * 1024 * 1024 * 1024;
+  // Replies one client has not read yet. A reply that would pass it is not
+  // built: the client's further requests wait until it reads (a client
+  // pipelining GETs of big values is paced, not refused), so the server
+  // holds about this plus one value per client. A MULTI_GET of several
+  // keys whose reply alone is larger closes the connection.
+  size_t max_pending_reply_bytes = 64 * 1024 * 1024;
 };
 
 struct TcpStoreServerOptions {

@@ -1,0 +1,44 @@
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <gtest/gtest.h>
+
+// How far this process's resident memory rose above what it was at
+// construction, at its peak: for tests that hold a server (running in the
+// test process) to a memory bound while a peer tries to exhaust it.
+namespace tide::test {
+
+class PeakMemory {
+ public:
+  PeakMemory() {
+    // "5" makes the kernel restart VmHWM from VmRSS (Linux >= 4.0).
+    std::ofstream("/proc/self/clear_refs") << "5";
+    base_ = field("VmRSS");
+    EXPECT_LE(field("VmHWM"), base_ + (4 << 20)) << "VmHWM was not reset";
+  }
+  uint64_t growth() const {
+    uint64_t peak = field("VmHWM");
+    return peak > base_ ? peak - base_ : 0;
+  }
+
+ private:
+  static uint64_t field(std::string_view name) {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.starts_with(name) && line[name.size()] == ':') {
+        return std::stoull(line.substr(name.size() + 1)) * 1024;  // kB
+      }
+    }
+    throw std::runtime_error(
+        "no " + std::string(name) + " in /proc/self/status");
+  }
+  uint64_t base_ = 0;
+};
+
+}  // namespace tide::test
