@@ -65,6 +65,8 @@ foreach(dependency IN LISTS TIDE_LIBRARY_DEPENDENCIES)
     list(APPEND CPACK_TIDE_DEPENDENCY_FILES "${${name}_CONFIG}")
   elseif(${name}_LIBRARY)
     list(APPEND CPACK_TIDE_DEPENDENCY_FILES "${${name}_LIBRARY}")
+  elseif(name STREQUAL "OpenSSL")  # its find module names the file so
+    list(APPEND CPACK_TIDE_DEPENDENCY_FILES "${OPENSSL_CRYPTO_LIBRARY}")
   elseif(NOT name STREQUAL "Threads")  # Threads: the C library's own
     message(FATAL_ERROR "cmake/install.cmake: no file tells which Debian "
       "package provides '${name}'")

@@ -13,6 +13,7 @@ set(tide_pkgconfig_of
   "Threads::Threads=libs:-pthread"
   "nlohmann_json::nlohmann_json=pc:nlohmann_json"
   "CURL::libcurl=pc:libcurl"
+  "OpenSSL::Crypto=pc:libcrypto"
   "prometheus-cpp::core=pc:prometheus-cpp-core"
   "prometheus-cpp::pull=pc:prometheus-cpp-pull"
   "civetweb::civetweb-cpp=libs:-lcivetweb-cpp -lcivetweb"

@@ -12,6 +12,8 @@ packages=(
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev libcivetweb-dev libcurl4-openssl-dev
+  # the rpc transport's handshake (HMAC-SHA256, random nonces)
+  libssl-dev
   # the etcd rendezvous backend's tests and benchmark start their own etcd
   etcd-server etcd-client
   # the peer: PyTorch 1.13.1 for interop tests and benchmarks

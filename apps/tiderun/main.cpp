@@ -490,6 +490,33 @@ void put_rank_order(const Flags& f, LaunchConfig& c) {
   }
 }
 
+// The job secret: TIDE_JOB_SECRET, or the first line of the file
+// --rdzv-conf secret_file= names (kept off the command line, which `ps`
+// shows); taken out of the backend's settings.
+std::string job_secret(LaunchConfig& c) {
+  auto file = c.rdzv_configs.find("secret_file");
+  const char* env = std::getenv("TIDE_JOB_SECRET");
+  if (file == c.rdzv_configs.end()) {
+    return env != nullptr ? env : "";
+  }
+  std::string path = file->second;
+  c.rdzv_configs.erase(file);
+  if (env != nullptr && *env != '\0') {
+    throw InvalidArgument(
+        "the job secret is given twice: TIDE_JOB_SECRET and --rdzv-conf "
+        "secret_file=" +
+        path + "; give one");
+  }
+  std::ifstream in(path);
+  std::string secret;
+  if (!in || !std::getline(in, secret) || secret.empty()) {
+    throw InvalidArgument(
+        "--rdzv-conf secret_file=" + path +
+        ": cannot read a secret from it (its first line, not empty)");
+  }
+  return secret;
+}
+
 LaunchConfig make_config(const Flags& f) {
   LaunchConfig c;
   std::tie(c.min_nodes, c.max_nodes) = parse_nnodes(f.nnodes);
@@ -506,6 +533,7 @@ LaunchConfig make_config(const Flags& f) {
     c.local_ranks_filter = parse_ranks(f.local_ranks_filter);
   }
   c.rdzv_configs = parse_rdzv_conf(f.rdzv_conf);
+  c.job_secret = job_secret(c);
   c.local_addr = f.local_addr;
   c.shutdown_grace = seconds_flag(f.shutdown_timeout, "--shutdown-timeout");
   c.exit_barrier_timeout =

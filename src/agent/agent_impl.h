@@ -59,6 +59,8 @@ struct LocalElasticAgent::Impl {
   void initialize_workers();
   void rendezvous();
   void assign_ranks();
+  // The round's secret for the workers' rpc (WorkerSpec::job_secret).
+  void choose_rpc_secret();
   void start_workers();
   // The Command entrypoint's resolved executable ("" for a function).
   std::string resolve_exe() const;
@@ -111,6 +113,8 @@ struct LocalElasticAgent::Impl {
   std::string host = tide::fqdn();
   WorkerGroup group;
   rendezvous::RendezvousInfo rdzv;
+  std::string rpc_secret;
+  bool warned_shared_secret = false;
   // Restarts after failures: used so far (TORCHELASTIC_RESTART_COUNT, the
   // attempt directories, events) and left. Admitting nodes uses none.
   struct Restarts {

@@ -150,6 +150,33 @@ void LocalElasticAgent::Impl::rendezvous() {
       spec.rdzv_handler->get_run_id());
 }
 
+void LocalElasticAgent::Impl::choose_rpc_secret() {
+  const WorkerSpec& spec = self.spec_;
+  if (!spec.job_secret.empty()) {
+    rpc_secret = spec.job_secret;
+    return;
+  }
+  std::string mine = random_id(43);  // about 222 bits
+  if (rdzv.world_size <= 1) {
+    rpc_secret = mine;  // never leaves this node
+    return;
+  }
+  // The first agent's wins; the others read it back.
+  rpc_secret = rdzv.store->compare_set(
+      "torchelastic/round" + std::to_string(rdzv.round) + "/rpc_secret",
+      "",
+      mine);
+  if (!warned_shared_secret) {
+    warned_shared_secret = true;
+    TIDE_LOG_WARN(
+        "[{}] no job secret was given: the workers' rpc secret is agreed "
+        "through the rendezvous store, so whoever can read that store can "
+        "learn it; give every node the same TIDE_JOB_SECRET (or "
+        "--rdzv-conf secret_file=PATH) to keep it off the network",
+        spec.role);
+  }
+}
+
 void LocalElasticAgent::Impl::assign_ranks() {
   auto prof = metrics::profile("SimpleElasticAgent._assign_worker_ranks");
   // torch's scheme: each node publishes (role, local_world_size); node 0
@@ -293,6 +320,7 @@ void LocalElasticAgent::Impl::initialize_workers() {
   auto prof = metrics::profile("SimpleElasticAgent._initialize_workers");
   rendezvous();
   assign_ranks();
+  choose_rpc_secret();
   reset_heartbeats();
   start_workers();
 }

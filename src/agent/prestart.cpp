@@ -165,6 +165,7 @@ bool PrestartPool::per_attempt(const std::string& name) {
       "MASTER_PORT",
       "TORCHELASTIC_RESTART_COUNT",
       "TORCHELASTIC_ERROR_FILE",
+      "TIDE_RPC_TOKEN",
   };
   return names.count(name) > 0;
 }

@@ -66,6 +66,8 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
         static_cast<double>(spec.heartbeat_timeout.count()) / 1000);
     set(timer::kHeartbeatTimeoutEnv, timeout);
   }
+  // tide's rpc proves this secret (unless the job chose its own token).
+  env.emplace("TIDE_RPC_TOKEN", rpc_secret);
   // torch 1.13 and today's torch name this differently; set both.
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");

@@ -84,6 +84,9 @@ struct ContextData {
   // context's calls went to; the gradients of leaves, by the leaf.
   std::map<MessageKey, edge_list> sends;
   std::set<int> known;
+  // The workers whose calls carried this context here: with `known` and
+  // the worker that made it, the only ones that may release it here.
+  std::set<int> callers;
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>>
       grads;
 };
@@ -138,6 +141,16 @@ struct AgentState : detail::AgentExtension {
     }
     if (!make) {
       return nullptr;
+    }
+    // Each is released at the end of its backward pass: this many alive at
+    // once is a peer making them faster than it releases them.
+    constexpr size_t kMaxContexts = 65'536;
+    if (contexts.size() >= kMaxContexts) {
+      throw Error(
+          "worker '" + name_of(self) + "' holds " +
+          std::to_string(contexts.size()) +
+          " distributed autograd contexts already; release them "
+          "(dist_autograd::Context ends them) before making more");
     }
     auto ctx = std::make_shared<ContextData>(id);
     contexts.emplace(id, ctx);
@@ -267,6 +280,10 @@ struct Hooks : detail::AutogradHooks {
       RpcAgent& agent, int from, uint64_t context, uint64_t message) override {
     auto state = state_of(agent);
     auto ctx = state->find(static_cast<int64_t>(context), true);
+    {
+      std::lock_guard lock(ctx->mutex);
+      ctx->callers.insert(from);
+    }
     return std::make_shared<CallGrads>(
         std::move(state), std::move(ctx), message, from, false);
   }
@@ -508,8 +525,20 @@ Future<void> release_everywhere(
   return when_all(std::move(acks));
 }
 
-Future<void> on_release(int64_t context_id) {
+Future<void> on_release(int64_t context_id, int caller) {
   auto state = state_of(current_agent());
+  if (auto ctx = state->find(context_id, false)) {
+    std::lock_guard lock(ctx->mutex);
+    bool part =
+        ctx->known.count(caller) > 0 || ctx->callers.count(caller) > 0 ||
+        static_cast<int>(static_cast<uint64_t>(context_id) >> 48) == caller;
+    if (!part) {
+      throw InvalidArgument(
+          "worker " + std::to_string(caller) +
+          " asked to release distributed autograd context " +
+          std::to_string(context_id) + ", in which it has no part");
+    }
+  }
   auto ctx = state->take(context_id);
   if (!ctx) {
     return Future<void>::make_ready();  // released already (a cycle)
@@ -526,7 +555,16 @@ Hooks g_hooks;
 void enable() {
   static const bool kOnce = [] {
     detail::register_global_function(kBackwardFn, &on_backward);
-    detail::register_global_function(kReleaseFn, &on_release);
+    // With the caller, which must have a part in the context.
+    detail::register_global_handler(
+        kReleaseFn, [](Decoder& d, std::string_view fn) -> detail::Invocation {
+          auto [id] = decode_args<std::tuple<int64_t>>(d, fn);
+          int caller = d.caller();
+          return [id = id, caller] {
+            return detail::run_to_value<Future<void>>(
+                [&] { return on_release(id, caller); });
+          };
+        });
     detail::register_optimizer_functions();
     detail::set_autograd_hooks(&g_hooks);
     return true;

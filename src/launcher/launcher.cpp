@@ -22,6 +22,7 @@ LaunchResult launch(
       .max_nodes = config.max_nodes,
       .local_addr = config.local_addr,
       .config = config.rdzv_configs,
+      .token = config.job_secret,
   };
   std::shared_ptr<rendezvous::RendezvousHandler> handler =
       rendezvous::handler_registry().create(params);
@@ -47,6 +48,7 @@ LaunchResult launch(
       .heartbeat_timeout = config.heartbeat_timeout,
       .health = config.health,
       .prestart = config.prestart,
+      .job_secret = config.job_secret,
   };
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});
   // Whoever was shown the agent is told it is gone before it is destroyed,

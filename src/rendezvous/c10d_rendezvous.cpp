@@ -334,7 +334,11 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
   bool hosting = false;
   if (is_host) {
     store::TcpStoreOptions opts{
-        .host = host, .port = port, .is_server = true, .timeout = read_timeout};
+        .host = host,
+        .port = port,
+        .is_server = true,
+        .token = params.token,
+        .timeout = read_timeout};
     if (host.rfind("127.", 0) != 0 && host != "localhost" && host != "::1") {
       opts.listen_host = "0.0.0.0";  // reachable from the other hosts
     }
@@ -365,7 +369,10 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
   if (!main) {
     try {
       main = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
-          .host = host, .port = port, .timeout = read_timeout});
+          .host = host,
+          .port = port,
+          .token = params.token,
+          .timeout = read_timeout});
     } catch (const Error& e) {
       throw RendezvousConnectionError(
           "cannot reach the c10d rendezvous store at " + params.endpoint +
@@ -374,9 +381,12 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
   }
   // The keep-alive thread's connection: its calls fail within one interval
   // once the host is gone, so its loss is seen within lost_after.
-  auto connect = [host = host, port, timeout = settings.keep_alive_interval] {
-    return std::make_shared<store::TcpStore>(
-        store::TcpStoreOptions{.host = host, .port = port, .timeout = timeout});
+  auto connect = [host = host,
+                  port,
+                  timeout = settings.keep_alive_interval,
+                  token = params.token] {
+    return std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+        .host = host, .port = port, .token = token, .timeout = timeout});
   };
   std::string addr = params.local_addr.empty() ? fqdn() : params.local_addr;
   return std::make_unique<DynamicRendezvousHandler>(

@@ -179,6 +179,9 @@ void Calls::expire() {
   }
   for (uint64_t id : late) {
     if (auto p = take(id)) {
+      // Its request may still wait behind others (a peer that does not
+      // read): it is not sent late, nor kept.
+      transport_.cancel(p->peer, id);
       fail(
           *p,
           std::make_exception_ptr(TimeoutError(

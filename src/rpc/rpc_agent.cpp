@@ -177,6 +177,13 @@ struct RpcAgent::Impl {
       std::string fn,
       detail::Payload args,
       detail::GradsPtr grads) {
+    if (workers->full()) {
+      throw Error(
+          "worker '" + self.name + "' has " +
+          std::to_string(workers->queued()) +
+          " requests waiting for a thread already; " + fn +
+          "() was refused (retry later)");
+    }
     Promise<detail::Value> promise;
     Future<detail::Value> result = promise.get_future();
     activity->running.fetch_add(1);
@@ -424,9 +431,19 @@ struct RpcAgent::Impl {
               "unknown", "a non-standard exception");
         }
       };
+      // A caller that does not read what it is sent (its connection is
+      // over max_queued_bytes) gets no answer: its call times out.
+      auto answer = [&](transport::Message m) {
+        try {
+          pipe.send(std::move(m));
+        } catch (const NetworkError& e) {
+          TIDE_LOG_DEBUG(
+              "[{}] the answer to {}() was dropped: {}", self, fn, e.what());
+        }
+      };
       auto send_error = [&](const std::exception_ptr& error) {
         auto [type, message] = describe(error);
-        pipe.send(transport::Message{
+        answer(transport::Message{
             detail::MessageType::kError,
             id,
             transport::FieldWriter().str(type).str(message).take(),
@@ -443,7 +460,7 @@ struct RpcAgent::Impl {
           send_error(error);
         } else {
           created->promise.set_value(f.wait(milliseconds(0)));
-          pipe.send(transport::Message{
+          answer(transport::Message{
               detail::MessageType::kResponse, id, {}, {Buffer()}});
         }
         return;

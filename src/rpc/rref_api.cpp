@@ -65,10 +65,6 @@ std::pair<RRefId, RRefId> read_two(Decoder& d, std::string_view fn) {
   return {RRefId{w, l}, RRefId{fw, fl}};
 }
 
-int caller_of(const Decoder& d) {
-  return d.context() != nullptr ? d.context()->peer : -1;
-}
-
 Invocation done() {
   return [] {
     return Future<Value>::make_ready(Value{nullptr, value_type<void>()});
@@ -99,21 +95,21 @@ std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
   out.emplace_back(
       "tide.rref.fork", [books](Decoder& d, std::string_view fn) -> Invocation {
         auto [id, fork] = read_two(d, fn);
-        books()->add_fork(id, fork, caller_of(d));
+        books()->add_fork(id, fork, d.caller());
         return done();
       });
   out.emplace_back(
       "tide.rref.accept",
       [books](Decoder& d, std::string_view fn) -> Invocation {
         auto [w, l] = decode_args<std::tuple<int32_t, int64_t>>(d, fn);
-        books()->child_accepted(RRefId{w, l});
+        books()->child_accepted(RRefId{w, l}, d.caller());
         return done();
       });
   out.emplace_back(
       "tide.rref.delete",
       [books](Decoder& d, std::string_view fn) -> Invocation {
         auto [id, fork] = read_two(d, fn);
-        books()->del_fork(id, fork);
+        books()->del_fork(id, fork, d.caller());
         return done();
       });
   out.emplace_back(
@@ -274,4 +270,9 @@ bool register_method(std::string_view type, const std::string& name, Method m) {
 }
 
 }  // namespace detail
+
+int Decoder::caller() const {
+  return context_ != nullptr ? context_->peer : -1;
+}
+
 }  // namespace tide::rpc

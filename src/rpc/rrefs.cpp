@@ -185,12 +185,22 @@ void RRefBooks::add_fork(const RRefId& id, const RRefId& fork, int holder) {
   it->second->forks.emplace(fork, holder);
 }
 
-void RRefBooks::del_fork(const RRefId& id, const RRefId& fork) {
+void RRefBooks::del_fork(const RRefId& id, const RRefId& fork, int caller) {
   std::shared_ptr<OwnerEntry> gone;
   {
     std::lock_guard lock(mutex_);
     auto it = owners_.find(id);
-    if (it == owners_.end() || it->second->forks.erase(fork) == 0) {
+    auto held = it == owners_.end() ? std::map<RRefId, int>::iterator()
+                                    : it->second->forks.find(fork);
+    if (it != owners_.end() && held != it->second->forks.end() &&
+        held->second != caller) {
+      // Only the fork's holder may give it up.
+      throw InvalidArgument(
+          "worker " + std::to_string(caller) + " asked to delete fork " +
+          fork.str() + " of RRef " + id.str() + ", which worker " +
+          std::to_string(held->second) + " holds");
+    }
+    if (it == owners_.end() || held == it->second->forks.end()) {
       TIDE_LOG_DEBUG(
           "[{}] ignoring a repeated delete of RRef {} fork {}",
           name_of(self_),
@@ -198,16 +208,22 @@ void RRefBooks::del_fork(const RRefId& id, const RRefId& fork) {
           fork.str());
       return;
     }
+    it->second->forks.erase(held);
     gone = release_if_unused(it);
   }
   // The value may go with it, outside the lock.
 }
 
-void RRefBooks::child_accepted(const RRefId& fork) {
+void RRefBooks::child_accepted(const RRefId& fork, int caller) {
   RRefPtr parent;
   {
     std::lock_guard lock(mutex_);
     auto it = pending_children_.find(fork);
+    if (it != pending_children_.end() && it->second.to != caller) {
+      throw InvalidArgument(
+          "worker " + std::to_string(caller) + " accepted fork " + fork.str() +
+          ", which was sent to worker " + std::to_string(it->second.to));
+    }
     if (it == pending_children_.end()) {
       TIDE_LOG_DEBUG(
           "[{}] ignoring a repeated accept of fork {}",

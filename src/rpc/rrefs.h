@@ -195,8 +195,10 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   void after(Clock::duration delay, std::function<void()> fn);
   void confirm_user(const RRefId& fork, std::exception_ptr error);
   void add_fork(const RRefId& id, const RRefId& fork, int holder);
-  void del_fork(const RRefId& id, const RRefId& fork);
-  void child_accepted(const RRefId& fork);
+  // From the worker `caller`, which must be the fork's holder (its child):
+  // a peer cannot give up a fork another holds (InvalidArgument).
+  void del_fork(const RRefId& id, const RRefId& fork, int caller);
+  void child_accepted(const RRefId& fork, int caller);
   std::shared_ptr<OwnerEntry> entry_for(const RRefId& id, bool create);
   // Makes `node` a handle on `entry`, which stays in the books while
   // handles, forks or a creation keep it. Under mutex_.

@@ -59,6 +59,20 @@ AgentOptions checked(AgentOptions o) {
   return o;
 }
 
+// An error's text as a peer may read it: c10's errors without their
+// backtrace (it gives the peer this process's code addresses).
+std::string for_the_peer(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 }  // namespace
 
 struct Agent::Impl : std::enable_shared_from_this<Impl> {
@@ -237,6 +251,8 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
         auto it = calls.find(id);
         if (it != calls.end()) {
           it->second.has_deadline = false;
+          // Its request may still wait behind others: not sent late.
+          transport->cancel(it->second.peer, id);
           late.push_back(std::move(it->second));
           calls.erase(it);
         }
@@ -284,6 +300,13 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
         return;
       }
       if (!started) {
+        // Before start(), bounded as the workers' queue is.
+        if (early.size() >= transport::Workers::kMaxQueuedRequests) {
+          throw ProtocolError(
+              "more than " +
+              std::to_string(transport::Workers::kMaxQueuedRequests) +
+              " requests before this worker started");
+        }
         early.emplace_back(pipe, std::move(m));
         return;
       }
@@ -314,6 +337,18 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   // ---- the requests this worker serves ----
 
   void serve_on_pool(const transport::Pipe& pipe, transport::Message m) {
+    if (workers->full()) {
+      count(server_active, +1);
+      count(server_async, +1);
+      auto refused =
+          c10::make_intrusive<tr::JitFuture>(at::AnyClassType::get());
+      refused->setError(std::make_exception_ptr(std::runtime_error(
+          "worker '" + name() + "' has " + std::to_string(workers->queued()) +
+          " requests waiting for a thread already; this one was refused "
+          "(retry later)")));
+      respond(pipe, m.id, *refused);
+      return;
+    }
     count(server_active, +1);
     bool queued = workers->run(
         [self = shared_from_this(), pipe, m = std::move(m)]() mutable {
@@ -361,25 +396,31 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     transport::Message wire;
     try {
       reply = done.hasError() ? tr::createExceptionResponse(
-                                    done.tryRetrieveErrorMessage(),
+                                    for_the_peer(done.exception_ptr()),
                                     static_cast<int64_t>(id))
                               : done.value().toCustomClass<tr::Message>();
       reply->setId(static_cast<int64_t>(id));
       wire = to_wire(reply);
-    } catch (const std::exception& e) {
-      wire = to_wire(tr::createExceptionResponse(e, static_cast<int64_t>(id)));
+    } catch (const std::exception&) {
+      wire = to_wire(tr::createExceptionResponse(
+          for_the_peer(std::current_exception()), static_cast<int64_t>(id)));
     }
     std::string why;
     bool sent = false;
     try {
       sent = pipe.send(std::move(wire), &why);
     } catch (const std::exception& e) {
-      // Over the frame limits: the caller learns why instead of waiting.
-      sent = pipe.send(
-          to_wire(tr::createExceptionResponse(
-              std::string("the reply could not be sent: ") + e.what(),
-              static_cast<int64_t>(id))),
-          &why);
+      // Over the frame limits: the caller learns why instead of waiting
+      // (unless it does not read at all: then nothing more goes).
+      try {
+        sent = pipe.send(
+            to_wire(tr::createExceptionResponse(
+                std::string("the reply could not be sent: ") + e.what(),
+                static_cast<int64_t>(id))),
+            &why);
+      } catch (const std::exception& again) {
+        why = again.what();
+      }
     }
     if (!sent) {
       TIDE_LOG_DEBUG(

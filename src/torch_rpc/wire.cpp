@@ -12,6 +12,8 @@
 
 #include "tide/common/error.h"
 
+#include "torch_rpc/pickle_check.h"
+
 namespace tide::torch_rpc {
 
 namespace tr = torch::distributed::rpc;
@@ -212,6 +214,7 @@ c10::intrusive_ptr<tr::Message> from_wire(transport::Message m) {
   if (m.metadata.size() > kTypeBytes) {
     size_t at = kTypeBytes;
     const std::string& meta = m.metadata;
+    check_pickle(std::string_view(meta).substr(kTypeBytes));
     ReceivedSizes received;
     try {
       torch::jit::Unpickler unpickler(

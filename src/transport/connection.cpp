@@ -30,6 +30,8 @@ const char* Connection::state_name(State s) {
       return "awaiting the handshake's ack";
     case State::kAwaitingHello:
       return "awaiting a handshake";
+    case State::kAwaitingProof:
+      return "awaiting the caller's proof";
     case State::kOpen:
       return "open";
     case State::kLane:
@@ -49,8 +51,31 @@ Connection::Connection(
       outgoing(outgoing),
       local(local),
       state(outgoing ? State::kConnecting : State::kAwaitingHello),
+      handshake_timer(owner.loop.io()),
       decoder(owner.types, FrameLimits{}, kHandshakeLimits),
-      read_buf(kReadBuffer) {}
+      read_buf(std::make_unique_for_overwrite<char[]>(kHandshakeReadBuffer)),
+      read_cap(kHandshakeReadBuffer) {}
+
+void Connection::grow_read_buffer() {
+  if (read_cap < kReadBuffer) {
+    read_buf = std::make_unique_for_overwrite<char[]>(kReadBuffer);
+    read_cap = kReadBuffer;
+  }
+}
+
+void Connection::start_handshake_deadline() {
+  handshake_timer.expires_after(owner.options.handshake_timeout);
+  handshake_timer.async_wait([weak = weak_from_this()](
+                                 const asio::error_code& ec) {
+    auto self = weak.lock();
+    if (ec || !self || self->handshaken() || self->state == State::kClosed) {
+      return;
+    }
+    self->drop(
+        "no handshake within " +
+        std::to_string(self->owner.options.handshake_timeout.count()) + " ms");
+  });
+}
 
 void Connection::set_state(State next) {
   TIDE_LOG_TRACE(
@@ -71,6 +96,13 @@ void Connection::make_handle() {
   handle.id_ = this;
   handle.peer_ = peer_id;
   handle.outgoing_ = outgoing;
+}
+
+void Pipe::cancel(uint64_t id) const {
+  auto alive = transport_.lock();
+  if (auto c = conn_.lock(); alive && c) {
+    c->cancel(id);
+  }
 }
 
 bool Pipe::send(Message m, std::string* why_not) const {
@@ -103,6 +135,11 @@ void Connection::start() {
   if (state == State::kConnecting) {
     // A lane is a lane from its first frame; a caller waits for its ack.
     set_state(lane ? State::kLane : State::kAwaitingAck);
+  }
+  if (state == State::kLane) {
+    grow_read_buffer();
+  } else {
+    start_handshake_deadline();
   }
   {
     std::unique_lock lock(wmutex);
@@ -145,7 +182,10 @@ void Connection::read_ready() {
     if (!direct.empty()) {
       iov[niov++] = {direct.data(), direct.size()};
     }
-    iov[niov++] = {read_buf.data(), read_buf.size()};
+    // Read before a frame may grow it (a peer that proves itself).
+    char* buf = read_buf.get();
+    size_t cap = read_cap;
+    iov[niov++] = {buf, cap};
     alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 253)> control;
     msghdr msg{};
     msg.msg_iov = iov.data();
@@ -198,7 +238,7 @@ void Connection::read_ready() {
       if (placed > 0) {
         decoder.commit(placed);
       }
-      decoder.feed(read_buf.data(), got - placed);
+      decoder.feed(buf, got - placed);
       while (auto frame = decoder.next()) {
         on_frame(std::move(*frame));
         if (state == State::kClosed) {
@@ -214,7 +254,7 @@ void Connection::read_ready() {
       // socket, unless it stopped at descriptors): wait instead of asking
       // again only to hear EAGAIN. (Arming the wait rechecks readiness,
       // EPOLL_CTL_MOD, so bytes that came meanwhile are not missed.)
-      if (got < direct.size() + read_buf.size() && msg.msg_controllen == 0) {
+      if (got < direct.size() + cap && msg.msg_controllen == 0) {
         wait_readable();
         return;
       }
@@ -249,6 +289,7 @@ void Connection::on_frame(Frame frame) {
       return;  // What the peer sent after its refused handshake is moot.
     case State::kAwaitingAck:
     case State::kAwaitingHello:
+    case State::kAwaitingProof:
       expect_handshake(frame);
       return;
     case State::kLane:
@@ -295,6 +336,14 @@ void Connection::dispatch(Frame& frame) {
   owner.handlers.on_message(handle, std::move(m));
 }
 
+size_t Connection::message_bytes(const Message& m) {
+  size_t n = m.metadata.size();
+  for (const auto& b : m.buffers) {
+    n += b.size();
+  }
+  return n;
+}
+
 bool Connection::send(Message m) {
   std::unique_lock lock(wmutex);
   if (writer == Writer::kClosing || writer == Writer::kClosed) {
@@ -302,9 +351,62 @@ bool Connection::send(Message m) {
     // closes the writer); a write error's fail() is still on its way.
     return !closed_flag.load(std::memory_order_acquire);
   }
-  queue.push_back(encode_frame(std::move(m)));
+  if (m.type >= kFirstUpperType) {
+    size_t waiting = queued_bytes + held_bytes;
+    size_t bytes = message_bytes(m);
+    if (waiting > 0 && waiting + bytes > owner.options.max_queued_bytes) {
+      throw NetworkError(
+          "the connection to " + owner.peer_label(peer_id) + " holds " +
+          std::to_string(waiting >> 20) + " MiB unsent, and " +
+          std::to_string(bytes >> 20) + " MiB more would pass its limit of " +
+          std::to_string(owner.options.max_queued_bytes >> 20) +
+          " MiB (TransportOptions::max_queued_bytes): the peer is not "
+          "reading what it is sent; this message was dropped");
+    }
+    if (holding) {
+      // Checked now as it would be when encoded: the caller hears of it.
+      (void)encode_head(
+          {m.type, 0, m.id, m.metadata, m.buffers},
+          FrameLimits{},
+          &owner.types);
+      held_bytes += bytes;
+      held.push_back(std::move(m));
+      return true;
+    }
+  }
+  queue_locked(std::move(m));
   flush(lock);
   return true;
+}
+
+void Connection::queue_locked(Message m) {
+  OutFrame f = encode_frame(std::move(m));
+  queued_bytes += f.total;
+  queue.push_back(std::move(f));
+}
+
+void Connection::cancel(uint64_t id) {
+  std::lock_guard lock(wmutex);
+  for (auto it = held.begin(); it != held.end();) {
+    if (it->id == id) {
+      held_bytes -= message_bytes(*it);
+      it = held.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (writer == Writer::kWriting || writer == Writer::kClosing) {
+    return;  // A writer's iovecs point into the queue.
+  }
+  for (size_t i = 0; i < queue.size();) {
+    OutFrame& f = queue[i];
+    if (f.cancellable && f.id == id && (i > 0 || front_sent == 0)) {
+      queued_bytes -= f.total;
+      queue.erase(queue.begin() + static_cast<ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
 }
 
 OutFrame Connection::encode_frame(Message m) {
@@ -345,6 +447,8 @@ OutFrame Connection::encode_frame(Message m) {
       &owner.types);
   out.total += out.head.size();
   out.buffers = std::move(m.buffers);
+  out.id = m.id;
+  out.cancellable = m.type >= kFirstUpperType && flags == 0 && out.fds.empty();
   return out;
 }
 
@@ -433,6 +537,7 @@ void Connection::flush(std::unique_lock<std::mutex>& lock) {
         break;
       }
       left -= rest;
+      queued_bytes -= queue.front().total;
       queue.pop_front();
       front_sent = 0;
     }
@@ -447,6 +552,7 @@ void Connection::flush(std::unique_lock<std::mutex>& lock) {
   // Closed while this thread wrote: what is queued goes nowhere, and the
   // socket is closed now that no one is in sendmsg.
   queue.clear();
+  queued_bytes = 0;
   writer = Writer::kClosed;
   asio::post(
       owner.loop.io(), [self = shared_from_this()] { self->close_socket(); });
@@ -493,9 +599,12 @@ void Connection::fail(const std::string& reason) {
   }
   close_reason = reason;
   set_state(State::kClosed);
+  handshake_timer.cancel();
   std::vector<std::shared_ptr<Connection>> own_lanes;
   {
     std::lock_guard lock(wmutex);
+    held.clear();
+    held_bytes = 0;
     if (writer != Writer::kClosing) {
       writer = writer == Writer::kWriting ? Writer::kClosing : Writer::kClosed;
     }
@@ -520,6 +629,7 @@ void Connection::close_socket() {
   }
   writer = Writer::kClosed;
   queue.clear();
+  queued_bytes = 0;
   socket.close(ignored);
 }
 

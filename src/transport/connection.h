@@ -11,9 +11,11 @@
 #include <vector>
 
 #include <asio/generic/stream_protocol.hpp>
+#include <asio/steady_timer.hpp>
 
 #include "tide/common/fd.h"
 
+#include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/shm/segments.h"
 #include "transport/transport.h"
@@ -25,18 +27,27 @@
 //
 // Life (State; loop only):
 //
-//   caller:        kConnecting --connected--> kAwaitingAck --ack--> kOpen
-//   callee:        kAwaitingHello --HANDSHAKE--> kOpen
-//                                 --HANDSHAKE, wrong token--> kRefused
-//                                 --LANE_HELLO--> kLane
+//   caller:        kConnecting --connected--> kAwaitingAck
+//                  kAwaitingAck --ack, callee proved--> kOpen
+//   callee:        kAwaitingHello --HANDSHAKE--> kAwaitingProof
+//                  kAwaitingProof --PROOF--> kOpen
+//                  kAwaitingHello --HANDSHAKE, no token or not the worker
+//                                   it claims to be--> kRefused
+//                  kAwaitingProof --PROOF, wrong token--> kRefused
+//                  kAwaitingHello --LANE_HELLO, proved--> kLane
 //   caller's lane: kConnecting --connected--> kLane
 //   any state      --fail()--> kClosed
+//   not handshaken within TransportOptions::handshake_timeout --> kClosed
 //
-//   kConnecting     the socket connects; frames queue (the HANDSHAKE first)
-//   kAwaitingAck    the caller wrote its HANDSHAKE (and what queued behind
-//                   it) and waits for HANDSHAKE_ACK (or REFUSED)
+//   kConnecting     the socket connects; the HANDSHAKE waits in the queue,
+//                   the layer above's messages are held (not sent before
+//                   the callee proves itself)
+//   kAwaitingAck    the caller wrote its HANDSHAKE and waits for
+//                   HANDSHAKE_ACK (or REFUSED)
 //   kAwaitingHello  the callee accepted the socket and waits for the first
 //                   frame (handshake limits: a stranger sends no buffers)
+//   kAwaitingProof  the callee sent its ack and proof, and waits for the
+//                   caller's PROOF (handshake limits still)
 //   kOpen           handshaken: the layer above's messages flow both ways
 //   kLane           one of a connection's lanes: BUFFER_PARTs flow
 //   kRefused        the callee sends REFUSED and closes once it is written;
@@ -71,6 +82,11 @@ struct OutFrame {
   std::vector<Buffer> buffers;
   std::vector<int> fds;
   size_t total = 0;
+  // The message's id, and whether it may be taken back before it goes
+  // (Pipe::cancel: a plain frame of the layer above, nothing in segments or
+  // on lanes).
+  uint64_t id = 0;
+  bool cancellable = false;
 };
 
 struct Connection : std::enable_shared_from_this<Connection> {
@@ -78,6 +94,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
     kConnecting,
     kAwaitingAck,
     kAwaitingHello,
+    kAwaitingProof,
     kOpen,
     kLane,
     kRefused,
@@ -122,25 +139,43 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // --- reading (connection.cpp) -----------------------------------------
   void wait_readable();
   void read_ready();
+  // The full read buffer, once the peer proved itself (a stranger gets a
+  // small one).
+  void grow_read_buffer();
+  // Drops the connection unless it is handshaken in time. Loop.
+  void start_handshake_deadline();
   void on_frame(Frame frame);
   // A frame of a connection that is open: to the layer above.
   void dispatch(Frame& frame);
 
   // --- writing (connection.cpp) -----------------------------------------
-  // Queues a message and writes what the socket takes now. Any thread;
-  // throws InvalidArgument when it is over the frame limits. Returns false
-  // when the connection is closed and its loss reported (m dropped).
+  // Queues a message and writes what the socket takes now (the layer
+  // above's are held until the handshake is done). Any thread; throws
+  // InvalidArgument when it is over the frame limits, NetworkError when the
+  // queue is over TransportOptions::max_queued_bytes. Returns false when
+  // the connection is closed and its loss reported (m dropped).
   bool send(Message m);
+  // Takes back the unsent frames of message `id` (Pipe::cancel). Any thread.
+  void cancel(uint64_t id);
   OutFrame encode_frame(Message m);
+  // Encodes m onto the queue and counts its bytes; holding wmutex.
+  void queue_locked(Message m);
+  static size_t message_bytes(const Message& m);
   void flush(std::unique_lock<std::mutex>& lock);
   void wait_writable();
 
   // --- handshake (handshake.cpp) ----------------------------------------
-  // The first frame: HANDSHAKE, HANDSHAKE_ACK, REFUSED or LANE_HELLO.
+  // The first frames: HANDSHAKE, HANDSHAKE_ACK, PROOF, REFUSED or
+  // LANE_HELLO.
   void expect_handshake(Frame& frame);
   void accept_hello(Frame& frame);
+  void accept_proof(Frame& frame);
   void accept_ack(Frame& frame);
-  void refuse(const std::string& name, int id, bool no_token);
+  // The peer proved itself: open for the layer above.
+  void authenticated();
+  // Refuses the peer: `logged` here, `told` to it (after "requires the
+  // group's token and ").
+  void refuse(const std::string& logged, const std::string& told);
   // The callee's side: LANE_HELLO makes this a lane of the caller's
   // connection.
   void attach_as_lane(Frame& frame);
@@ -195,6 +230,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // fails and TCP is tried instead.
   bool local;
   int peer_id = -1;
+  // The name it claimed, and its process (SO_PEERCRED; local callees).
+  std::string peer_name;
+  int peer_pid = 0;
   // Its role: a lane of another connection (the caller's lanes from their
   // creation, the callee's from LANE_HELLO). Loop only.
   bool lane = false;
@@ -207,8 +245,18 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::string close_reason;
   Pipe handle;
   uint64_t handshake_seq = 0;  // Callee's side: the order of handshakes.
+  // The nonces and ids the proofs cover, and (callee) the shared memory it
+  // agreed to, in force from the caller's proof.
+  auth::Session session;
+  bool offered_shm = false;
+  // Counted in Transport::Impl::unauthenticated (an accepted connection
+  // until it proves itself or closes).
+  bool counted = false;
+  asio::steady_timer handshake_timer;
   FrameDecoder decoder;
-  std::vector<char> read_buf;
+  // Not zero-filled: pages are touched only as bytes come.
+  std::unique_ptr<char[]> read_buf;
+  size_t read_cap = 0;
   // Descriptors received, not yet claimed by a frame's table.
   std::deque<Fd> received_fds;
   uint64_t mapped_bytes = 0;
@@ -222,6 +270,13 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool shm = false;
   std::deque<OutFrame> queue;  // Guarded by wmutex.
   size_t front_sent = 0;       // Bytes of queue.front() written.
+  // The layer above's messages held until the callee proved itself (the
+  // caller's side). Guarded by wmutex.
+  bool holding = false;
+  std::deque<Message> held;
+  // Bytes in queue and held, for max_queued_bytes. Guarded by wmutex.
+  size_t queued_bytes = 0;
+  size_t held_bytes = 0;
   shm::SendSegments segments;  // Guarded by wmutex.
   // The peer's segments mapped here, and those leased to buffers here (a
   // sender looks for the buffers it sends back among them). Guarded by
@@ -234,6 +289,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Lanes (TCP): more connections beside this one, each carrying parts of
   // its large buffers (BUFFER_PART), both ways. Guarded by wmutex.
   std::vector<std::shared_ptr<Connection>> lanes;
+  uint32_t lane_indices = 0;   // The callee's: attached so far, a bit each.
   uint64_t next_transfer = 1;  // Guarded by wmutex.
   // The caller's side: lanes asked for (any thread) and opened (loop: at
   // the ack, or when asked after it). Each happens once.

@@ -170,8 +170,31 @@ FrameDecoder::FrameDecoder(const MessageTypes& types, const FrameLimits& limits)
 FrameDecoder::FrameDecoder(
     const MessageTypes& types,
     const FrameLimits& limits,
-    const FrameLimits& first_frame)
-    : types_(&types), limits_(first_frame), rest_(limits) {}
+    const FrameLimits& handshake)
+    : types_(&types),
+      limits_(handshake),
+      rest_(handshake),
+      gate_(Gate::kOne),
+      open_limits_(limits) {}
+
+void FrameDecoder::admit_one() {
+  if (gate_ == Gate::kShut) {
+    gate_ = Gate::kOne;
+    std::string held = std::exchange(held_, {});
+    feed(held.data(), held.size());
+  }
+}
+
+void FrameDecoder::open() {
+  if (gate_ == Gate::kOpen) {
+    return;
+  }
+  // Between frames (the gate shuts only there): the next starts under these.
+  gate_ = Gate::kOpen;
+  limits_ = rest_ = open_limits_;
+  std::string held = std::exchange(held_, {});
+  feed(held.data(), held.size());
+}
 
 void FrameDecoder::feed(const char* data, size_t n) {
   if (error_) {
@@ -184,6 +207,16 @@ void FrameDecoder::feed(const char* data, size_t n) {
     return;  // a part with no bytes already ended with the bytes before it
   }
   for (;;) {
+    if (gate_ == Gate::kShut) {
+      if (held_.size() + n > limits_.max_frame) {
+        fail(
+            "more than " + std::to_string(limits_.max_frame) +
+            " bytes sent before the handshake was answered");
+        return;
+      }
+      held_.append(data, n);
+      return;
+    }
     bool done = false;
     switch (state_) {
       case State::kHeader:
@@ -220,14 +253,15 @@ std::optional<Frame> FrameDecoder::next() {
 }
 
 bool FrameDecoder::mid_frame() const {
-  return !error_ && (state_ != State::kHeader || header_have_ > 0);
+  return !error_ &&
+         (state_ != State::kHeader || header_have_ > 0 || !held_.empty());
 }
 
 size_t FrameDecoder::bytes_reserved() const {
   size_t total = lengths_.capacity() * sizeof(uint64_t) +
                  frame_.buffers.capacity() * sizeof(Buffer) +
                  heap_bytes(frame_.metadata) + heap_bytes(growing_) +
-                 block_.size();
+                 heap_bytes(held_) + block_.size();
   for (const Buffer& b : frame_.buffers) {
     total += b.size();
   }
@@ -461,6 +495,9 @@ bool FrameDecoder::read_buffers(const char*& data, size_t& n) {
     offset_ += take;
   }
   ready_.push_back(take_frame());
+  if (gate_ == Gate::kOne) {
+    gate_ = Gate::kShut;
+  }
   return true;
 }
 

@@ -22,7 +22,7 @@
 // storage and a receiver can place them without re-parsing.
 //
 // On the wire, all integers little-endian:
-//   u32 magic "TDRP" | u8 version (1) | u8 type | u16 flags | u64 message_id
+//   u32 magic "TDRP" | u8 version (2) | u8 type | u16 flags | u64 message_id
 //   | u32 metadata_len | u32 buffer_count          (24 bytes)
 //   buffer_count x u64 buffer length
 //   metadata_len bytes of metadata
@@ -33,7 +33,7 @@ static_assert(sizeof(size_t) == 8, "the RPC frame layer needs a 64-bit host");
 
 // The bytes 'T' 'D' 'R' 'P', read as a little-endian u32.
 constexpr uint32_t kFrameMagic = 0x50524454;
-constexpr uint8_t kFrameVersion = 1;
+constexpr uint8_t kFrameVersion = 2;
 constexpr size_t kFrameHeaderSize = 24;
 
 // What a frame is for: one byte. The frame layer checks only that a
@@ -168,12 +168,22 @@ class FrameDecoder {
   // table must outlive the decoder.
   explicit FrameDecoder(
       const MessageTypes& types, const FrameLimits& limits = {});
-  // With tighter limits for the first frame (a handshake, before the peer
-  // is known), then `limits`.
+  // Gated, for a stream whose peer is not known yet: frames are held to
+  // `handshake` limits, and after each one the decoder parses nothing more
+  // (it keeps the bytes) until admit_one() lets one more frame in or open()
+  // moves it to `limits` for good. So a stranger's bytes after its
+  // handshake are never parsed under the limits of a peer that proved
+  // itself.
   FrameDecoder(
       const MessageTypes& types,
       const FrameLimits& limits,
-      const FrameLimits& first_frame);
+      const FrameLimits& handshake);
+
+  // Gated decoders: one more frame under the handshake limits, then the
+  // gate closes again; or no gate from now on. Both parse the bytes kept
+  // meanwhile (their frames come out of next()).
+  void admit_one();
+  void open();
 
   // Consumes n bytes of the stream. Does not block and keeps no pointer into
   // `data`. Throws the decoder's error once next() has reported it.
@@ -269,6 +279,13 @@ class FrameDecoder {
   std::exception_ptr error_;
   bool reported_ = false;
   bool trusted_ = false;
+
+  // The gate (admit_one(), open()): kOne parses one more frame, kShut
+  // keeps what comes in `held_`.
+  enum class Gate { kOpen, kOne, kShut };
+  Gate gate_ = Gate::kOpen;
+  FrameLimits open_limits_;
+  std::string held_;
 };
 
 }  // namespace tide::transport

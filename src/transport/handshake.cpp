@@ -1,6 +1,10 @@
-// The first frame of a connection, each way: HANDSHAKE and its ack (or
-// REFUSED), or LANE_HELLO for a lane. Who the peer is, whether it has the
-// group's token, and whether the pair uses shared memory is settled here.
+// The first frames of a connection, each way: HANDSHAKE, HANDSHAKE_ACK and
+// PROOF (or REFUSED), or LANE_HELLO for a lane. Who the peer is, whether it
+// holds the group's token (proved, never sent: transport/auth.h), and
+// whether the pair uses shared memory is settled here.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <string>
 
 #include <asio/post.hpp>
@@ -9,6 +13,7 @@
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
 
+#include "transport/auth.h"
 #include "transport/connection.h"
 #include "transport/control.h"
 #include "transport/fields.h"
@@ -16,13 +21,57 @@
 
 namespace tide::transport {
 
-std::string Transport::Impl::handshake_metadata(bool offer_shm) const {
+namespace {
+
+std::string checked_nonce(FieldReader& r) {
+  std::string nonce = r.str();
+  if (nonce.size() != auth::kNonceSize) {
+    throw ProtocolError(
+        "a handshake nonce of " + std::to_string(nonce.size()) +
+        " bytes; expected " + std::to_string(auth::kNonceSize));
+  }
+  return nonce;
+}
+
+}  // namespace
+
+std::string Transport::Impl::handshake_metadata(
+    bool offer_shm, const std::string& nonce) const {
   return FieldWriter()
       .i32(options.self_id)
       .str(options.self_name)
       .u32(offer_shm ? kFeatureSharedMemory : uint32_t{0})
-      .str(options.token)
+      .str(nonce)
+      .u32(options.token.empty() ? 0 : 1)
       .take();
+}
+
+std::string Transport::Impl::identity_problem(
+    int id, const std::string& name, const Connection& conn) const {
+  std::lock_guard lock(peers_mutex);
+  if (peers.empty()) {
+    return "";  // Not known yet: nothing to hold the claim to.
+  }
+  auto it = peers.find(id);
+  if (it == peers.end()) {
+    return "no worker of the group has id " + std::to_string(id);
+  }
+  if (it->second.name != name) {
+    return "worker " + std::to_string(id) + " is '" +
+           printable(it->second.name) + "', not '" + printable(name) + "'";
+  }
+  // A local peer's socket name says its process: tide-rpc-<pid>-<random>.
+  const std::string& local_name = it->second.local_name;
+  if (conn.local && conn.peer_pid > 0 &&
+      local_name.rfind("tide-rpc-", 0) == 0) {
+    std::string pid = local_name.substr(9, local_name.find('-', 9) - 9);
+    if (pid != std::to_string(conn.peer_pid)) {
+      return "worker " + std::to_string(id) + " is process " + pid +
+             ", and this connection comes from process " +
+             std::to_string(conn.peer_pid);
+    }
+  }
+  return "";
 }
 
 void Connection::expect_handshake(Frame& frame) {
@@ -43,6 +92,14 @@ void Connection::expect_handshake(Frame& frame) {
     accept_ack(frame);
     return;
   }
+  if (state == State::kAwaitingProof) {
+    if (frame.type != ControlType::kProof) {
+      throw ProtocolError(
+          std::string("expected PROOF, got ") + owner.types.name(frame.type));
+    }
+    accept_proof(frame);
+    return;
+  }
   if (frame.type == ControlType::kLaneHello) {
     attach_as_lane(frame);
     return;
@@ -54,11 +111,65 @@ void Connection::expect_handshake(Frame& frame) {
   accept_hello(frame);
 }
 
+void Connection::accept_hello(Frame& frame) {
+  FieldReader r(frame.metadata, "a handshake");
+  int id = r.i32();
+  std::string name = r.str();
+  uint32_t features = r.u32();
+  std::string nonce = checked_nonce(r);
+  bool has_token = r.u32() != 0;
+  r.end();
+  peer_id = id;
+  peer_name = name;
+  if (!owner.options.token.empty() && !has_token) {
+    refuse("it presented no token", "none was presented");
+    return;
+  }
+  if (std::string why = owner.identity_problem(id, name, *this); !why.empty()) {
+    refuse(why, "it is not the worker it claims to be: " + why);
+    return;
+  }
+  session = {nonce, auth::nonce(), id, owner.options.self_id};
+  offered_shm = local && (features & kFeatureSharedMemory) != 0;
+  set_state(State::kAwaitingProof);
+  decoder.admit_one();
+  send(Message{
+      ControlType::kHandshakeAck,
+      0,
+      FieldWriter()
+          .i32(owner.options.self_id)
+          .str(owner.options.self_name)
+          .u32(offered_shm ? kFeatureSharedMemory : uint32_t{0})
+          .str(session.callee_nonce)
+          .str(auth::proof(owner.options.token, auth::Role::kCallee, session))
+          .take(),
+      {}});
+}
+
+void Connection::accept_proof(Frame& frame) {
+  FieldReader r(frame.metadata, "a proof");
+  std::string proof = r.str();
+  r.end();
+  if (!auth::verify(owner.options.token, auth::Role::kCaller, session, proof)) {
+    refuse("its token is wrong", "this one is wrong");
+    return;
+  }
+  handshake_seq = ++owner.handshakes;
+  handle.peer_ = peer_id;
+  {
+    std::lock_guard lock(wmutex);
+    shm = offered_shm;
+  }
+  authenticated();
+}
+
 void Connection::accept_ack(Frame& frame) {
   FieldReader r(frame.metadata, "a handshake ack");
   int id = r.i32();
   std::string name = r.str();
   uint32_t features = r.u32();
+  std::string nonce = checked_nonce(r);
+  std::string proof = r.str();
   r.end();
   if (id != peer_id) {
     throw ProtocolError(
@@ -66,55 +177,68 @@ void Connection::accept_ack(Frame& frame) {
         " but the peer says it is worker " + std::to_string(id) + " (" +
         printable(name) + ")");
   }
-  set_state(State::kOpen);
-  decoder.trust_lengths();
+  session.callee_nonce = nonce;
+  if (!auth::verify(owner.options.token, auth::Role::kCallee, session, proof)) {
+    // Nothing of the layer above was sent: the secret and the requests
+    // stay here.
+    fail(
+        owner.peer_label(peer_id) +
+        " could not prove that it holds the group's token (" +
+        (owner.options.token.empty() ? "it has one, and this worker has none"
+                                     : "it has none, or another one") +
+        "; RpcBackendOptions::token or TIDE_RPC_TOKEN): nothing was sent "
+        "to it");
+    return;
+  }
+  authenticated();
   {
-    std::lock_guard lock(wmutex);
+    std::unique_lock lock(wmutex);
     shm = local && (features & kFeatureSharedMemory) != 0;
+    queue_locked(Message{
+        ControlType::kProof,
+        0,
+        FieldWriter()
+            .str(auth::proof(owner.options.token, auth::Role::kCaller, session))
+            .take(),
+        {}});
+    // What the layer above sent meanwhile goes now, encoded for the
+    // transport the pair agreed on.
+    holding = false;
+    while (!held.empty()) {
+      Message m = std::move(held.front());
+      held.pop_front();
+      held_bytes -= message_bytes(m);
+      try {
+        queue_locked(std::move(m));
+      } catch (const std::exception& e) {
+        fail_later(
+            std::string("a queued message could not be sent: ") + e.what());
+        return;
+      }
+    }
+    flush(lock);
   }
   if (lanes_wanted.load()) {
     owner.open_lanes(shared_from_this());
   }
 }
 
-void Connection::accept_hello(Frame& frame) {
-  FieldReader r(frame.metadata, "a handshake");
-  int id = r.i32();
-  std::string name = r.str();
-  uint32_t features = r.u32();
-  std::string token = r.str();
-  r.end();
-  if (!owner.options.token.empty() &&
-      !token_equal(token, owner.options.token)) {
-    refuse(name, id, token.empty());
-    return;
-  }
+void Connection::authenticated() {
   set_state(State::kOpen);
-  handshake_seq = ++owner.handshakes;
   decoder.trust_lengths();
-  peer_id = id;
-  handle.peer_ = id;
-  bool agreed = local && (features & kFeatureSharedMemory) != 0;
-  send(Message{
-      ControlType::kHandshakeAck,
-      0,
-      FieldWriter()
-          .i32(owner.options.self_id)
-          .str(owner.options.self_name)
-          .u32(agreed ? kFeatureSharedMemory : uint32_t{0})
-          .take(),
-      {}});
-  std::lock_guard lock(wmutex);
-  shm = agreed;
+  decoder.open();
+  handshake_timer.cancel();
+  owner.left_handshake(*this);
+  grow_read_buffer();
 }
 
-void Connection::refuse(const std::string& name, int id, bool no_token) {
+void Connection::refuse(const std::string& logged, const std::string& told) {
   TIDE_LOG_WARN(
       "[{}] refused a connection from '{}' (id {}): {}",
       owner.options.self_name,
-      printable(name),  // the stranger's words
-      id,
-      no_token ? "it presented no token" : "its token is wrong");
+      printable(peer_name),  // the stranger's words
+      peer_id,
+      logged);
   Message refusal{
       ControlType::kRefused,
       0,
@@ -124,13 +248,13 @@ void Connection::refuse(const std::string& name, int id, bool no_token) {
               "worker '" + owner.options.self_name +
               "' requires the group's token (RpcBackendOptions::token or "
               "TIDE_RPC_TOKEN) and " +
-              (no_token ? "none was presented" : "this one is wrong"))
+              told)
           .take(),
       {}};
   set_state(State::kRefused);
   std::unique_lock lock(wmutex);
   close_when_drained = true;
-  queue.push_back(encode_frame(std::move(refusal)));
+  queue_locked(std::move(refusal));
   flush(lock);
 }
 
@@ -138,38 +262,51 @@ void Connection::attach_as_lane(Frame& frame) {
   FieldReader r(frame.metadata, "a lane hello");
   int id = r.i32();
   uint32_t index = r.u32();
-  std::string token = r.str();
+  std::string proof = r.str();
   r.end();
-  if (!owner.options.token.empty() &&
-      !token_equal(token, owner.options.token)) {
-    throw ProtocolError("a lane without the group's token");
-  }
-  // The caller's newest connection (an older one may be a dead process's
-  // that has not closed yet).
-  std::shared_ptr<Connection> p;
-  for (const auto& c : owner.incoming) {
-    if (c->state == State::kOpen && !c->local && c->peer_id == id &&
-        (!p || c->handshake_seq > p->handshake_seq)) {
-      p = c;
-    }
-  }
-  if (local || !p) {
+  if (local || index >= kMaxLanes) {
     throw ProtocolError(
         "lane " + std::to_string(index) + " of worker " + std::to_string(id) +
-        ", which has no TCP connection here");
+        (local ? " on a local socket" : ", over the limit of lanes"));
+  }
+  // The caller's connection whose session the proof is of: only its two
+  // ends saw that session's nonces, and only holders of the token can key
+  // the proof. (An older connection of the same worker may be a dead
+  // process's that has not closed yet.)
+  std::shared_ptr<Connection> p;
+  for (const auto& c : owner.incoming) {
+    if (c->state == State::kOpen && !c->local && !c->lane && c->peer_id == id &&
+        auth::verify(
+            owner.options.token, auth::Role::kLane, c->session, proof, index)) {
+      p = c;
+      break;
+    }
+  }
+  if (!p) {
+    throw ProtocolError(
+        "lane " + std::to_string(index) + " of worker " + std::to_string(id) +
+        ", whose proof matches no TCP connection of that worker here");
   }
   {
     std::lock_guard lock(p->wmutex);
-    if (p->lanes.size() >= kMaxLanes) {
-      throw ProtocolError("more than " + std::to_string(kMaxLanes) + " lanes");
+    if ((p->lane_indices & (1u << index)) != 0) {
+      throw ProtocolError(
+          "a second lane " + std::to_string(index) + " of worker " +
+          std::to_string(id));
     }
+    p->lane_indices |= 1u << index;
     p->lanes.push_back(shared_from_this());
   }
   parent = p;
   peer_id = id;
   lane = true;
+  handshake_timer.cancel();
+  owner.left_handshake(*this);
   set_state(State::kLane);
+  // Placed before the bytes that came with the hello are parsed.
   read_parts_in_place();
+  decoder.open();
+  grow_read_buffer();
 }
 
 }  // namespace tide::transport

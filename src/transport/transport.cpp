@@ -2,11 +2,15 @@
 // shutdown. A connection's own life is connection.cpp's.
 #include "transport/transport.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <cstdlib>
 #include <fstream>
+#include <string_view>
 
 #include <asio/ip/address.hpp>
 #include <asio/post.hpp>
@@ -18,6 +22,7 @@
 
 #include "common/random.h"
 #include "net/address.h"
+#include "transport/auth.h"
 #include "transport/control.h"
 #include "transport/transport_impl.h"
 
@@ -33,6 +38,30 @@ std::string read_first_line(const char* path) {
   std::string line;
   std::getline(in, line);
   return line;
+}
+
+TransportOptions with_uids_from_env(TransportOptions o) {
+  const char* env = std::getenv("TIDE_RPC_ALLOW_UIDS");
+  if (!o.allowed_uids.empty() || o.allow_any_uid || env == nullptr ||
+      *env == '\0') {
+    return o;
+  }
+  if (std::string_view(env) == "any") {
+    o.allow_any_uid = true;
+    return o;
+  }
+  for (const auto& part : split(env, ',')) {
+    uint32_t uid = 0;
+    auto [end, ec] =
+        std::from_chars(part.data(), part.data() + part.size(), uid);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size()) {
+      throw InvalidArgument(
+          "TIDE_RPC_ALLOW_UIDS='" + std::string(env) +
+          "': expected user ids separated by commas, or 'any'");
+    }
+    o.allowed_uids.push_back(uid);
+  }
+  return o;
 }
 
 MessageTypes all_types(const MessageTypes& upper) {
@@ -59,7 +88,7 @@ std::string local_host_key() {
 }
 
 Transport::Impl::Impl(TransportOptions o, TransportHandlers h)
-    : options(std::move(o)),
+    : options(with_uids_from_env(std::move(o))),
       handlers(std::move(h)),
       types(all_types(options.message_types)),
       acceptor(loop.io()),
@@ -80,12 +109,80 @@ std::string Transport::Impl::peer_label(int id) const {
          net::format_host_port(it->second.host, it->second.port) + ")";
 }
 
-void Transport::Impl::adopt(Socket socket, bool local) {
+bool Transport::Impl::uid_allowed(uint32_t uid) const {
+  return options.allow_any_uid || uid == ::geteuid() ||
+         std::find(
+             options.allowed_uids.begin(), options.allowed_uids.end(), uid) !=
+             options.allowed_uids.end();
+}
+
+bool Transport::Impl::warn_now() {
+  auto now = Clock::now();
+  if (now - last_warning < std::chrono::seconds(1)) {
+    return false;
+  }
+  last_warning = now;
+  return true;
+}
+
+void Transport::Impl::adopt(Socket socket, bool local, int pid) {
+  if (unauthenticated >= options.max_unauthenticated) {
+    auto level = warn_now() ? spdlog::level::warn : spdlog::level::debug;
+    tide::logger().log(
+        level,
+        "[{}] closed a new connection at once: {} others have not proved "
+        "themselves yet (TransportOptions::max_unauthenticated)",
+        options.self_name,
+        unauthenticated);
+    asio::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
   auto conn =
       std::make_shared<Connection>(*this, std::move(socket), false, local);
+  conn->peer_pid = pid;
   conn->make_handle();
+  conn->counted = true;
+  ++unauthenticated;
   incoming.insert(conn);
   conn->start();
+}
+
+void Transport::Impl::left_handshake(Connection& conn) {
+  if (conn.counted) {
+    conn.counted = false;
+    --unauthenticated;
+  }
+}
+
+void Transport::Impl::accept_failed(
+    const char* what, const asio::error_code& ec, bool local) {
+  auto& backoff = local ? local_accept_backoff : accept_backoff;
+  auto& timer = local ? local_accept_timer : accept_timer;
+  bool first = backoff.count() == 0;
+  backoff = std::min<std::chrono::milliseconds>(
+      std::chrono::seconds(1),
+      first ? std::chrono::milliseconds(10) : backoff * 2);
+  auto level = first ? spdlog::level::warn : spdlog::level::debug;
+  tide::logger().log(
+      level,
+      "[{}] accept on the {} failed: {}; accepting again in {} ms (backing "
+      "off up to 1 s while it fails)",
+      options.self_name,
+      what,
+      ec.message(),
+      backoff.count());
+  timer.expires_after(backoff);
+  timer.async_wait([this, local](const asio::error_code& e) {
+    if (e || stopped_on_loop) {
+      return;
+    }
+    if (local) {
+      start_local_accept();
+    } else {
+      start_accept();
+    }
+  });
 }
 
 void Transport::Impl::start_local_accept() {
@@ -95,15 +192,37 @@ void Transport::Impl::start_local_accept() {
     if (ec == asio::error::operation_aborted || !local_acceptor.is_open()) {
       return;
     }
-    if (!ec) {
+    if (ec) {
+      accept_failed("Unix socket", ec, true);
+      return;
+    }
+    local_accept_backoff = {};
+    // Who is at the other end, from the kernel: only this user's processes
+    // (and those allowed) may even say hello.
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) !=
+            0 ||
+        !uid_allowed(cred.uid)) {
+      auto level = warn_now() ? spdlog::level::warn : spdlog::level::debug;
+      tide::logger().log(
+          level,
+          "[{}] refused a local connection from user {} (process {}): only "
+          "this worker's own user may connect (TIDE_RPC_ALLOW_UIDS lets "
+          "others in)",
+          options.self_name,
+          cred.uid,
+          cred.pid);
+      asio::error_code ignored;
+      s.close(ignored);
+    } else {
       adopt(
           Socket(
               loop.io(),
               asio::generic::stream_protocol(AF_UNIX, 0),
               s.release()),
-          true);
-    } else {
-      TIDE_LOG_WARN("[{}] accept failed: {}", options.self_name, ec.message());
+          true,
+          cred.pid);
     }
     start_local_accept();
   });
@@ -145,8 +264,13 @@ void Transport::Impl::connect_on_loop(const std::shared_ptr<Connection>& conn) {
     // memory over TCP.
     {
       std::lock_guard lock(conn->wmutex);
-      conn->queue.front() = conn->encode_frame(
-          Message{ControlType::kHandshake, 0, handshake_metadata(false), {}});
+      conn->queued_bytes -= conn->queue.front().total;
+      conn->queue.pop_front();
+      conn->queue_locked(Message{
+          ControlType::kHandshake,
+          0,
+          handshake_metadata(false, conn->session.caller_nonce),
+          {}});
     }
     connect_tcp(conn);
   });
@@ -155,6 +279,7 @@ void Transport::Impl::connect_on_loop(const std::shared_ptr<Connection>& conn) {
 void Transport::Impl::connection_failed(
     Connection& conn, const std::string& reason) {
   auto self = conn.shared_from_this();  // Keep it alive through the erase.
+  left_handshake(conn);
   if (conn.lane) {
     incoming.erase(self);
     TIDE_LOG_DEBUG(
@@ -182,7 +307,7 @@ void Transport::Impl::connection_failed(
         options.self_name,
         peer_label(conn.peer_id),
         reason);
-    if (conn.peer_id >= 0) {  // it said who it is
+    if (conn.pipe().peer() >= 0) {  // it proved who it is
       handlers.on_closed(conn.pipe(), reason);
     }
     return;
@@ -207,9 +332,12 @@ void Transport::Impl::stop_on_loop() {
     stopped = true;
     out = outgoing;
   }
+  stopped_on_loop = true;
   asio::error_code ignored;
   acceptor.close(ignored);
   local_acceptor.close(ignored);
+  accept_timer.cancel();
+  local_accept_timer.cancel();
   for (auto& [id, conn] : out) {
     conn->fail("the rpc agent shut down");
   }
@@ -246,6 +374,16 @@ Transport::Transport(TransportOptions options, TransportHandlers handlers)
         "rpc agent cannot listen on " + listen_host + ": " + ec.message());
   }
   impl.port = impl.acceptor.local_endpoint().port();
+  if (impl.options.token.empty() && !address.is_loopback()) {
+    TIDE_LOG_WARN(
+        "[{}] listening on {} without a token: anyone who reaches port {} can "
+        "run functions on this worker; give every worker the same "
+        "RpcBackendOptions::token or TIDE_RPC_TOKEN (tiderun does so by "
+        "itself)",
+        impl.options.self_name,
+        listen_host,
+        impl.port);
+  }
   impl.start_accept();
   if (impl.options.shared_memory) {
     std::string name =
@@ -326,11 +464,21 @@ Pipe Transport::pipe_to(int to) {
   auto conn =
       std::make_shared<Connection>(impl, Socket(impl.loop.io()), true, local);
   conn->peer_id = to;
+  conn->session.caller_nonce = auth::nonce();
+  conn->session.caller_id = impl.options.self_id;
+  conn->session.callee_id = to;
   conn->make_handle();
   // Queued first, written once connected; what callers send from now on
-  // queues behind it.
-  conn->send(
-      Message{ControlType::kHandshake, 0, impl.handshake_metadata(local), {}});
+  // is held until the callee proves itself.
+  conn->send(Message{
+      ControlType::kHandshake,
+      0,
+      impl.handshake_metadata(local, conn->session.caller_nonce),
+      {}});
+  {
+    std::lock_guard hold(conn->wmutex);
+    conn->holding = true;
+  }
   impl.outgoing[to] = conn;
   // Posted under the lock, before stop_on_loop() can mark the transport
   // stopped: the loop connects it (or finds it failed by the shutdown).
@@ -338,6 +486,19 @@ Pipe Transport::pipe_to(int to) {
     impl->connect_on_loop(conn);
   });
   return conn->pipe();
+}
+
+void Transport::cancel(int to, uint64_t id) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard lock(impl_->pipes_mutex);
+    auto it = impl_->outgoing.find(to);
+    if (it == impl_->outgoing.end()) {
+      return;
+    }
+    conn = it->second;
+  }
+  conn->cancel(id);
 }
 
 std::string Transport::connection_kind(int to) {

@@ -95,7 +95,14 @@ class Pipe {
   // closed and its loss reported (on_closed has run, or is about to) or the
   // transport is gone: m was dropped. Throws InvalidArgument when m is over
   // the frame limits (the peer would drop the connection on it).
+  // Throws NetworkError when the connection already queues
+  // TransportOptions::max_queued_bytes (the peer does not read what it is
+  // sent): m was dropped, the connection stays.
   bool send(Message m, std::string* why_not = nullptr) const;
+  // Takes back what is still unsent of message `id` (a call that timed
+  // out): its bytes are neither written nor kept. A frame already being
+  // written, or one in shared memory or on lanes, goes on. Thread safe.
+  void cancel(uint64_t id) const;
   // The connection's identity (never dereferenced).
   const void* id() const {
     return id_;
@@ -118,7 +125,9 @@ struct TransportOptions {
   // Listen on an abstract Unix socket too and use shared memory with peers
   // of this host.
   bool shared_memory = true;
-  // When not empty, peers must present it and this side presents it.
+  // The group's secret. Each side of a connection proves it holds the same
+  // one (HMAC challenge-response, transport/auth.h) before anything else;
+  // it never travels. Empty: no proof is asked or given.
   std::string token;
   // Extra TCP connections per TCP peer for large buffers (0: none; at most
   // kMaxLanes).
@@ -129,6 +138,21 @@ struct TransportOptions {
   // How long the I/O thread and a thread lent to the loop keep polling after
   // their last work before they sleep (LendableLoop).
   std::chrono::microseconds poll{300};
+  // Who else may connect to the Unix socket: peers' user ids are read from
+  // the kernel (SO_PEERCRED), and only this process's own user is let in,
+  // plus these. Empty: TIDE_RPC_ALLOW_UIDS (a comma-separated list of
+  // uids, or "any").
+  std::vector<uint32_t> allowed_uids;
+  bool allow_any_uid = false;
+  // An accepted connection that has not proved itself by then is closed;
+  // at most max_unauthenticated such connections are held at once (more
+  // are closed at accept).
+  std::chrono::milliseconds handshake_timeout{10'000};
+  size_t max_unauthenticated = 256;
+  // Bytes one connection may hold unsent (a peer that does not read): a
+  // send() past it throws NetworkError. One message of any size goes when
+  // nothing is queued.
+  size_t max_queued_bytes = size_t{512} << 20;
 };
 
 struct TransportHandlers {
@@ -171,6 +195,10 @@ class Transport {
   // safe, never blocks on the network. Throws NetworkError after
   // shutdown(), InvalidArgument for a peer set_peers() did not name.
   Pipe pipe_to(int to);
+
+  // Takes back what is still unsent of message `id` on the connection this
+  // side opened to peer `to` (Pipe::cancel). Thread safe.
+  void cancel(int to, uint64_t id);
 
   // "shm" or "tcp" for the connection this side opened to peer `to`, "" when
   // there is none (yet). Thread safe; waits for the loop.

@@ -31,6 +31,8 @@ constexpr size_t kMaxIov = 128;
 // takes at most 253 per message.
 constexpr size_t kMaxFdsPerFrame = 64;
 constexpr size_t kReadBuffer = 256 * 1024;
+// A peer's read buffer until it proves itself.
+constexpr size_t kHandshakeReadBuffer = 4 * 1024;
 // A handshake (or its refusal) is a few names: a peer not yet known sends
 // no more before it is.
 constexpr FrameLimits kHandshakeLimits{
@@ -46,7 +48,9 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
 
   void start_accept();
   void start_local_accept();
-  void adopt(Socket socket, bool local);
+  // Takes an accepted socket (pid: a local peer's process, from the
+  // kernel), unless too many others have not proved themselves yet. Loop.
+  void adopt(Socket socket, bool local, int pid = 0);
   // Connects a new outgoing connection: its Unix socket, or TCP. Loop.
   void connect_on_loop(const std::shared_ptr<Connection>& conn);
   // Connects conn over TCP and starts it, then runs `connected`. Loop.
@@ -63,8 +67,23 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   void connection_failed(Connection& conn, const std::string& reason);
   void stop_on_loop();
   // HANDSHAKE's metadata: who this side is, shared memory offered or not,
-  // and the token. (handshake.cpp)
-  std::string handshake_metadata(bool offer_shm) const;
+  // its nonce, and whether it has a token. (handshake.cpp)
+  std::string handshake_metadata(
+      bool offer_shm, const std::string& nonce) const;
+  // Why a peer claiming to be worker `id` called `name` on `conn` is not
+  // who the peer table says ("" when it may be). (handshake.cpp)
+  std::string identity_problem(
+      int id, const std::string& name, const Connection& conn) const;
+  // conn proved itself or closed: it no longer counts as unauthenticated.
+  // Loop.
+  void left_handshake(Connection& conn);
+  // After an accept error: accepts again later, backing off (the process
+  // may be out of descriptors). Loop.
+  void accept_failed(const char* what, const asio::error_code& ec, bool local);
+  // Whether a refusal may be logged as a warning now (at most one a second;
+  // the rest go to debug): strangers must not fill the log.
+  bool warn_now();
+  bool uid_allowed(uint32_t uid) const;
 
   const TransportOptions options;
   const TransportHandlers handlers;
@@ -100,6 +119,13 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   // Loop only.
   std::unordered_set<std::shared_ptr<Connection>> incoming;
   uint64_t handshakes = 0;  // Accepted so far.
+  size_t unauthenticated = 0;
+  bool stopped_on_loop = false;
+  asio::steady_timer accept_timer{loop.io()};
+  asio::steady_timer local_accept_timer{loop.io()};
+  std::chrono::milliseconds accept_backoff{0};
+  std::chrono::milliseconds local_accept_backoff{0};
+  Clock::time_point last_warning{};
   asio::steady_timer alarm{loop.io()};
   bool alarm_off = false;  // After shutdown.
 };

@@ -59,6 +59,17 @@ class Workers {
   size_t busy() const {
     return busy_.load(std::memory_order_relaxed);
   }
+  // Functions waiting for a thread now.
+  size_t queued() const {
+    return queued_.load(std::memory_order_relaxed);
+  }
+  // Whether a peer's request may still queue: the layers above refuse the
+  // ones past this (each holds its message until it runs), answering with
+  // an error, so a peer that floods a worker cannot grow it without bound.
+  bool full() const {
+    return queued() >= kMaxQueuedRequests;
+  }
+  static constexpr size_t kMaxQueuedRequests = 65'536;
 
   // Refuses new work, runs what is queued, then waits for the threads to
   // end. Idempotent.

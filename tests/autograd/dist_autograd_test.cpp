@@ -253,6 +253,23 @@ TEST_F(DistAutogradTest, AChainOverTwoWorkersGivesTheLocalGradients) {
   EXPECT_FALSE(param("w1").grad().defined());
 }
 
+// A context is released on a worker only by a worker with a part in it.
+TEST_F(DistAutogradTest, AWorkerOutsideAContextCannotReleaseIt) {
+  start(3);
+  at::Tensor x = at::randn({3, 4}).requires_grad_();
+  auto expect = local_grads(linear1(x).sum(), {x, param("w1")});
+  dist_autograd::Context ctx(w(0));
+  at::Tensor y = w(0).rpc_sync<at::Tensor>("w1", "ag_linear1", x);
+  EXPECT_THAT(
+      [&] {
+        w(2).rpc_sync<void>("w1", "tide.autograd.release", ctx.context_id());
+      },
+      testing::ThrowsMessage<RemoteError>(testing::HasSubstr("has no part")));
+  // w1 still holds it: the backward pass runs through it.
+  dist_autograd::backward(ctx.context_id(), {y.sum()});
+  EXPECT_TRUE(at::equal(grad_on(1, ctx.context_id(), "w1"), expect[1]));
+}
+
 TEST_F(DistAutogradTest, AChainOverThreeWorkersThroughANestedCall) {
   start(3);
   at::Tensor x = at::randn({2, 4}).requires_grad_();

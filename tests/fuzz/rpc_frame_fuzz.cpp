@@ -7,6 +7,10 @@
 //  - after every feed the decoder holds no more memory than its bound;
 //  - once failed, feed() and next() throw the same error;
 //  - only ProtocolError escapes the decoder.
+// Option bit 6 also decodes the stream gated, as a connection before its
+// handshake does (admit_one() after the first frame, open() after the
+// second): it must give what the ungated decoder gives, unless the bytes
+// held behind the gate pass the handshake's frame limit.
 // Option bit 3 also builds a frame from the stream's bytes and requires it to
 // encode and decode back unchanged, or the encoder to refuse it exactly when
 // it is over the limits, so the valid path is always exercised.
@@ -131,6 +135,41 @@ Decoded decode_stream(
   return out;
 }
 
+// The stream through a gated decoder, in `chunker`'s chunks.
+Decoded decode_gated(
+    std::string_view stream,
+    std::string_view chunker,
+    const wire::FrameLimits& limits) {
+  Decoded out;
+  wire::FrameDecoder d(types(), limits, limits);
+  size_t fed = 0;
+  size_t c = 0;
+  while (fed < stream.size()) {
+    size_t step = chunker.empty()
+                      ? stream.size()
+                      : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
+    std::string_view piece = stream.substr(fed, step);
+    fed += piece.size();
+    d.feed(piece.data(), piece.size());
+    try {
+      while (auto f = d.next()) {
+        out.frames.push_back(std::move(*f));
+        // The gate holds at most one frame's limit of bytes.
+        require(d.bytes_reserved() <= 2 * fed + limits.max_frame + 64 * 9);
+        if (out.frames.size() == 1) {
+          d.admit_one();
+        } else {
+          d.open();
+        }
+      }
+    } catch (const tide::ProtocolError& e) {
+      out.error = e.what();
+      return out;
+    }
+  }
+  return out;
+}
+
 // A valid frame made from the stream's bytes, within `limits`.
 wire::Frame build_frame(std::string_view in, const wire::FrameLimits& limits) {
   auto byte = [&]() -> uint8_t {
@@ -195,6 +234,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Decoded trusted = decode_stream(stream, chunker, limits, true);
     require(whole.frames == trusted.frames);
     require(whole.error == trusted.error);
+  }
+
+  if (options & 0x40) {
+    Decoded gated = decode_gated(stream, chunker, limits);
+    if (!gated.error ||
+        gated.error->find("before the handshake was answered") ==
+            std::string::npos) {
+      require(whole.frames == gated.frames);
+      require(whole.error == gated.error);
+    }
   }
 
   if (options & 0x08) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds a decoder fuzzer with clang's libFuzzer and runs it.
 # Usage: tests/fuzz/run_fuzz.sh OUT_DIR SECONDS [TARGET]
-#   TARGET: store_wire (the store's request decoder, the default) or
-#   rpc_frame (the RPC frame decoder). One OUT_DIR per target.
+#   TARGET: store_wire (the store's request decoder, the default),
+#   rpc_frame (the RPC frame decoder, gated as before a handshake or not) or
+#   torch_pickle (the check of a peer's pickle). One OUT_DIR per target.
 #   A short run (30 s) is part of the test suite; for a long hand run:
 #   tests/fuzz/run_fuzz.sh /tmp/fuzz 3600 rpc_frame
 set -euo pipefail
@@ -23,8 +24,14 @@ case $target in
     seeds=tests/fuzz/rpc_frame_corpus
     sources=(tests/fuzz/rpc_frame_fuzz.cpp src/transport/frame.cpp src/common/error.cpp)
     ;;
+  torch_pickle)
+    bin=pickle_check_fuzz
+    seeds=tests/fuzz/pickle_corpus
+    sources=(tests/fuzz/pickle_check_fuzz.cpp src/torch_rpc/pickle_check.cpp
+      src/common/error.cpp)
+    ;;
   *)
-    echo "run_fuzz.sh: unknown target '$target'; known: store_wire, rpc_frame" >&2
+    echo "run_fuzz.sh: unknown target '$target'; known: store_wire, rpc_frame, torch_pickle" >&2
     exit 2
     ;;
 esac

@@ -419,6 +419,36 @@ TEST_F(RRefTest, ToHereTimesOutAndRepeatedControlMessagesAreIgnored) {
   expect_all_released();
 }
 
+TEST_F(RRefTest, OnlyAForksHolderMayDeleteIt) {
+  start(3);
+  RRef<int64_t> v = w(0).remote<int64_t>("w1", "rref_add", 2, 3);
+  ASSERT_EQ(v.to_here(), 5);
+  auto held = w(0).rrefs().held;
+  auto mine = std::find_if(
+      held.begin(), held.end(), [&](const auto& h) { return h.id == v.id(); });
+  ASSERT_NE(mine, held.end());
+  // w2 names w0's fork: refused, and w1 still holds the value for w0.
+  try {
+    w(2).rpc_sync<void>(
+        "w1",
+        "tide.rref.delete",
+        v.id().worker,
+        v.id().local,
+        mine->fork.worker,
+        mine->fork.local);
+    FAIL() << "expected the delete to be refused";
+  } catch (const RemoteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("which worker 0 holds"));
+  }
+  auto owned = w(1).rrefs().owned;
+  auto entry = std::find_if(owned.begin(), owned.end(), [&](const auto& o) {
+    return o.id == v.id();
+  });
+  ASSERT_NE(entry, owned.end());
+  EXPECT_EQ(entry->users.size(), 1u);
+  EXPECT_EQ(v.to_here(), 5);
+}
+
 TEST_F(RRefTest, AFunctionMakesLocalRRefsOnTheAgentServingIt) {
   start(3);
   for (int i = 1; i < 3; ++i) {

@@ -10,5 +10,7 @@ void run_rpc_child_if_requested();
 void run_rpc_transport_child_if_requested();
 // The same for tests/rpc/rref_test.cpp's children.
 void run_rref_child_if_requested();
+// The same for tests/transport/security_test.cpp's worker under tiderun.
+void run_security_child_if_requested();
 
 }  // namespace tide::test

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   tide::test::run_rpc_child_if_requested();
   tide::test::run_rpc_transport_child_if_requested();
   tide::test::run_rref_child_if_requested();
+  tide::test::run_security_child_if_requested();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -3,6 +3,7 @@
 // two network-namespace hosts.
 #include "transport/transport.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -30,9 +31,12 @@
 
 #include "rpc/messages.h"
 #include "support/netns.h"
+#include "support/peak_memory.h"
 #include "support/raw_client.h"
+#include "support/raw_rpc.h"
 #include "support/rpc_child.h"
 #include "support/subprocess.h"
+#include "transport/auth.h"
 #include "transport/control.h"
 #include "transport/fields.h"
 #include "transport/frame.h"
@@ -183,12 +187,15 @@ TEST_F(TransportTest, ATokenRefusesWorkersWithoutIt) {
   ::unsetenv("TIDE_RPC_TOKEN");
   agents[1]->register_function(
       "add", [](int64_t x, int64_t y) { return x + y; });
+  // c has the wrong one: b cannot prove itself to c, which sends it
+  // nothing.
   try {
     agents[2]->rpc_sync<int64_t>("b", "add", 1, 2);
     FAIL() << "expected NetworkError";
   } catch (const NetworkError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("requires the group's token"));
-    EXPECT_THAT(e.what(), HasSubstr("this one is wrong"));
+    EXPECT_THAT(
+        e.what(), HasSubstr("could not prove that it holds the group's token"));
+    EXPECT_THAT(e.what(), HasSubstr("nothing was sent"));
   }
   EXPECT_EQ(agents[0]->rpc_sync<int64_t>("b", "add", 1, 2), 3);
   for (auto& a : agents) {
@@ -212,32 +219,18 @@ class RawLocalPeer {
         ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       throw std::runtime_error("RawLocalPeer: connect failed");
     }
-    std::string meta = transport::FieldWriter()
-                           .i32(0)
-                           .str("a")
-                           .u32(transport::kFeatureSharedMemory)
-                           .str("")
-                           .take();
-    send(
-        transport::encode(
-            {.type = transport::ControlType::kHandshake, .metadata = meta}),
-        fd);
-    // The ack.
-    transport::FrameDecoder d(transport::control_types());
-    std::array<char, 4096> buf{};
-    while (true) {
-      ssize_t k = ::recv(fd_, buf.data(), buf.size(), 0);
-      if (k <= 0) {
-        throw std::runtime_error("RawLocalPeer: no handshake ack");
-      }
-      d.feed(buf.data(), static_cast<size_t>(k));
-      if (auto f = d.next()) {
-        if (f->type != transport::ControlType::kHandshakeAck) {
-          throw std::runtime_error("RawLocalPeer: not an ack");
-        }
-        return;
-      }
-    }
+    // As worker a, which lives in this process (b checks the pid).
+    bool first = true;
+    test::handshake_as_caller(
+        fd_,
+        [&](const std::string& bytes) {
+          send(bytes, first ? fd : -1);
+          first = false;
+        },
+        0,
+        "a",
+        "",
+        transport::kFeatureSharedMemory);
   }
   ~RawLocalPeer() {
     ::close(fd_);
@@ -263,6 +256,27 @@ class RawLocalPeer {
         ::sendmsg(fd_, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
   }
 
+  // The next frame b sends (an answer, a release), within 10 s.
+  transport::Frame read_frame() {
+    static const transport::MessageTypes kTypes = [] {
+      transport::MessageTypes t;
+      t.add(transport::control_types()).add(detail::rpc_message_types());
+      return t;
+    }();
+    transport::FrameDecoder d(kTypes);
+    while (true) {
+      if (auto f = d.next()) {
+        return std::move(*f);
+      }
+      pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
+      char c = 0;
+      if (::poll(&p, 1, 10'000) != 1 || ::recv(fd_, &c, 1, 0) != 1) {
+        throw std::runtime_error("RawLocalPeer: no frame");
+      }
+      d.feed(&c, 1);
+    }
+  }
+
   // True when the peer closes the connection within `timeout`.
   bool closed_within(std::chrono::milliseconds timeout) {
     pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
@@ -285,8 +299,9 @@ class RawLocalPeer {
 
 // A request whose one 1 MiB buffer is said to be in a segment: `table`
 // bytes of references follow the (empty) buffer.
-std::string shm_request(const std::string& table) {
-  std::string meta = transport::FieldWriter().str("echo_blob").i64(1000).take();
+std::string shm_request(
+    const std::string& table, const std::string& fn = "echo_blob") {
+  std::string meta = transport::FieldWriter().str(fn).i64(10'000).take();
   std::string args;
   std::vector<Buffer> buffers;
   Encoder a(args, &buffers);
@@ -302,16 +317,20 @@ std::string shm_request(const std::string& table) {
 
 // kind: 0 the sender's segment, passed before; 1 passed with this frame;
 // 2 the receiver's own.
-std::string shm_ref(uint32_t kind, uint64_t segment_size) {
+std::string shm_ref(
+    uint32_t kind,
+    uint64_t segment_size,
+    uint64_t length = uint64_t{1} << 20,
+    uint64_t segment = 7) {
   std::string out;
   auto put = [&](auto v) {
     out.append(reinterpret_cast<const char*>(&v), sizeof v);
   };
   put(uint32_t{1});  // buffer index
   put(kind);
-  put(uint64_t{7});  // segment id
+  put(segment);
   put(segment_size);
-  put(uint64_t{1} << 20);  // length
+  put(length);
   return out;
 }
 
@@ -357,11 +376,46 @@ TEST_F(TransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
       agents[0]->rpc_sync<Blob>("b", "echo_blob", large).bytes, large.bytes);
 }
 
+TIDE_RPC_FUNCTION(blob_size, [](Blob b) {
+  return static_cast<int64_t>(b.bytes.size());
+});
+
+TEST_F(TransportTest, SegmentsAPeerNeverTouchedCostTheReceiverNothing) {
+  auto agents = group({{}, {}});
+  std::string local_name = published(1).local_name;
+  RawLocalPeer peer(local_name);
+  test::PeakMemory peak;
+  // Three sealed 256 MiB segments, never written, each under a request
+  // whose function reads only the buffer's size.
+  constexpr uint64_t k256MiB = uint64_t{256} << 20;
+  for (uint64_t segment = 1; segment <= 3; ++segment) {
+    int fd = ::memfd_create("untouched", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(k256MiB)), 0);
+    ASSERT_EQ(
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    peer.send(
+        shm_request(shm_ref(1, k256MiB, k256MiB, segment), "blob_size"), fd);
+    ::close(fd);
+  }
+  // b answers all three.
+  for (int answered = 0; answered < 3;) {
+    transport::Frame f = peer.read_frame();
+    answered += f.type == detail::MessageType::kResponse ? 1 : 0;
+  }
+  // Mapped ahead of use, they were +786 MB.
+  EXPECT_LT(peak.growth(), uint64_t{64} << 20);
+}
+
 TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
   auto agents = group({{}, {}});
   uint16_t port = published(1).port;
-  std::string meta =
-      transport::FieldWriter().i32(0).str("a").u32(0).str("").take();
+  std::string meta = transport::FieldWriter()
+                         .i32(0)
+                         .str("a")
+                         .u32(0)
+                         .str(transport::auth::nonce())
+                         .u32(0)
+                         .take();
   test::RawClient raw(port);
   // A stranger's first frame may not bring a gigabyte: the buffer's length
   // alone ends the connection.
@@ -379,33 +433,46 @@ TEST_F(TransportTest, AHandshakeCarriesNoBuffers) {
 // Raw TCP peers of b for the lane tests: a connection through its
 // handshake (as worker `id`), and lanes beside it.
 
-std::unique_ptr<test::RawClient> raw_tcp_peer(
-    uint16_t port, int id, const std::string& token) {
-  auto raw = std::make_unique<test::RawClient>(port);
-  EXPECT_TRUE(raw->send(transport::encode(
-      {.type = transport::ControlType::kHandshake,
-       .metadata = transport::FieldWriter()
-                       .i32(id)
-                       .str("raw")
-                       .u32(0)
-                       .str(token)
-                       .take()})));
-  transport::FrameDecoder d(transport::control_types());
-  while (true) {  // The ack, a byte at a time (it is small).
-    std::string b = raw->read(1);
-    d.feed(b.data(), 1);
-    if (auto f = d.next()) {
-      EXPECT_EQ(f->type, transport::ControlType::kHandshakeAck);
-      return raw;
-    }
+struct RawTcpPeer {
+  std::unique_ptr<test::RawClient> raw;
+  transport::auth::Session session;
+
+  bool send(const std::string& bytes) {
+    return raw->send(bytes);
   }
+  bool closed_within(std::chrono::milliseconds timeout) {
+    return raw->closed_within(timeout);
+  }
+};
+
+// As worker a (id 0), which the group knows.
+std::unique_ptr<RawTcpPeer> raw_tcp_peer(
+    uint16_t port, const std::string& token) {
+  auto peer = std::make_unique<RawTcpPeer>();
+  peer->raw = std::make_unique<test::RawClient>(port);
+  peer->session = test::handshake_as_caller(
+      peer->raw->fd(),
+      [&](const std::string& b) { EXPECT_TRUE(peer->raw->send(b)); },
+      0,
+      "a",
+      token);
+  return peer;
 }
 
-std::string lane_hello(int id, uint32_t index, const std::string& token) {
+// A lane's hello, proved with the session of its connection.
+std::string lane_hello(
+    int id,
+    uint32_t index,
+    const std::string& token,
+    const transport::auth::Session& session) {
   return transport::encode(
       {.type = transport::ControlType::kLaneHello,
-       .metadata =
-           transport::FieldWriter().i32(id).u32(index).str(token).take()});
+       .metadata = transport::FieldWriter()
+                       .i32(id)
+                       .u32(index)
+                       .str(transport::auth::proof(
+                           token, transport::auth::Role::kLane, session, index))
+                       .take()});
 }
 
 std::string buffer_part(
@@ -440,7 +507,8 @@ TEST_F(TransportTest, AStrangersNameCannotForgeALogLine) {
                          .i32(7)
                          .str("x\n[tide] [error] forged\x1b[31m")
                          .u32(0)
-                         .str("guess")
+                         .str(transport::auth::nonce())
+                         .u32(0)
                          .take()})));
     EXPECT_TRUE(raw.closed_within(10s));  // refused: logged before
     for (auto& a : agents) {
@@ -470,17 +538,31 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
   auto agents = group({o, o});
   uint16_t port = published(1).port;
   constexpr uint64_t kMiB = 1 << 20;
-  // A lane for a worker with no connection here, and one without the token.
+  // A lane for a worker with no connection here, one without the token,
+  // one whose proof is of another session, and a second lane 0: each is
+  // closed, and the connection it named goes on.
   {
     test::RawClient lane(port);
-    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret")));
+    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret", {})));
     EXPECT_TRUE(lane.closed_within(10s));
   }
   {
-    auto parent = raw_tcp_peer(port, 7, "s3cret");
+    auto parent = raw_tcp_peer(port, "s3cret");
+    auto other = parent->session;
+    other.callee_nonce = transport::auth::nonce();
+    for (const std::string& hello :
+         {lane_hello(0, 0, "guess", parent->session),
+          lane_hello(0, 0, "s3cret", other)}) {
+      test::RawClient lane(port);
+      ASSERT_TRUE(lane.send(hello));
+      EXPECT_TRUE(lane.closed_within(10s));
+    }
     test::RawClient lane(port);
-    ASSERT_TRUE(lane.send(lane_hello(7, 0, "guess")));
-    EXPECT_TRUE(lane.closed_within(10s));
+    ASSERT_TRUE(lane.send(lane_hello(0, 0, "s3cret", parent->session)));
+    test::RawClient again(port);
+    ASSERT_TRUE(again.send(lane_hello(0, 0, "s3cret", parent->session)));
+    EXPECT_TRUE(again.closed_within(10s));
+    EXPECT_FALSE(parent->closed_within(200ms));
   }
   // Parts that cannot be: past the part count, a share of the wrong size,
   // a transfer under the lane threshold, a second copy of one part. The
@@ -491,23 +573,23 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
         buffer_part(1, 0, 2, 1024, 512),
         buffer_part(1, 0, 2, 2 * kMiB, kMiB) +
             buffer_part(1, 0, 2, 2 * kMiB, kMiB)}) {
-    auto parent = raw_tcp_peer(port, 7, "s3cret");
+    auto parent = raw_tcp_peer(port, "s3cret");
     test::RawClient lane(port);
-    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret")));
+    ASSERT_TRUE(lane.send(lane_hello(0, 0, "s3cret", parent->session)));
     lane.send(parts);
     EXPECT_TRUE(lane.closed_within(10s));
     EXPECT_TRUE(parent->closed_within(10s));
   }
-  // A lane joins the caller's newest connection (an older one may be a dead
-  // process's): a bad part there closes that one, not the older.
+  // A lane joins the connection whose session it proves (an older one may
+  // be a dead process's): a bad part there closes that one, not the other.
   {
-    auto older = raw_tcp_peer(port, 7, "s3cret");
-    auto newer = raw_tcp_peer(port, 7, "s3cret");
+    auto older = raw_tcp_peer(port, "s3cret");
+    auto newer = raw_tcp_peer(port, "s3cret");
     test::RawClient lane(port);
-    ASSERT_TRUE(lane.send(lane_hello(7, 0, "s3cret")));
+    ASSERT_TRUE(lane.send(lane_hello(0, 0, "s3cret", older->session)));
     lane.send(buffer_part(1, 2, 2, 2 * kMiB, kMiB));
-    EXPECT_TRUE(newer->closed_within(10s));
-    EXPECT_FALSE(older->closed_within(200ms));
+    EXPECT_TRUE(older->closed_within(10s));
+    EXPECT_FALSE(newer->closed_within(200ms));
   }
   // A request whose lane table is torn, or names a buffer that is not
   // empty.
@@ -539,7 +621,7 @@ TEST_F(TransportTest, MalformedLanesDropTheirConnection) {
         request(ref(1), "x"),
         request(ref(0), ""),
         request(ref(2), "")}) {
-    auto parent = raw_tcp_peer(port, 7, "s3cret");
+    auto parent = raw_tcp_peer(port, "s3cret");
     ASSERT_TRUE(parent->send(frame));
     EXPECT_TRUE(parent->closed_within(10s));
   }

@@ -128,6 +128,14 @@ struct WorkerSpec {
     int spares = 0;
   };
   Prestart prestart;
+  // The job's secret (docs/security.md): workers get it as TIDE_RPC_TOKEN,
+  // so tide's rpc agents and its torch backend prove it to each other,
+  // unless their environment sets TIDE_RPC_TOKEN itself. Give every node
+  // the same one (tiderun: TIDE_JOB_SECRET or --rdzv-conf secret_file=).
+  // Empty: one is made each round, here when the round has one node, or
+  // agreed through the round's store when it has several (then anyone who
+  // can read that store can learn it; the log says so once).
+  std::string job_secret;
 };
 
 // Throws InvalidArgument when a spec cannot run (no handler, no workers, an

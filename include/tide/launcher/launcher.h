@@ -32,6 +32,9 @@ struct LaunchConfig {
   std::string rdzv_endpoint;
   // --rdzv-conf key=value pairs, given to the backend as they are.
   std::map<std::string, std::string> rdzv_configs;
+  // The job's secret (WorkerSpec::job_secret), also the token of the c10d
+  // store (TIDE_JOB_SECRET, or the file --rdzv-conf secret_file= names).
+  std::string job_secret;
   // The address other nodes reach this one at (--local-addr; empty: this
   // host's name).
   std::string local_addr;

@@ -49,6 +49,10 @@ struct RendezvousParameters {
   int max_nodes = 1;
   std::string local_addr;
   std::map<std::string, std::string> config;
+  // The job secret, as the token of the tide store a backend hosts or
+  // joins (c10d; TcpStoreOptions::token): torch's clients cannot present
+  // one, so a job whose nodes include torch agents leaves it empty.
+  std::string token;
 
   // A config value, or `fallback` when absent.
   std::string get(

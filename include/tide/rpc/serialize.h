@@ -375,6 +375,9 @@ class Decoder {
   void set_context(detail::WireContext* context) {
     context_ = context;
   }
+  // The worker whose message this is (its authenticated connection's),
+  // -1 outside one.
+  int caller() const;
   // The call's distributed autograd record, set by the rpc agent inside a
   // context (tensors need it).
   detail::GradRecorder* grads() const {

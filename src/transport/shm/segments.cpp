@@ -122,7 +122,11 @@ Mapping::Mapping(Fd fd, size_t size) : size_(size) {
         "of the " +
         std::to_string(size) + " bytes it claims");
   }
-  void* base = map_populated(fd, size);
+  // Not populated: a page costs this side only once a buffer in it is read
+  // (a peer could pass sealed segments it never wrote, and have us fault
+  // in gigabytes of zeros).
+  void* base =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
     throw ProtocolError(
         "mapping the peer's shared-memory segment: " + errno_text());

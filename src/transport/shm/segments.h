@@ -88,7 +88,8 @@ class Mapping {
  public:
   // Maps fd (closed once mapped) after checking that it is a
   // sealed memfd of exactly `size` bytes, so the peer can neither shrink it
-  // under us nor make us map less than it claims. Throws ProtocolError.
+  // under us nor make us map less than it claims; its pages are faulted in
+  // as they are read, not ahead. Throws ProtocolError.
   Mapping(Fd fd, size_t size);
   ~Mapping();
   Mapping(const Mapping&) = delete;

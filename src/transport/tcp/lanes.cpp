@@ -10,6 +10,7 @@
 
 #include "tide/common/error.h"
 
+#include "transport/auth.h"
 #include "transport/connection.h"
 #include "transport/control.h"
 #include "transport/fields.h"
@@ -286,7 +287,12 @@ void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
     lane->send(Message{
         ControlType::kLaneHello,
         0,
-        FieldWriter().i32(options.self_id).u32(j).str(options.token).take(),
+        FieldWriter()
+            .i32(options.self_id)
+            .u32(j)
+            .str(auth::proof(
+                options.token, auth::Role::kLane, parent->session, j))
+            .take(),
         {}});
     // Used once connected: a lane that cannot connect is left out.
     connect_tcp(lane, [parent, lane] {

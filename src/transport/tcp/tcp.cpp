@@ -68,9 +68,14 @@ void Transport::Impl::start_accept() {
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) {
       return;
     }
+    if (ec) {
+      accept_failed("TCP port", ec, false);
+      return;
+    }
+    accept_backoff = {};
     asio::error_code ep_ec;
     auto endpoint = s.local_endpoint(ep_ec);
-    if (!ec && !ep_ec) {
+    if (!ep_ec) {
       auto protocol = endpoint.protocol();
       adopt(
           Socket(
@@ -79,8 +84,6 @@ void Transport::Impl::start_accept() {
                   protocol.family(), protocol.protocol()),
               s.release()),
           false);
-    } else {
-      TIDE_LOG_WARN("[{}] accept failed: {}", options.self_name, ec.message());
     }
     start_accept();
   });

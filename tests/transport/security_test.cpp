@@ -1,0 +1,527 @@
+// The transport against peers that do not belong: the secret proved and
+// never sent, nothing sent to a callee that has not proved itself, handshakes
+// that do not replay, identities held to the peer table, other users kept off
+// the Unix socket, and bounds on what strangers and non-readers can make a
+// worker hold. Each test plays the hostile side by hand (support/raw_rpc.h)
+// against a real Transport on 127.0.0.1.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tide/common/error.h"
+#include "tide/rpc/rpc.h"
+#include "tide/rpc/serialize.h"
+#include "tide/store/tcp_store.h"
+
+#include "support/peak_memory.h"
+#include "support/raw_client.h"
+#include "support/raw_rpc.h"
+#include "support/rpc_child.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+#include "transport/auth.h"
+#include "transport/control.h"
+#include "transport/fields.h"
+#include "transport/frame.h"
+#include "transport/transport.h"
+
+namespace tide::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+constexpr MessageType kRequest = kFirstUpperType;
+constexpr uint64_t kMiB = 1 << 20;
+const std::string kToken = "correct-horse-battery-staple";
+
+// A transport whose messages and closed connections the test can wait for.
+struct Node {
+  explicit Node(TransportOptions o) {
+    o.message_types = MessageTypes{{kRequest, "REQUEST"}};
+    transport = std::make_unique<Transport>(
+        std::move(o),
+        TransportHandlers{
+            .on_message =
+                [this](const Pipe&, Message m) {
+                  std::lock_guard lock(mutex);
+                  messages.push_back(std::move(m.metadata));
+                },
+            .on_closed =
+                [this](const Pipe& p, const std::string& reason) {
+                  if (p.outgoing()) {
+                    std::lock_guard lock(mutex);
+                    if (!closed_set) {
+                      closed_set = true;
+                      closed.set_value(reason);
+                    }
+                  }
+                }});
+  }
+
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  bool closed_set = false;
+  std::promise<std::string> closed;
+  // Last: it goes first, while what its handlers touch is still there.
+  std::unique_ptr<Transport> transport;
+};
+
+// A listening TCP socket on 127.0.0.1 that plays worker 1.
+class RawListener {
+ public:
+  RawListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      throw std::runtime_error("RawListener: cannot listen");
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~RawListener() {
+    ::close(fd_);
+  }
+  uint16_t port() const {
+    return port_;
+  }
+  // The next connection, within 10 s.
+  int accept() {
+    pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 10'000) != 1) {
+      throw std::runtime_error("RawListener: nobody connected");
+    }
+    return ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+// Everything fd delivers until the peer closes (within 10 s).
+std::string read_to_close(int fd) {
+  std::string all;
+  char buf[4096];
+  for (;;) {
+    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 10'000) != 1) {
+      throw std::runtime_error("read_to_close: the peer did not close");
+    }
+    ssize_t k = ::recv(fd, buf, sizeof buf, 0);
+    if (k <= 0) {
+      return all;
+    }
+    all.append(buf, static_cast<size_t>(k));
+  }
+}
+
+TransportOptions node(int id, const std::string& name) {
+  TransportOptions o;
+  o.self_id = id;
+  o.self_name = name;
+  o.shared_memory = false;
+  o.token = kToken;
+  return o;
+}
+
+// Worker a (id 0, a Node) and worker 1 (the test's RawListener).
+void meet_raw(Node& a, const RawListener& raw) {
+  a.transport->set_peers(
+      {{0, "a", "127.0.0.1", a.transport->port(), "", ""},
+       {1, "b", "127.0.0.1", raw.port(), "elsewhere", ""}});
+}
+
+TEST(
+    TransportSecurityTest,
+    TheTokenNeverTravelsAndNothingGoesToAnUnprovedCallee) {
+  Node a(node(0, "a"));
+  RawListener raw;
+  meet_raw(a, raw);
+  a.transport->pipe_to(1).send(Message{kRequest, 1, "the-request", {}});
+
+  // An impostor at b's address, without the token: it learns nothing.
+  int fd = raw.accept();
+  auto hello = test::read_control_frame(fd);
+  ASSERT_TRUE(hello);
+  EXPECT_EQ(hello->type, ControlType::kHandshake);
+  EXPECT_EQ(hello->metadata.find(kToken), std::string::npos);
+  FieldReader r(hello->metadata, "a handshake");
+  auth::Session s{.caller_id = r.i32()};
+  r.str();
+  r.u32();
+  s.caller_nonce = r.str();
+  s.callee_nonce = auth::nonce();
+  s.callee_id = 1;
+  std::string ack = encode(
+      {.type = ControlType::kHandshakeAck,
+       .metadata = FieldWriter()
+                       .i32(1)
+                       .str("b")
+                       .u32(0)
+                       .str(s.callee_nonce)
+                       .str(auth::proof("a-guess", auth::Role::kCallee, s))
+                       .take()});
+  ASSERT_EQ(
+      ::send(fd, ack.data(), ack.size(), MSG_NOSIGNAL),
+      static_cast<ssize_t>(ack.size()));
+  EXPECT_EQ(read_to_close(fd), "");  // no PROOF, no request: a closed
+  ::close(fd);
+  auto reason = a.closed.get_future();
+  ASSERT_EQ(reason.wait_for(10s), std::future_status::ready);
+  EXPECT_THAT(
+      reason.get(),
+      HasSubstr("could not prove that it holds the group's token"));
+
+  // The real b: the request comes after the caller's proof, and neither
+  // carries the token.
+  a.transport->pipe_to(1).send(Message{kRequest, 2, "the-request", {}});
+  fd = raw.accept();
+  test::handshake_as_callee(fd, 1, kToken);
+  FrameDecoder d(MessageTypes().add(control_types()).add(kRequest, "REQUEST"));
+  std::optional<Frame> request;
+  while (!request) {
+    char c = 0;
+    ASSERT_EQ(::recv(fd, &c, 1, 0), 1);
+    d.feed(&c, 1);
+    request = d.next();
+  }
+  EXPECT_EQ(request->type, kRequest);
+  EXPECT_EQ(request->metadata, "the-request");
+  ::close(fd);
+}
+
+TEST(TransportSecurityTest, ACallerWithoutTheTokenIsRefusedAtItsHello) {
+  Node b(node(1, "b"));
+  test::RawClient raw(b.transport->port());
+  try {
+    test::handshake_as_caller(
+        raw.fd(), [&](const std::string& s) { raw.send(s); }, 0, "a", "");
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("none was presented"));
+  }
+}
+
+TEST(TransportSecurityTest, ARecordedHandshakeDoesNotReplay) {
+  Node b(node(1, "b"));
+  std::vector<std::string> sent;
+  {
+    test::RawClient first(b.transport->port());
+    test::handshake_as_caller(
+        first.fd(),
+        [&](const std::string& s) {
+          sent.push_back(s);
+          first.send(s);
+        },
+        0,
+        "a",
+        kToken);
+  }
+  ASSERT_EQ(sent.size(), 2u);  // HANDSHAKE, PROOF
+  test::RawClient replay(b.transport->port());
+  ASSERT_TRUE(replay.send(sent[0]));
+  auto ack = test::read_control_frame(replay.fd());
+  ASSERT_TRUE(ack);
+  EXPECT_EQ(ack->type, ControlType::kHandshakeAck);
+  ASSERT_TRUE(replay.send(sent[1]));  // a proof of the first session
+  auto refusal = test::read_control_frame(replay.fd());
+  ASSERT_TRUE(refusal);
+  EXPECT_EQ(refusal->type, ControlType::kRefused);
+  EXPECT_THAT(refusal->metadata, HasSubstr("this one is wrong"));
+  EXPECT_TRUE(replay.closed_within(10s));
+}
+
+// python3 connects to an abstract Unix socket, sends hex bytes and prints
+// "got <hex>" of what came back before the close (or a frame's header).
+const char* kUnixProbe = R"(
+import binascii, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\0" + sys.argv[1])
+s.sendall(binascii.unhexlify(sys.argv[2]))
+s.settimeout(10)
+data = b""
+while True:
+    try:
+        c = s.recv(65536)
+    except ConnectionError:
+        break
+    if not c:
+        break
+    data += c
+print("got", binascii.hexlify(data).decode(), flush=True)
+)";
+
+std::string hex(const std::string& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+// What the probe got back, as bytes; `as_nobody` runs it as user nobody.
+std::string probe_unix(
+    const std::string& name, const std::string& bytes, bool as_nobody) {
+  std::vector<std::string> argv;
+  if (as_nobody) {
+    argv = {
+        "/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  }
+  for (const char* a : {"/usr/bin/python3", "-c", kUnixProbe}) {
+    argv.emplace_back(a);
+  }
+  argv.push_back(name);
+  argv.push_back(hex(bytes));
+  test::Subprocess probe(argv, {.merge_stderr = true});
+  auto line = probe.read_line(20s);
+  if (!line || line->rfind("got ", 0) != 0) {
+    throw std::runtime_error("the probe said: " + line.value_or("nothing"));
+  }
+  std::string out;
+  for (size_t i = 4; i + 1 < line->size(); i += 2) {
+    out += static_cast<char>(std::stoi(line->substr(i, 2), nullptr, 16));
+  }
+  return out;
+}
+
+TEST(TransportSecurityTest, OtherUsersCannotSpeakOnTheUnixSocket) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "runs a probe as user nobody: needs root";
+  }
+  TransportOptions o = node(1, "b");
+  o.shared_memory = true;
+  o.handshake_timeout = 2s;
+  Node b(o);
+  ASSERT_FALSE(b.transport->local_name().empty());
+  std::string hello = test::hello_frame(0, "a", auth::nonce(), true);
+  // The same hello: from this user it is answered, from nobody the socket
+  // closes before a byte comes back.
+  EXPECT_NE(probe_unix(b.transport->local_name(), hello, false), "");
+  EXPECT_EQ(probe_unix(b.transport->local_name(), hello, true), "");
+
+  o.allowed_uids = {65534};
+  Node c(o);
+  EXPECT_NE(probe_unix(c.transport->local_name(), hello, true), "");
+}
+
+TEST(TransportSecurityTest, APeerCannotClaimAnotherWorkersId) {
+  TransportOptions o = node(1, "b");
+  o.shared_memory = true;
+  Node b(o);
+  // Worker a is this process (its socket name says so).
+  b.transport->set_peers(
+      {{0,
+        "a",
+        "127.0.0.1",
+        1,
+        local_host_key(),
+        "tide-rpc-" + std::to_string(::getpid()) + "-x"},
+       {1, "b", "127.0.0.1", b.transport->port(), "", ""}});
+  auto refused = [&](int id, const std::string& name) -> std::string {
+    test::RawClient raw(b.transport->port());
+    try {
+      test::handshake_as_caller(
+          raw.fd(),
+          [&](const std::string& s) { raw.send(s); },
+          id,
+          name,
+          kToken);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_THAT(refused(7, "a"), HasSubstr("no worker of the group has id 7"));
+  EXPECT_THAT(refused(0, "mallory"), HasSubstr("is 'a', not 'mallory'"));
+  EXPECT_EQ(refused(0, "a"), "");
+  // Another process of this user, on the Unix socket, claiming to be a.
+  std::string answer = probe_unix(
+      b.transport->local_name(),
+      test::hello_frame(0, "a", auth::nonce(), true),
+      false);
+  FrameDecoder d(control_types());
+  d.feed(answer.data(), answer.size());
+  auto f = d.next();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->type, ControlType::kRefused);
+  EXPECT_THAT(f->metadata, HasSubstr("this connection comes from process"));
+}
+
+TEST(TransportSecurityTest, StrangersHoldLittleMemoryAndNotForLong) {
+  TransportOptions o = node(1, "b");
+  o.handshake_timeout = 3s;
+  o.max_unauthenticated = 64;
+  Node b(o);
+  test::PeakMemory peak;
+  // 400 connections that never say a word.
+  std::vector<std::unique_ptr<test::RawClient>> idle;
+  for (int i = 0; i < 400; ++i) {
+    idle.push_back(std::make_unique<test::RawClient>(b.transport->port()));
+  }
+  // Past the cap they are closed at once; the others at the deadline.
+  for (auto& c : idle) {
+    EXPECT_TRUE(c->closed_within(20s));
+  }
+  // Each held one costs a small read buffer, not 256 KiB (400 of those
+  // were +104 MB).
+  EXPECT_LT(peak.growth(), 16 * kMiB);
+  idle.clear();
+  // b still takes a worker that proves itself.
+  test::RawClient good(b.transport->port());
+  EXPECT_NO_THROW(test::handshake_as_caller(
+      good.fd(), [&](const std::string& s) { good.send(s); }, 0, "a", kToken));
+}
+
+TEST(TransportSecurityTest, APeerThatDoesNotReadCannotGrowTheSender) {
+  TransportOptions o = node(0, "a");
+  o.max_queued_bytes = 32 * kMiB;
+  Node a(o);
+  RawListener raw;
+  meet_raw(a, raw);
+  Pipe pipe = a.transport->pipe_to(1);
+  int fd = raw.accept();
+  test::handshake_as_callee(fd, 1, kToken);  // then never reads again
+  test::PeakMemory peak;
+  int refused = 0;
+  std::string why;
+  for (uint64_t id = 1; id <= 100; ++id) {
+    try {
+      pipe.send(
+          Message{kRequest, id, "", {Buffer(std::string(4 * kMiB, 'x'))}});
+    } catch (const NetworkError& e) {
+      ++refused;
+      why = e.what();
+    }
+  }
+  // 100 requests of 4 MiB never read were +412 MB.
+  EXPECT_GT(refused, 80);
+  EXPECT_THAT(why, HasSubstr("the peer is not reading"));
+  EXPECT_LT(peak.growth(), 64 * kMiB);
+  // Calls that time out take their frames back: there is room again.
+  for (uint64_t id = 1; id <= 100; ++id) {
+    pipe.cancel(id);
+  }
+  EXPECT_NO_THROW(pipe.send(
+      Message{kRequest, 101, "", {Buffer(std::string(4 * kMiB, 'x'))}}));
+  ::close(fd);
+}
+
+// A worker of the C++ rpc under tiderun with its default flags: it says
+// where it listens, and it refuses a caller that lacks the job's secret.
+TEST(
+    TransportSecurityTest,
+    AWorkerUnderTiderunRefusesCallersWithoutTheJobsSecret) {
+  test::TempDir tmp;
+  std::string fifo = (tmp.path() / "done").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  test::Subprocess run(
+      {TIDERUN_BIN,
+       "--standalone",
+       "--nproc-per-node=2",
+       "--log-dir",
+       (tmp.path() / "logs").string(),
+       "--no-python",
+       std::filesystem::read_symlink("/proc/self/exe").string()},
+      {.env = {{"TIDE_SECURITY_TIDERUN_CHILD", fifo}}, .merge_stderr = true});
+  std::optional<uint16_t> port;
+  std::string seen;
+  while (!port) {
+    auto line = run.read_line(60s);
+    ASSERT_TRUE(line) << seen;
+    seen += *line + "\n";
+    if (auto at = line->find("listening on "); at != std::string::npos) {
+      port = static_cast<uint16_t>(std::stoi(line->substr(at + 13)));
+    }
+  }
+  EXPECT_THAT(seen, HasSubstr("with a token"));
+  auto refusal = [&](const std::string& token) -> std::string {
+    test::RawClient raw(*port);
+    try {
+      test::handshake_as_caller(
+          raw.fd(), [&](const std::string& b) { raw.send(b); }, 0, "w0", token);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_THAT(refusal(""), HasSubstr("none was presented"));
+  EXPECT_THAT(
+      refusal("a-guess"), HasSubstr("the callee's proof does not hold"));
+  {
+    int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ::close(fd);  // the workers may end
+  }
+  auto status = run.wait(60s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(*status, 0) << run.read_all(1s);
+}
+
+}  // namespace
+}  // namespace tide::transport
+
+namespace tide::test {
+
+void run_security_child_if_requested() {
+  const char* fifo = std::getenv("TIDE_SECURITY_TIDERUN_CHILD");
+  if (fifo == nullptr) {
+    return;
+  }
+  int rank = std::atoi(std::getenv("RANK"));
+  int world = std::atoi(std::getenv("WORLD_SIZE"));
+  const char* token = std::getenv("TIDE_RPC_TOKEN");
+  // The agent serves MASTER_ADDR:MASTER_PORT (tiderun's default).
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  auto store = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+      .host = std::getenv("MASTER_ADDR"),
+      .port = static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
+      .is_server =
+          rank == 0 && std::string(agent_store ? agent_store : "") != "True",
+      .timeout = std::chrono::seconds(60)});
+  rpc::RpcAgent agent("w" + std::to_string(rank), rank, world, {}, store);
+  if (rank == 0) {
+    std::string published = store->get("rpc/workers/0");
+    rpc::Decoder d(published);
+    auto entry = rpc::decode_args<std::tuple<
+        std::string,
+        int,
+        std::string,
+        int,
+        std::string,
+        std::string>>(d, "entry");
+    std::printf(
+        "w0 %s, listening on %d\n",
+        token != nullptr && *token != '\0' ? "with a token" : "without a token",
+        std::get<3>(entry));
+    std::fflush(stdout);
+    int fd = ::open(fifo, O_RDONLY | O_CLOEXEC);
+    char c = 0;
+    while (fd >= 0 && ::read(fd, &c, 1) > 0) {
+    }
+    ::close(fd);
+  }
+  agent.shutdown(true);
+  std::_Exit(0);
+}
+
+}  // namespace tide::test
