@@ -40,8 +40,9 @@ class TideRpcBackendOptions(_torch_rpc.TideRpcBackendOptions):
         transports: ["shm", "tcp"] (default) or ["tcp"]: shm carries messages
             between processes of one host and network namespace.
         lanes: extra TCP connections a tensor of 1 MiB or more is cut over (2).
-        token: a shared secret every worker must present (default: the
-            environment's TIDE_RPC_TOKEN, if set).
+        token: a shared secret every worker proves it holds, never sent
+            (default: the environment's TIDE_RPC_TOKEN, which tiderun sets
+            for its workers).
         poll_us: how long idle threads poll before they sleep (300 us).
         listen_host: the address to listen on (default: TIDE_RPC_LISTEN_HOST,
             else the local address that routes to the init_method's host,
