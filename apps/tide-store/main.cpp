@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-total-bytes", options.limits.max_total_bytes)
       ->capture_default_str();
+  app.add_option(
+         "--max-pending-reply-bytes", options.limits.max_pending_reply_bytes)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(request_timeout_s * 1000));

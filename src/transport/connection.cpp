@@ -81,7 +81,7 @@ void Connection::set_state(State next) {
   TIDE_LOG_TRACE(
       "[{}] connection with {}: {} -> {}",
       owner.options.self_name,
-      owner.peer_label(peer_id),
+      who(),
       state_name(state),
       state_name(next));
   state = next;
@@ -219,9 +219,13 @@ void Connection::read_ready() {
         }
       }
     }
+    // A caller's first frame after its PROOF may carry descriptors, and
+    // one read may take both: only the first frames of each side may not.
+    bool first_frame =
+        state == State::kAwaitingHello || state == State::kAwaitingAck;
     if ((msg.msg_flags & MSG_CTRUNC) != 0 ||
         received_fds.size() > kMaxFdsPerFrame ||
-        (!handshaken() && !received_fds.empty())) {
+        (first_frame && !received_fds.empty())) {
       drop("protocol error: the peer passed descriptors it may not pass");
       return;
     }
@@ -278,9 +282,17 @@ void Connection::drop(const std::string& reason) {
   TIDE_LOG_WARN(
       "[{}] dropping connection with {}: {}",
       owner.options.self_name,
-      owner.peer_label(peer_id),
+      who(),
       reason);
   fail(reason);
+}
+
+std::string Connection::who() const {
+  if (outgoing || lane || handle.peer() >= 0 || peer_id < 0) {
+    return owner.peer_label(peer_id);
+  }
+  return "a peer claiming to be worker " + std::to_string(peer_id) +
+         " (not proved)";
 }
 
 void Connection::on_frame(Frame frame) {

@@ -117,6 +117,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void start();
   // Fails the connection after logging why (the peer misbehaved). Loop.
   void drop(const std::string& reason);
+  // The peer, for logs: its label once it proved itself (or this side
+  // chose it), what it claims until then. Loop.
+  std::string who() const;
   // Closes it and tells the transport once. Loop.
   void fail(const std::string& reason);
   // fail() on the loop, after reading what the socket still holds; any

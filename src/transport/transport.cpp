@@ -305,7 +305,7 @@ void Transport::Impl::connection_failed(
     TIDE_LOG_DEBUG(
         "[{}] connection from {} closed: {}",
         options.self_name,
-        peer_label(conn.peer_id),
+        conn.who(),
         reason);
     if (conn.pipe().peer() >= 0) {  // it proved who it is
       handlers.on_closed(conn.pipe(), reason);

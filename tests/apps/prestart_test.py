@@ -21,6 +21,15 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from procs import DEADLINE, alive, children, wait_until  # noqa: E402
 
+# What differs between any two runs: the run's id, its paths, the port, the
+# run's secret, this test's output directory.
+VARIES = {
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "MASTER_PORT",
+    "TIDE_RPC_TOKEN",
+    "OUT",
+}
 TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prestart")
 WORKER = os.path.join(HERE, "worker.py")
@@ -79,12 +88,9 @@ class PrestartTest(unittest.TestCase):
             r = tiderun("dump", out, prestart=prestart)
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             dumps.append([json.loads(read(out, f"dump.{k}")) for k in (0, 1)])
-        # What differs between any two runs: the run's id, its paths, the
-        # port, this test's output directory.
-        varies = {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT", "OUT"}
         for cold, warm in zip(*dumps):
             for d in (cold, warm):
-                for k in varies:
+                for k in VARIES:
                     d["env"].pop(k)
             self.assertEqual(cold, warm)
         self.assertEqual(dumps[1][0]["name"], "__main__")
@@ -99,7 +105,7 @@ class PrestartTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             dumps.append(json.loads(read(out, "dump.1")))
         for d in dumps:
-            for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT", "OUT"):
+            for k in VARIES:
                 d["env"].pop(k)
         self.assertEqual(dumps[0], dumps[1])
         self.assertEqual(dumps[1]["argv"][0], WORKER)

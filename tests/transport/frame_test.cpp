@@ -129,7 +129,7 @@ TEST(FrameTest, EveryMessageTypeRoundTrips) {
 }
 
 TEST(FrameTest, TypesOutsideTheTableAreUnknown) {
-  for (int v : {0x00, 0x0a, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
+  for (int v : {0x00, 0x0b, 0x0f, 0x14, 0x23, 0x32, 0x7f, 0xff}) {
     EXPECT_FALSE(all_types().known(static_cast<MessageType>(v))) << v;
   }
   EXPECT_STREQ(all_types().name(0x7f), "UNKNOWN");
@@ -221,14 +221,15 @@ TEST(FrameTest, BadMagicIsRejectedFromItsFourBytes) {
 }
 
 TEST(FrameTest, UnknownVersionIsRejected) {
-  std::string bytes = raw({.version = 2});
-  EXPECT_THAT(error_of(bytes.substr(0, 5)), HasSubstr("frame version 2"));
+  // Version 1 sent the token itself in its handshake.
+  std::string bytes = raw({.version = 1});
+  EXPECT_THAT(error_of(bytes.substr(0, 5)), HasSubstr("frame version 1"));
   EXPECT_THAT(error_of(raw({.version = 0})), HasSubstr("frame version 0"));
 }
 
 TEST(FrameTest, UnknownTypesAreRejected) {
   for (auto [t, text] : std::vector<std::pair<uint8_t, std::string>>{
-           {0x00, "0x00"}, {0x0a, "0x0a"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
+           {0x00, "0x00"}, {0x0b, "0x0b"}, {0x23, "0x23"}, {0xff, "0xff"}}) {
     std::string bytes = raw({.type = t});
     EXPECT_THAT(
         error_of(bytes.substr(0, 6)),
