@@ -19,6 +19,7 @@
 #include "tide/etcd/etcd_store.h"
 
 #include "support/etcd.h"
+#include "support/raw_client.h"
 
 namespace tide::etcd {
 namespace {
@@ -417,17 +418,7 @@ TEST(EtcdClientFailoverTest, NetworkErrorNamesEveryEndpointWhenAllAreDead) {
 class CannedHttpServer {
  public:
   CannedHttpServer(int status, std::string body) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::listen(fd_, 16) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      throw std::runtime_error("CannedHttpServer: cannot listen");
-    }
-    port_ = ntohs(addr.sin_port);
+    fd_ = test::listen_on_loopback(&port_);
     reply_ = "HTTP/1.1 " + std::to_string(status) +
              " X\r\nContent-Type: application/json\r\nContent-Length: " +
              std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +

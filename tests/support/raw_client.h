@@ -16,6 +16,26 @@
 // a deadline so a hang fails the test.
 namespace tide::test {
 
+// A listening TCP socket on 127.0.0.1, on a port the kernel picks (written
+// to *port). Throws std::runtime_error when it cannot listen.
+inline int listen_on_loopback(uint16_t* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(fd, 16) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) {
+      ::close(fd);
+    }
+    throw std::runtime_error("cannot listen on 127.0.0.1");
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 class RawClient {
  public:
   explicit RawClient(uint16_t port) {

@@ -30,6 +30,7 @@
 #include "support/raw_client.h"
 #include "support/raw_rpc.h"
 #include "support/rpc_child.h"
+#include "support/rpc_entry.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "transport/auth.h"
@@ -84,17 +85,7 @@ struct Node {
 class RawListener {
  public:
   RawListener() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        ::listen(fd_, 16) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      throw std::runtime_error("RawListener: cannot listen");
-    }
-    port_ = ntohs(addr.sin_port);
+    fd_ = test::listen_on_loopback(&port_);
   }
   ~RawListener() {
     ::close(fd_);
@@ -255,17 +246,17 @@ const char* kUnixProbe = R"(
 import binascii, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect("\0" + sys.argv[1])
-s.sendall(binascii.unhexlify(sys.argv[2]))
 s.settimeout(10)
 data = b""
-while True:
-    try:
+try:
+    s.sendall(binascii.unhexlify(sys.argv[2]))
+    while True:
         c = s.recv(65536)
-    except ConnectionError:
-        break
-    if not c:
-        break
-    data += c
+        if not c:
+            break
+        data += c
+except ConnectionError:  # closed at once: a refused user
+    pass
 print("got", binascii.hexlify(data).decode(), flush=True)
 )";
 
@@ -500,19 +491,11 @@ void run_security_child_if_requested() {
       .timeout = std::chrono::seconds(60)});
   rpc::RpcAgent agent("w" + std::to_string(rank), rank, world, {}, store);
   if (rank == 0) {
-    std::string published = store->get("rpc/workers/0");
-    rpc::Decoder d(published);
-    auto entry = rpc::decode_args<std::tuple<
-        std::string,
-        int,
-        std::string,
-        int,
-        std::string,
-        std::string>>(d, "entry");
+    transport::PeerAddress me = decode_rpc_entry(store->get("rpc/workers/0"));
     std::printf(
         "w0 %s, listening on %d\n",
         token != nullptr && *token != '\0' ? "with a token" : "without a token",
-        std::get<3>(entry));
+        me.port);
     std::fflush(stdout);
     int fd = ::open(fifo, O_RDONLY | O_CLOEXEC);
     char c = 0;

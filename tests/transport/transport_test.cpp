@@ -35,6 +35,7 @@
 #include "support/raw_client.h"
 #include "support/raw_rpc.h"
 #include "support/rpc_child.h"
+#include "support/rpc_entry.h"
 #include "support/subprocess.h"
 #include "transport/auth.h"
 #include "transport/control.h"
@@ -105,17 +106,9 @@ class TransportTest : public ::testing::Test {
 
   // What worker `rank` published in the store.
   transport::PeerAddress published(int rank) {
-    std::string entry = store_client(server_->port())
-                            ->get("rpc/workers/" + std::to_string(rank));
-    Decoder d(entry);
-    auto [name, id, host, port, host_key, local_name] = decode_args<std::tuple<
-        std::string,
-        int,
-        std::string,
-        int,
-        std::string,
-        std::string>>(d, "entry");
-    return {id, name, host, static_cast<uint16_t>(port), host_key, local_name};
+    return test::decode_rpc_entry(
+        store_client(server_->port())
+            ->get("rpc/workers/" + std::to_string(rank)));
   }
 
   std::unique_ptr<store::TcpStore> server_;
