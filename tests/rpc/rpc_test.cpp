@@ -319,6 +319,52 @@ TEST_F(RpcTest, AsyncFunctionDoesNotHoldAWorkerThread) {
   EXPECT_EQ(pending.wait(10s), 42);
 }
 
+// A peer that sends requests faster than they run fills a bounded queue:
+// past transport::Workers::kMaxQueuedRequests each is answered with an
+// error at once, and the queue drains as before once the thread is free.
+TEST_F(RpcTest, RequestsPastTheWorkersQueueAreRefusedAtOnce) {
+  auto agents = group({"caller", "callee"}, {.num_worker_threads = 1});
+  Promise<void> release;
+  Future<void> released = release.get_future();
+  Promise<void> in;
+  agents[1]->register_function("block", [&] {
+    in.set_value();
+    released.wait(60s);
+  });
+  agents[1]->register_function("add", add);
+  Future<void> blocking = agents[0]->rpc_async<void>("callee", "block");
+  in.get_future().wait(10s);
+  constexpr size_t kQueue = 65'536;
+  std::vector<Future<int64_t>> queued;
+  queued.reserve(kQueue + 100);
+  for (size_t i = 0; i < kQueue + 100; ++i) {
+    queued.push_back(agents[0]->rpc_async<int64_t>(
+        "callee", "add", int64_t{1}, static_cast<int64_t>(i)));
+  }
+  // The last ones were refused while the thread was still held.
+  try {
+    queued.back().wait(60s);
+    FAIL() << "expected the call to be refused";
+  } catch (const RemoteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("requests waiting for a thread already"));
+  }
+  release.set_value();
+  blocking.wait(60s);
+  size_t served = 0;
+  size_t refused = 0;
+  for (auto& f : queued) {
+    try {
+      f.wait(60s);
+      ++served;
+    } catch (const RemoteError&) {
+      ++refused;
+    }
+  }
+  EXPECT_GE(served, kQueue - 1);
+  EXPECT_GE(refused, 99u);
+  EXPECT_EQ(served + refused, queued.size());
+}
+
 TEST_F(RpcTest, AsyncFunctionCompletingAfterTheAgentIsGoneIsHarmless) {
   auto agents = group({"caller", "callee"});
   Promise<int64_t> held;
