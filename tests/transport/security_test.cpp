@@ -6,6 +6,7 @@
 // against a real Transport on 127.0.0.1.
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,13 +16,17 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include "tide/common/error.h"
+#include "tide/common/logging.h"
 #include "tide/rpc/rpc.h"
 #include "tide/rpc/serialize.h"
 #include "tide/store/tcp_store.h"
@@ -381,6 +386,73 @@ TEST(TransportSecurityTest, StrangersHoldLittleMemoryAndNotForLong) {
   test::RawClient good(b.transport->port());
   EXPECT_NO_THROW(test::handshake_as_caller(
       good.fd(), [&](const std::string& s) { good.send(s); }, 0, "a", kToken));
+}
+
+// CPU seconds this process has used.
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+TEST(TransportSecurityTest, OutOfDescriptorsTheAcceptLoopBacksOff) {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  tide::logger().sinks().push_back(sink);
+  {
+    Node b(node(1, "b"));
+    // Sockets made while descriptors are left, connected once none are:
+    // b's accept fails with EMFILE for each.
+    std::vector<int> clients;
+    for (int i = 0; i < 20; ++i) {
+      clients.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    }
+    rlimit was{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+    // New descriptors take the lowest free number: none below it is left.
+    int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    rlimit low = was;
+    low.rlim_cur = static_cast<rlim_t>(lowest_free);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(b.transport->port());
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int c : clients) {
+      ::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    }
+    // A measured second: the loop waits out its backoff instead of spinning
+    // on the failing accept (that was a whole core, and a log line each).
+    double before = cpu_seconds();
+    std::this_thread::sleep_for(1s);
+    double used = cpu_seconds() - before;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &was), 0);
+    EXPECT_LT(used, 0.3);
+    // Descriptors again: the waiting connections are taken, and one that
+    // proves itself is served.
+    EXPECT_NO_THROW(test::handshake_as_caller(
+        clients[0],
+        [&](const std::string& s) {
+          ::send(clients[0], s.data(), s.size(), MSG_NOSIGNAL);
+        },
+        0,
+        "a",
+        kToken));
+    for (int c : clients) {
+      ::close(c);
+    }
+  }
+  std::erase(tide::logger().sinks(), sink);
+  std::string log = captured.str();
+  size_t warnings = 0;
+  for (size_t at = 0; (at = log.find("accept on the TCP port failed", at)) !=
+                      std::string::npos;
+       ++at) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
 }
 
 TEST(TransportSecurityTest, APeerThatDoesNotReadCannotGrowTheSender) {
