@@ -191,7 +191,9 @@ TEST(
   a.transport->pipe_to(1).send(Message{kRequest, 2, "the-request", {}});
   fd = raw.accept();
   test::handshake_as_callee(fd, 1, kToken);
-  FrameDecoder d(MessageTypes().add(control_types()).add(kRequest, "REQUEST"));
+  MessageTypes types;
+  types.add(control_types()).add(kRequest, "REQUEST");
+  FrameDecoder d(types);
   std::optional<Frame> request;
   while (!request) {
     char c = 0;
@@ -397,6 +399,10 @@ double cpu_seconds() {
 }
 
 TEST(TransportSecurityTest, OutOfDescriptorsTheAcceptLoopBacksOff) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' runtimes need descriptors of their own "
+                  "(out of them, UBSan reports a false vptr error)";
+#endif
   std::ostringstream captured;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
   tide::logger().sinks().push_back(sink);
@@ -467,10 +473,13 @@ TEST(TransportSecurityTest, APeerThatDoesNotReadCannotGrowTheSender) {
   test::PeakMemory peak;
   int refused = 0;
   std::string why;
+  // A new 4 MiB buffer for each message that was taken (the one refused
+  // is offered again), so memory grows with what the connection holds.
+  Buffer next(std::string(4 * kMiB, 'x'));
   for (uint64_t id = 1; id <= 100; ++id) {
     try {
-      pipe.send(
-          Message{kRequest, id, "", {Buffer(std::string(4 * kMiB, 'x'))}});
+      pipe.send(Message{kRequest, id, "", {next}});
+      next = Buffer(std::string(4 * kMiB, 'x'));
     } catch (const NetworkError& e) {
       ++refused;
       why = e.what();
