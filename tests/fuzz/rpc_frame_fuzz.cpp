@@ -81,6 +81,27 @@ void require_sticky(wire::FrameDecoder& d, const std::string& error) {
   }
 }
 
+// `stream` in pieces whose sizes come from `chunker` (whole when it is
+// empty).
+struct Chunks {
+  std::string_view stream;
+  std::string_view chunker;
+  uint64_t fed = 0;  // bytes handed out so far
+  size_t c = 0;
+
+  bool done() const {
+    return fed >= stream.size();
+  }
+  std::string_view next() {
+    size_t step = chunker.empty()
+                      ? stream.size()
+                      : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
+    std::string_view piece = stream.substr(fed, step);
+    fed += piece.size();
+    return piece;
+  }
+};
+
 // Decodes `stream` from chunks whose sizes come from `chunker` (whole when
 // it is empty), checking the per-feed invariants. A trusted decoder
 // allocates buffers whole (no memory bound to check) and is fed through its
@@ -95,15 +116,11 @@ Decoded decode_stream(
   if (trusted) {
     d.trust_lengths();
   }
-  uint64_t fed = 0;
+  Chunks chunks{stream, chunker};
   uint64_t consumed = 0;  // bytes of the frames returned so far
-  size_t c = 0;
-  while (fed < stream.size()) {
-    size_t step = chunker.empty()
-                      ? stream.size()
-                      : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
-    std::string_view piece = stream.substr(fed, step);
-    fed += piece.size();
+  while (!chunks.done()) {
+    std::string_view piece = chunks.next();
+    uint64_t fed = chunks.fed;
     if (auto w = d.window(); !w.empty()) {
       size_t k = std::min(w.size(), piece.size());
       std::memcpy(w.data(), piece.data(), k);
@@ -142,14 +159,10 @@ Decoded decode_gated(
     const wire::FrameLimits& limits) {
   Decoded out;
   wire::FrameDecoder d(types(), limits, limits);
-  size_t fed = 0;
-  size_t c = 0;
-  while (fed < stream.size()) {
-    size_t step = chunker.empty()
-                      ? stream.size()
-                      : 1 + static_cast<uint8_t>(chunker[c++ % chunker.size()]);
-    std::string_view piece = stream.substr(fed, step);
-    fed += piece.size();
+  Chunks chunks{stream, chunker};
+  while (!chunks.done()) {
+    std::string_view piece = chunks.next();
+    size_t fed = chunks.fed;
     d.feed(piece.data(), piece.size());
     try {
       while (auto f = d.next()) {
