@@ -128,6 +128,22 @@ TEST(WireTest, MalformedMessagesAreProtocolErrors) {
     EXPECT_THROW(from_wire(m), ProtocolError);
   }
   {
+    // 14 bytes that name memo entry 16 million: refused before torch's
+    // unpickler would grow its memo to that size (+264 MB).
+    auto m = good;
+    m.metadata = m.metadata.substr(0, 4) +
+                 std::string("\x80\x02N\x72\x00\x00\x00\x01N\x68\x00.", 12);
+    try {
+      from_wire(m);
+      ADD_FAILURE() << "no error";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("puts memo entry 16777216"),
+          std::string::npos)
+          << e.what();
+    }
+  }
+  {
     // A sparse tensor whose index lies outside its size.
     auto bad = at::_sparse_coo_tensor_unsafe(
         torch::tensor({{0, 7}}), torch::tensor({1.0f, 2.0f}), {3});
