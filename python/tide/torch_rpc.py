@@ -41,8 +41,8 @@ class TideRpcBackendOptions(_torch_rpc.TideRpcBackendOptions):
             between processes of one host and network namespace.
         lanes: extra TCP connections a tensor of 1 MiB or more is cut over (2).
         token: a shared secret every worker proves it holds, never sent
-            (default: the environment's TIDE_RPC_TOKEN, which tiderun sets
-            for its workers).
+            (empty, the default: the environment's TIDE_RPC_TOKEN, which
+            tiderun sets for its workers).
         poll_us: how long idle threads poll before they sleep (300 us).
         listen_host: the address to listen on (default: TIDE_RPC_LISTEN_HOST,
             else the local address that routes to the init_method's host,
@@ -78,7 +78,7 @@ class TideRpcBackendOptions(_torch_rpc.TideRpcBackendOptions):
         self.num_worker_threads = num_worker_threads
         self.transports = list(transports) if transports is not None else ["shm", "tcp"]
         self.lanes = lanes
-        self.token = token if token is not None else os.environ.get("TIDE_RPC_TOKEN", "")
+        self.token = token or ""
         self.poll_us = poll_us
         self.listen_host = listen_host or ""
 

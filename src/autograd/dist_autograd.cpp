@@ -43,7 +43,6 @@ using torch::autograd::variable_list;
 
 constexpr const char* kBackwardFn = "tide.autograd.backward";
 constexpr const char* kReleaseFn = "tide.autograd.release";
-constexpr int kReleaseTries = 3;
 
 // Which message of a call: its arguments (caller to callee) or its result.
 enum Direction : int { kArguments = 0, kResult = 1 };
@@ -108,7 +107,7 @@ struct AgentState : detail::AgentExtension {
   std::mutex mutex;
   std::map<int64_t, std::shared_ptr<ContextData>> contexts;  // Guarded.
   // The releases of contexts this worker ended, until they are answered
-  // (each completes, failures logged, within kReleaseTries rpc timeouts).
+  // (each completes, failures logged, once its retries are over).
   std::vector<Future<void>> releasing;  // Guarded.
   bool closed = false;                  // Guarded.
 
@@ -459,49 +458,41 @@ void log_release_failure(
       e.what());
 }
 
-// Sends the release of context `id` to worker `to`; again after a timeout
-// (it is idempotent), up to kReleaseTries times. `done` completes then; a
-// failure is logged (a context a lost worker held is gone with it).
-void send_release(
-    std::shared_ptr<AgentState> state,
-    int to,
-    int64_t id,
-    int attempt,
-    Promise<void> done) {
+// Sends the release of context `id` to worker `to` (idempotent: with the
+// rpc layers' retry); the returned future completes then, a failure logged
+// (a context a lost worker held is gone with it).
+Future<void> send_release(
+    const std::shared_ptr<AgentState>& state, int to, int64_t id) {
   RpcAgent* agent = state->open_agent();
   if (agent == nullptr) {
-    done.set_value();
-    return;
+    return Future<void>::make_ready();
   }
-  Future<void> reply = [&] {
-    NoContext outside;
-    return agent->rpc_async<void>(state->name_of(to), kReleaseFn, id);
-  }();
-  reply.on_complete([state = std::move(state), to, id, attempt, done](
-                        const Future<void>& r) mutable {
-    if (std::exception_ptr error = r.error()) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const TimeoutError& e) {
-        if (attempt + 1 < kReleaseTries) {
-          send_release(std::move(state), to, id, attempt + 1, done);
-          return;
+  std::string args;
+  {
+    Encoder e(args);
+    encode_args(e, id);
+  }
+  Promise<void> done;
+  detail::AgentAccess::control(*agent, to, kReleaseFn, std::move(args))
+      .on_complete([state, to, id, done](const Future<void>& r) mutable {
+        if (std::exception_ptr error = r.error()) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const NetworkError& e) {
+            // Lost: the context went with the worker.
+            TIDE_LOG_DEBUG(
+                "[{}] context {} not released on '{}': {}",
+                state->name_of(state->self),
+                id,
+                state->name_of(to),
+                e.what());
+          } catch (const std::exception& e) {
+            log_release_failure(*state, to, id, e);
+          }
         }
-        log_release_failure(*state, to, id, e);
-      } catch (const NetworkError& e) {
-        // Lost: the context went with the worker.
-        TIDE_LOG_DEBUG(
-            "[{}] context {} not released on '{}': {}",
-            state->name_of(state->self),
-            id,
-            state->name_of(to),
-            e.what());
-      } catch (const std::exception& e) {
-        log_release_failure(*state, to, id, e);
-      }
-    }
-    done.set_value();
-  });
+        done.set_value();
+      });
+  return done.get_future();
 }
 
 // Drops `ctx` (already out of the books) on every worker it reached.
@@ -518,9 +509,7 @@ Future<void> release_everywhere(
     if (to == state->self) {
       continue;
     }
-    Promise<void> done;
-    acks.push_back(done.get_future());
-    send_release(state, to, ctx->id, 0, std::move(done));
+    acks.push_back(send_release(state, to, ctx->id));
   }
   return when_all(std::move(acks));
 }

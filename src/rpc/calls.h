@@ -1,31 +1,31 @@
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <exception>
-#include <map>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 
 #include "tide/common/buffer.h"
 #include "tide/common/future.h"
 
-#include "common/clock.h"
 #include "rpc/messages.h"
+#include "rpc_core/call_table.h"
 #include "transport/transport.h"
 
-// The books of the calls a worker made: each call waits for its reply
-// (RESPONSE or ERROR with its id), its deadline, or the loss of the
-// connection it went out on, whichever comes first, and exactly one of them
-// completes it. One alarm of the transport serves every deadline.
+// The C++ agent's calls: its codec on the endpoint's call table
+// (rpc_core/call_table.h), which also ends them when their connection is
+// lost or the agent stops. A call is a REQUEST (or RREF_CREATE) frame; its
+// reply a RESPONSE (the result's payload) or ERROR (what the function threw
+// there), read here into the caller's future.
 namespace tide::rpc::detail {
 
 class Calls {
  public:
-  Calls(transport::Transport& transport, std::string self_name);
+  // `table` is the endpoint's (rpc_core/endpoint.h).
+  Calls(
+      transport::Transport& transport,
+      rpc_core::CallTable<transport::Message>& table)
+      : transport_(transport), table_(table) {}
   Calls(const Calls&) = delete;
   Calls& operator=(const Calls&) = delete;
 
@@ -44,55 +44,22 @@ class Calls {
       transport::MessageType type = MessageType::kRequest,
       std::string_view extra = {});
 
-  // A RESPONSE or ERROR came on `pipe`, one this side opened. On the loop;
-  // throws ProtocolError for any other message (the connection is dropped).
+  // A message came on `pipe`, one this side opened. On the loop; throws
+  // ProtocolError for anything but a well-formed RESPONSE or ERROR (the
+  // connection is dropped).
   void on_reply(const transport::Pipe& pipe, transport::Message m);
-  // A connection this side opened closed: its calls fail with `reason`. On
-  // the loop.
-  void on_closed(const transport::Pipe& pipe, const std::string& reason);
-  // Fails every call still waiting (after the transport stopped).
-  void fail_all(const std::string& why);
+  transport::Transport& transport() {
+    return transport_;
+  }
 
   // Calls not yet completed. Thread safe.
   size_t pending() const {
-    return count_.load();
+    return table_.pending();
   }
 
  private:
-  using Deadlines = std::multimap<Clock::time_point, uint64_t>;
-  struct Pending {
-    Promise<Payload> promise;
-    const void* pipe = nullptr;  // Pipe::id() of the connection it went on
-    int peer = 0;
-    std::string fn;
-    std::chrono::milliseconds timeout{0};
-    Deadlines::iterator deadline;
-  };
-
-  // Removes call `id` from the books; nullopt when it completed already (a
-  // late reply, a timer that lost the race). Any thread.
-  std::optional<Pending> take(uint64_t id);
-  // Completes a call taken off the books. Any thread.
-  void complete(
-      Pending& call, std::optional<Payload> value, std::exception_ptr error);
-  void fail(Pending& call, std::exception_ptr error) {
-    complete(call, std::nullopt, std::move(error));
-  }
-  // Fails the calls whose deadline passed; arms the alarm for the next. On
-  // the loop.
-  void expire();
-
   transport::Transport& transport_;
-  const std::string self_name_;
-  std::atomic<uint64_t> next_id_{1};
-  std::atomic<size_t> count_{0};
-
-  std::mutex mutex_;
-  std::unordered_map<uint64_t, Pending> pending_;  // Guarded by mutex_.
-  // Every deadline in order, and when the alarm is set to go off (max: not
-  // set). Guarded by mutex_.
-  Deadlines deadlines_;
-  Clock::time_point alarm_at_ = Clock::time_point::max();
+  rpc_core::CallTable<transport::Message>& table_;
 };
 
 }  // namespace tide::rpc::detail

@@ -2,10 +2,11 @@
 
 #include <string>
 
+#include "rpc_core/message_types.h"
 #include "transport/frame.h"
 
-// The rpc layer's messages, carried by the transport (which knows only its
-// own control messages, 0x01-0x0f).
+// The C++ rpc agent's messages, carried by the transport (which knows only
+// its own control messages, 0x01-0x0f).
 //
 // type               id                   metadata (transport/fields.h) and
 //                                         buffers
@@ -33,26 +34,11 @@
 // carry it back.
 namespace tide::rpc::detail {
 
-struct MessageType {
-  enum : transport::MessageType {
-    kRequest = 0x10,
-    kResponse = 0x11,
-    kError = 0x12,
-    kCancel = 0x13,
-    kRRefCreate = 0x20,
-  };
-};
+// The numbers are the registry's (rpc_core/message_types.h).
+using MessageType = rpc_core::MessageType;
 
-// The rpc types and their names, which the rpc agent gives its transport.
 inline const transport::MessageTypes& rpc_message_types() {
-  static const transport::MessageTypes kTypes{
-      {MessageType::kRequest, "REQUEST"},
-      {MessageType::kResponse, "RESPONSE"},
-      {MessageType::kError, "ERROR"},
-      {MessageType::kCancel, "CANCEL"},
-      {MessageType::kRRefCreate, "RREF_CREATE"},
-  };
-  return kTypes;
+  return rpc_core::cpp_message_types();
 }
 
 }  // namespace tide::rpc::detail

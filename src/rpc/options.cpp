@@ -1,6 +1,5 @@
 #include "rpc/options.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -10,7 +9,6 @@
 #include "tide/store/tcp_store.h"
 
 #include "net/address.h"
-#include "transport/transport.h"
 
 namespace tide::rpc::detail {
 
@@ -45,44 +43,19 @@ net::HostPort parse_init_method(const std::string& init) {
 
 }  // namespace
 
-RpcBackendOptions with_defaults(RpcBackendOptions options) {
-  if (options.token.empty()) {
-    if (const char* t = std::getenv("TIDE_RPC_TOKEN")) {
-      options.token = t;
-    }
-  }
-  bool tcp = false;
-  for (const auto& t : options.transports) {
-    if (t == "tcp") {
-      tcp = true;
-    } else if (t != "shm") {
-      throw InvalidArgument(
-          "unknown rpc transport '" + t + "'; the transports are shm and tcp");
-    }
-  }
-  if (!tcp) {
-    throw InvalidArgument(
-        "rpc transports must include tcp (the way to workers of other hosts, "
-        "and the fallback of shm); got " +
-        std::to_string(options.transports.size()) + " without it");
-  }
-  if (options.tcp_lanes < 0 ||
-      options.tcp_lanes > static_cast<int>(transport::kMaxLanes)) {
-    throw InvalidArgument(
-        "tcp_lanes must be 0 to " + std::to_string(transport::kMaxLanes) +
-        "; got " + std::to_string(options.tcp_lanes));
-  }
-  if (options.poll_us < 0 || options.poll_us > 100000) {
-    throw InvalidArgument(
-        "poll_us must be 0 to 100000; got " + std::to_string(options.poll_us));
-  }
-  return options;
+rpc_core::Options core_options(const RpcBackendOptions& o) {
+  return rpc_core::checked(rpc_core::Options{
+      o.num_worker_threads,
+      o.transports,
+      o.tcp_lanes,
+      o.token,
+      o.poll_us,
+      o.listen_host});
 }
 
-bool wants_shm(const RpcBackendOptions& options) {
-  return std::find(
-             options.transports.begin(), options.transports.end(), "shm") !=
-         options.transports.end();
+RpcBackendOptions with_defaults(RpcBackendOptions options) {
+  options.token = core_options(options).token;
+  return options;
 }
 
 std::shared_ptr<store::Store> make_store(

@@ -18,6 +18,8 @@
 #include "rpc/messages.h"
 #include "rpc/options.h"
 #include "rpc/rrefs.h"
+#include "rpc_core/endpoint.h"
+#include "rpc_core/peer_group.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
 #include "transport/workers.h"
@@ -28,11 +30,35 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr std::string_view kPrefix = "rpc/";
+// tide's store as the group meets through it.
+class GroupStoreOf : public rpc_core::GroupStore {
+ public:
+  explicit GroupStoreOf(std::shared_ptr<store::Store> store)
+      : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, value);
+  }
+  std::string compare_set(
+      const std::string& key,
+      const std::string& expected,
+      const std::string& desired) override {
+    return store_->compare_set(key, expected, desired);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return store_->add(key, delta);
+  }
+  void wait(const std::vector<std::string>& keys, milliseconds timeout)
+      override {
+    store_->wait(keys, timeout);
+  }
+  std::vector<std::string> multi_get(
+      const std::vector<std::string>& keys) override {
+    return store_->multi_get(keys);
+  }
 
-std::string key(std::string_view k) {
-  return std::string(kPrefix) + std::string(k);
-}
+ private:
+  std::shared_ptr<store::Store> store_;
+};
 
 struct GlobalRegistry {
   std::mutex mutex;
@@ -88,31 +114,32 @@ struct RpcAgent::Impl {
   WorkerInfo self;
   int world_size = 0;
   RpcBackendOptions options;
-  std::shared_ptr<store::Store> store;
+  std::unique_ptr<GroupStoreOf> store;
+  std::unique_ptr<rpc_core::GroupBarrier> barrier;
   std::vector<WorkerInfo> infos;
   std::map<std::string, int> ids;
 
   std::mutex handlers_mutex;
   std::map<std::string, detail::Handler> handlers;  // Guarded by it.
 
-  // The books first: the transport, destroyed before them, may still
+  // The books first: the endpoint, destroyed before them, may still
   // report to them until its thread ends.
   std::unique_ptr<detail::Calls> calls;
-  std::unique_ptr<transport::Transport> transport;
   std::shared_ptr<detail::RRefBooks> books;
-  // Run the functions called here (transport/workers.h); gone before the
-  // transport they lend themselves to.
-  std::unique_ptr<transport::Workers> workers;
-  // Run the continuations of the futures rpc_async and RRef calls return:
-  // threads of their own, so that one that blocks (an rpc_sync in a then())
-  // holds up no reply, and none waits behind functions that block (they may
-  // be waiting for it). Joined with `workers`; shared with `continuations`,
-  // which futures may hold past the agent (joined, it runs nothing).
-  std::shared_ptr<transport::Workers> completions;
+  std::unique_ptr<rpc_core::Endpoint<transport::Message>> endpoint;
+  // Run the continuations of the futures rpc_async and RRef calls return,
+  // on the endpoint's completion threads; futures may hold it past the
+  // agent.
   std::shared_ptr<Executor> continuations;
 
+  transport::Transport& transport() {
+    return endpoint->transport();
+  }
+  transport::Workers& workers() {
+    return endpoint->workers();
+  }
   void run_on_pool(std::function<void()> fn) {
-    workers->run(std::move(fn));
+    workers().run(std::move(fn));
   }
 
   // Functions running here. Shared: an async function may complete after
@@ -177,10 +204,10 @@ struct RpcAgent::Impl {
       std::string fn,
       detail::Payload args,
       detail::GradsPtr grads) {
-    if (workers->full()) {
+    if (workers().full()) {
       throw Error(
           "worker '" + self.name + "' has " +
-          std::to_string(workers->queued()) +
+          std::to_string(workers().queued()) +
           " requests waiting for a thread already; " + fn +
           "() was refused (retry later)");
     }
@@ -259,70 +286,15 @@ struct RpcAgent::Impl {
   }
 
   void rendezvous() {
-    if (self.id < 0 || self.id >= world_size) {
-      throw InvalidArgument(
-          "rank " + std::to_string(self.id) + " is outside world_size " +
-          std::to_string(world_size));
+    for (const auto& p : endpoint->meet(
+             *store,
+             self.id,
+             options.listen_host,
+             world_size,
+             options.rpc_timeout)) {
+      infos.push_back(WorkerInfo{p.name, p.id});
+      ids[p.name] = p.id;
     }
-    std::string ws = std::to_string(world_size);
-    std::string agreed = store->compare_set(key("world_size"), "", ws);
-    if (agreed != ws) {
-      throw InvalidArgument(
-          "worker '" + self.name + "' has world_size " + ws +
-          " but the group was started with world_size " + agreed +
-          "; every worker must pass the same world_size");
-    }
-    std::string me = std::to_string(self.id);
-    std::string owner = store->compare_set(key("names/" + self.name), "", me);
-    if (owner != me) {
-      throw InvalidArgument(
-          "worker name '" + self.name + "' is taken by rank " + owner +
-          " (this is rank " + me + "); every worker needs a unique name");
-    }
-    std::string entry;
-    {
-      Encoder e(entry);
-      encode_args(
-          e,
-          self.name,
-          self.id,
-          options.listen_host,
-          static_cast<int>(transport->port()),
-          transport::local_host_key(),
-          transport->local_name());
-    }
-    store->set(key("workers/" + me), entry);
-    std::vector<std::string> keys;
-    for (int r = 0; r < world_size; ++r) {
-      keys.push_back(key("workers/" + std::to_string(r)));
-    }
-    std::vector<std::string> values;
-    try {
-      store->wait(keys, options.rpc_timeout);
-      values = store->multi_get(keys);
-    } catch (const TimeoutError& e) {
-      throw RendezvousError(
-          "rpc group of " + ws + " workers incomplete after " +
-          std::to_string(options.rpc_timeout.count()) + " ms (" + e.what() +
-          ")");
-    }
-    std::vector<transport::PeerAddress> peers;
-    for (const auto& v : values) {
-      Decoder d(v);
-      auto [name, id, host, port, host_key, local_name] =
-          decode_args<std::tuple<
-              std::string,
-              int,
-              std::string,
-              int,
-              std::string,
-              std::string>>(d, "worker entry");
-      infos.push_back(WorkerInfo{name, id});
-      ids[name] = id;
-      peers.push_back(transport::PeerAddress{
-          id, name, host, static_cast<uint16_t>(port), host_key, local_name});
-    }
-    transport->set_peers(std::move(peers));
   }
 
   size_t outstanding() const {
@@ -341,15 +313,7 @@ struct RpcAgent::Impl {
     if (ext) {
       ext->close();
     }
-    transport->shutdown();
-    transport->join();
-    if (calls) {
-      calls->fail_all("rpc agent '" + self.name + "' is shut down");
-    }
-    if (workers) {
-      workers->join();
-      completions->join();
-    }
+    endpoint->stop("rpc agent '" + self.name + "' is shut down");
   }
 
   // The autograd record of a call that came inside a distributed autograd
@@ -372,13 +336,8 @@ struct RpcAgent::Impl {
     return hooks->serve(*agent, caller, ids->first, ids->second);
   }
 
-  // A message of the rpc layer, on the transport's loop: replies to the
-  // books, requests and RRef creations to the pool.
-  void on_message(const transport::Pipe& pipe, transport::Message m) {
-    if (pipe.outgoing()) {
-      calls->on_reply(pipe, std::move(m));
-      return;
-    }
+  // A request or RRef creation, on the transport's loop: to the pool.
+  void on_request(const transport::Pipe& pipe, transport::Message m) {
     if (m.type == detail::MessageType::kCancel) {
       return;  // Best effort: a running function is not interrupted.
     }
@@ -497,11 +456,11 @@ struct RpcAgent::Impl {
     });
   }
 
-  // Each worker enters once its own work is done; all leave together.
+  // Returns once no worker of the group has a call or function in flight.
   void graceful_barrier() {
     milliseconds limit = options.rpc_timeout * 10;
     auto deadline = std::chrono::steady_clock::now() + limit;
-    {
+    auto wait_idle = [&] {
       std::unique_lock lock(activity->idle_mutex);
       // Pending calls complete on the loop without notifying: poll them.
       while (outstanding() > 0) {
@@ -520,11 +479,11 @@ struct RpcAgent::Impl {
               std::to_string(limit.count()) + " ms");
         }
       }
-    }
-    if (store->add(key("shutdown/arrived"), 1) == world_size) {
-      store->set(key("shutdown/go"), "1");
-    }
-    store->wait({key("shutdown/go")}, limit);
+    };
+    barrier->drain(
+        wait_idle,
+        [this] { return static_cast<int64_t>(outstanding()); },
+        limit);
   }
 };
 
@@ -548,48 +507,37 @@ RpcAgent::RpcAgent(
   if (name.empty()) {
     throw InvalidArgument("an rpc worker needs a non-empty name");
   }
-  if (options.num_worker_threads < 1) {
-    throw InvalidArgument(
-        "num_worker_threads must be at least 1, got " +
-        std::to_string(options.num_worker_threads));
-  }
   impl.agent = this;
   impl.self = WorkerInfo{std::move(name), rank};
   impl.world_size = world_size;
   impl.options = detail::with_defaults(std::move(options));
-  impl.store = std::move(store);
+  impl.store = std::make_unique<GroupStoreOf>(std::move(store));
+  impl.barrier =
+      std::make_unique<rpc_core::GroupBarrier>(*impl.store, world_size);
   try {
-    impl.transport = std::make_unique<transport::Transport>(
-        transport::TransportOptions{
-            rank,
-            impl.self.name,
-            impl.options.listen_host,
-            detail::wants_shm(impl.options),
-            impl.options.token,
-            static_cast<size_t>(impl.options.tcp_lanes),
-            detail::rpc_message_types(),
-            std::chrono::microseconds(impl.options.poll_us)},
-        transport::TransportHandlers{
-            .on_message =
+    impl.endpoint = std::make_unique<rpc_core::Endpoint<transport::Message>>(
+        detail::core_options(impl.options),
+        rank,
+        impl.self.name,
+        detail::rpc_message_types(),
+        rpc_core::Endpoint<transport::Message>::Handlers{
+            .on_request =
                 [&impl](const transport::Pipe& pipe, transport::Message m) {
-                  impl.on_message(pipe, std::move(m));
+                  impl.on_request(pipe, std::move(m));
+                },
+            .on_reply =
+                [&impl](const transport::Pipe& pipe, transport::Message m) {
+                  impl.calls->on_reply(pipe, std::move(m));
                 },
             .on_closed =
                 [&impl](const transport::Pipe& pipe, const std::string& why) {
                   impl.books->peer_lost(pipe.peer(), why);
-                  if (pipe.outgoing()) {
-                    impl.calls->on_closed(pipe, why);
-                  }
                 },
         });
-    impl.workers = std::make_unique<transport::Workers>(
-        *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
-    impl.completions = std::make_shared<transport::Workers>(
-        *impl.transport, static_cast<size_t>(impl.options.num_worker_threads));
-    impl.continuations =
-        std::make_shared<transport::WorkersExecutor>(impl.completions);
-    impl.calls =
-        std::make_unique<detail::Calls>(*impl.transport, impl.self.name);
+    impl.continuations = std::make_shared<transport::WorkersExecutor>(
+        impl.endpoint->completions());
+    impl.calls = std::make_unique<detail::Calls>(
+        impl.transport(), impl.endpoint->calls());
     impl.books = std::make_shared<detail::RRefBooks>(
         rank,
         world_size,
@@ -606,17 +554,11 @@ RpcAgent::RpcAgent(
     }
     impl.rendezvous();
   } catch (...) {
-    if (impl.transport) {
+    if (impl.endpoint) {
       impl.stop_local();
     }
     throw;
   }
-  TIDE_LOG_DEBUG(
-      "[{}] rpc agent up: rank {} of {}, port {}",
-      impl.self.name,
-      rank,
-      world_size,
-      impl.transport->port());
 }
 
 RpcAgent::~RpcAgent() {
@@ -695,6 +637,11 @@ std::shared_ptr<AgentExtension> AgentAccess::extension(
   return impl.extension;
 }
 
+Future<void> AgentAccess::control(
+    RpcAgent& agent, int to, const std::string& fn, std::string args) {
+  return agent.impl_->books->control(to, fn, std::move(args));
+}
+
 RRefPtr AgentAccess::local(RpcAgent& agent, Value value) {
   return agent.impl_->books->local(std::move(value));
 }
@@ -710,7 +657,7 @@ WireContext* AgentAccess::wire(RpcAgent& agent, const std::string& to) {
 }  // namespace detail
 
 void RpcAgent::help_until(const std::function<bool()>& done) {
-  impl_->transport->help(done);
+  impl_->transport().help(done);
 }
 
 milliseconds RpcAgent::effective_timeout(milliseconds timeout) const {
@@ -726,15 +673,15 @@ size_t RpcAgent::num_running_functions() const {
 }
 
 size_t RpcAgent::num_idle_threads() const {
-  return impl_->workers->threads() - impl_->workers->busy();
+  return impl_->workers().threads() - impl_->workers().busy();
 }
 
 std::string RpcAgent::transport_to(const std::string& name) const {
-  return impl_->transport->connection_kind(get_worker_info(name).id);
+  return impl_->transport().connection_kind(get_worker_info(name).id);
 }
 
 RpcAgent::TransportStats RpcAgent::transport_stats() const {
-  auto s = impl_->transport->stats();
+  auto s = impl_->transport().stats();
   return {
       s.buffers_via_shm,
       s.bytes_via_shm,
@@ -775,12 +722,7 @@ void RpcAgent::shutdown(bool graceful) {
   if (graceful && !error) {
     // Rank 0 hosts the store: it leaves last, once everyone has read "go".
     try {
-      if (impl.store->add(key("shutdown/left"), 1) == impl.world_size) {
-        impl.store->set(key("shutdown/all_left"), "1");
-      }
-      if (impl.self.id == 0) {
-        impl.store->wait({key("shutdown/all_left")}, impl.options.rpc_timeout);
-      }
+      impl.barrier->leave(impl.self.id == 0, impl.options.rpc_timeout);
     } catch (...) {
       error = std::current_exception();
     }

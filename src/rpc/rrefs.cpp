@@ -1,12 +1,12 @@
 #include "rpc/rrefs.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
 #include "rpc/messages.h"
+#include "rpc_core/retry.h"
 #include "transport/fields.h"
 
 // The books and the protocol's steps; the control functions' handlers and
@@ -266,98 +266,41 @@ void RRefBooks::confirm_user(const RRefId& fork, std::exception_ptr error) {
 // --- control messages with retries -----------------------------------------
 
 Future<void> RRefBooks::control(int to, std::string fn, std::string args) {
-  Promise<void> done;
-  Future<void> f = done.get_future();
-  send_control(to, std::move(fn), std::move(args), 0, std::move(done));
-  return f;
-}
-
-void RRefBooks::send_control(
-    int to, std::string fn, std::string args, int attempt, Promise<void> done) {
-  {
-    std::lock_guard lock(mutex_);
-    if (closed_) {
-      done.set_exception(
-          std::make_exception_ptr(NetworkError("the rpc agent is shut down")));
-      return;
-    }
-  }
-  Payload p;
-  p.data = Buffer(std::string(args));
   std::weak_ptr<RRefBooks> weak = weak_from_this();
-  calls_.start(to, fn, rpc_timeout_, std::move(p))
-      .on_complete([weak, to, fn, args = std::move(args), attempt, done](
-                       const Future<Payload>& f) mutable {
-        auto error = f.error();
-        if (!error) {
-          done.set_value();
-          return;
-        }
-        auto books = weak.lock();
-        constexpr int kTries = 5;
-        if (!books || attempt + 1 >= kTries || !is_retryable(error) ||
-            books->is_lost(to)) {
-          done.set_exception(error);
-          return;
-        }
-        auto delay = std::chrono::duration_cast<Clock::duration>(
-            std::chrono::milliseconds(500) * std::pow(1.5, attempt));
-        books->retries_.fetch_add(1);
-        TIDE_LOG_DEBUG(
-            "[{}] retrying {} to worker {} in {} ms",
-            books->name_of(books->self()),
-            fn,
-            to,
-            std::chrono::duration_cast<milliseconds>(delay).count());
-        books->after(
-            delay,
-            [weak,
-             to,
-             fn = std::move(fn),
-             args = std::move(args),
-             attempt,
-             done]() mutable {
-              if (auto b = weak.lock()) {
-                b->send_control(
-                    to,
-                    std::move(fn),
-                    std::move(args),
-                    attempt + 1,
-                    std::move(done));
-              }
-            });
-      });
+  auto attempt = [weak, to, fn, args]() -> Future<void> {
+    auto books = weak.lock();
+    if (!books || books->closed()) {
+      return Future<void>::make_failed(
+          std::make_exception_ptr(NetworkError("the rpc agent is shut down")));
+    }
+    Payload p;
+    p.data = Buffer(std::string(args));
+    return books->calls_.start(to, fn, books->rpc_timeout_, std::move(p))
+        .then([](const Payload&) {});
+  };
+  auto again = [weak, to](const std::exception_ptr& error) {
+    auto books = weak.lock();
+    return books && !books->closed() && is_retryable(error) &&
+           !books->is_lost(to);
+  };
+  auto on_retry = [weak, to, fn](int, std::chrono::milliseconds pause) {
+    if (auto books = weak.lock()) {
+      books->retries_.fetch_add(1);
+      TIDE_LOG_DEBUG(
+          "[{}] retrying {} to worker {} in {} ms",
+          books->name_of(books->self()),
+          fn,
+          to,
+          pause.count());
+    }
+  };
+  return rpc_core::retry(
+      calls_.transport(), std::move(attempt), std::move(again), on_retry);
 }
 
-void RRefBooks::after(Clock::duration delay, std::function<void()> fn) {
+bool RRefBooks::closed() {
   std::lock_guard lock(mutex_);
-  if (closed_) {
-    return;
-  }
-  timers_.emplace(Clock::now() + delay, std::move(fn));
-  if (!timer_thread_.joinable()) {
-    timer_thread_ = std::thread([this] {
-      std::unique_lock lock(mutex_);
-      while (!closed_) {
-        if (timers_.empty()) {
-          timers_cv_.wait(lock);
-          continue;
-        }
-        auto next = timers_.begin();
-        if (next->first > Clock::now()) {
-          timers_cv_.wait_until(lock, next->first);
-          continue;
-        }
-        auto fn = std::move(next->second);
-        timers_.erase(next);
-        lock.unlock();
-        fn();
-        fn = nullptr;
-        lock.lock();
-      }
-    });
-  }
-  timers_cv_.notify_all();
+  return closed_;
 }
 
 // --- a user's side -----------------------------------------------------------
@@ -800,8 +743,6 @@ void RRefBooks::close() {
   std::map<RRefId, std::shared_ptr<OwnerEntry>> owners;
   std::map<RRefId, RRefPtr> users;
   std::map<RRefId, Child> children;
-  std::thread timer;
-  std::multimap<Clock::time_point, std::function<void()>> timers;
   {
     std::lock_guard lock(mutex_);
     if (closed_) {
@@ -812,18 +753,8 @@ void RRefBooks::close() {
     users.swap(pending_users_);
     children.swap(pending_children_);
     confirmed_users_.clear();
-    timers.swap(timers_);
-    timer = std::move(timer_thread_);
   }
-  timers_cv_.notify_all();
   settled_cv_.notify_all();
-  if (timer.joinable()) {
-    if (timer.get_id() == std::this_thread::get_id()) {
-      timer.detach();
-    } else {
-      timer.join();
-    }
-  }
   for (auto& [fork, node] : users) {
     node->deleted = true;
   }

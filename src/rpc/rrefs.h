@@ -9,7 +9,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -169,8 +168,14 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   std::vector<std::string> delete_all(std::chrono::milliseconds timeout);
   // After the barrier: what is still referenced, as leaks.
   std::vector<std::string> leaks();
-  // No more messages: later drops send nothing. Stops the retry thread.
+  // No more messages: later drops send nothing, retries stop.
   void close();
+
+  // Sends a control function with the rpc layers' retry
+  // (rpc_core/retry.h): again after a timeout or a broken connection to a
+  // live peer.
+  Future<void> control(int to, std::string fn, std::string args);
+
 
  private:
   struct Child {
@@ -183,16 +188,7 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   // A call to `owner` failed: as OwnerLostError when the owner is lost.
   std::exception_ptr as_owner_lost(
       std::exception_ptr error, int owner, const RRefId& id);
-  // Sends a control function with retries: on a timeout or a broken
-  // connection to a live peer, again after 0.5 s, 0.75 s, ... (5 tries).
-  Future<void> control(int to, std::string fn, std::string args);
-  void send_control(
-      int to,
-      std::string fn,
-      std::string args,
-      int attempt,
-      Promise<void> done);
-  void after(Clock::duration delay, std::function<void()> fn);
+  bool closed();
   void confirm_user(const RRefId& fork, std::exception_ptr error);
   void add_fork(const RRefId& id, const RRefId& fork, int holder);
   // From the worker `caller`, which must be the fork's holder (its child):
@@ -227,11 +223,6 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   std::set<int> lost_;
   bool closing_ = false;  // graceful shutdown deleted everything
   bool closed_ = false;
-
-  // Retries waiting for their time; one thread, started on the first.
-  std::multimap<Clock::time_point, std::function<void()>> timers_;
-  std::condition_variable timers_cv_;
-  std::thread timer_thread_;
 };
 
 }  // namespace tide::rpc::detail

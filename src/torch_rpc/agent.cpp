@@ -1,10 +1,9 @@
 #include "torch_rpc/agent.h"
 
-#include <algorithm>
 #include <condition_variable>
-#include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <utility>
 
 #include <ATen/ThreadLocalState.h>
@@ -14,7 +13,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
-#include "common/clock.h"
+#include "rpc_core/endpoint.h"
 #include "torch_rpc/wire.h"
 #include "transport/workers.h"
 
@@ -28,36 +27,59 @@ std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};
 }
 
-AgentOptions checked(AgentOptions o) {
-  TORCH_CHECK(
-      o.num_worker_threads >= 1,
-      "num_worker_threads must be at least 1; got ",
-      o.num_worker_threads);
-  bool tcp = false;
-  for (const auto& t : o.transports) {
-    TORCH_CHECK(
-        t == "tcp" || t == "shm",
-        "unknown TIDE rpc transport '",
-        t,
-        "'; the transports are 'shm' and 'tcp'");
-    tcp = tcp || t == "tcp";
+// torch's store as the group meets through it.
+class GroupStoreOf : public rpc_core::GroupStore {
+ public:
+  explicit GroupStoreOf(c10::intrusive_ptr<c10d::Store> store)
+      : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, bytes(value));
   }
-  TORCH_CHECK(
-      tcp,
-      "the TIDE rpc transports must include 'tcp' (the way to workers of "
-      "other hosts, and shm's fallback)");
-  TORCH_CHECK(
-      o.lanes >= 0 && o.lanes <= static_cast<int>(transport::kMaxLanes),
-      "lanes must be 0 to ",
-      transport::kMaxLanes,
-      "; got ",
-      o.lanes);
-  TORCH_CHECK(
-      o.poll_us >= 0 && o.poll_us <= 100000,
-      "poll_us must be 0 to 100000; got ",
-      o.poll_us);
-  return o;
-}
+  std::string compare_set(
+      const std::string& key,
+      const std::string& expected,
+      const std::string& desired) override {
+    auto now = store_->compareSet(key, bytes(expected), bytes(desired));
+    return {now.begin(), now.end()};
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return store_->add(key, delta);
+  }
+  void wait(const std::vector<std::string>& keys, milliseconds timeout)
+      override {
+    // torch's stores say a wait ran out only in their text (c10::Error,
+    // or std::system_error from HashStore).
+    try {
+      store_->wait(keys, timeout);
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      if (what.find("imeout") == std::string::npos) {
+        throw;
+      }
+      throw TimeoutError(what);
+    } catch (const std::system_error& e) {
+      if (std::string(e.what()).find("imeout") == std::string::npos) {
+        throw;
+      }
+      throw TimeoutError(e.what());
+    }
+  }
+  std::vector<std::string> multi_get(
+      const std::vector<std::string>& keys) override {
+    std::vector<std::string> out;
+    for (const auto& k : keys) {
+      auto v = store_->get(k);
+      out.emplace_back(v.begin(), v.end());
+    }
+    return out;
+  }
+  milliseconds default_timeout() const {
+    return store_->getTimeout();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
 
 // An error's text as a peer may read it: c10's errors without their
 // backtrace (it gives the peer this process's code addresses).
@@ -76,40 +98,34 @@ std::string for_the_peer(const std::exception_ptr& error) {
 }  // namespace
 
 struct Agent::Impl : std::enable_shared_from_this<Impl> {
-  struct Call {
-    c10::intrusive_ptr<tr::JitFuture> future;
-    const void* pipe = nullptr;
-    int peer = 0;
-    milliseconds timeout{0};
-    std::multimap<Clock::time_point, uint64_t>::iterator deadline;
-    bool has_deadline = false;
-  };
+  using Reply = c10::intrusive_ptr<tr::Message>;
+  using Calls = rpc_core::CallTable<Reply>;
+  using Endpoint = rpc_core::Endpoint<Reply>;
 
   const tr::RequestCallback* callback = nullptr;
   AgentOptions options;
   int world_size = 0;
   std::vector<tr::WorkerInfo> infos;  // by id
   std::unordered_map<std::string, int> ids;
-  c10::intrusive_ptr<c10d::Store> store;
-  std::unique_ptr<transport::Transport> transport;
-  // Run the requests; gone before the transport.
-  std::unique_ptr<transport::Workers> workers;
-  // Complete this worker's calls, whose futures' callbacks run user code
-  // that may block: threads of their own, so that a completion never waits
-  // behind functions that block (they may be waiting for it), nor runs on
-  // the loop (a callback blocking there would stop the reading).
-  std::unique_ptr<transport::Workers> completions;
-  int join_round = 0;
+  std::unique_ptr<GroupStoreOf> store;
+  std::unique_ptr<rpc_core::GroupBarrier> barrier;
+  std::unique_ptr<Endpoint> endpoint;
+
+  transport::Transport& transport() {
+    return endpoint->transport();
+  }
+  transport::Workers& workers() {
+    return endpoint->workers();
+  }
+  Calls& calls() {
+    return endpoint->calls();
+  }
 
   std::mutex mutex;
-  std::unordered_map<uint64_t, Call> calls;               // Guarded by mutex.
-  std::multimap<Clock::time_point, uint64_t> deadlines;   // Guarded by mutex.
-  Clock::time_point alarm_at = Clock::time_point::max();  // Guarded.
-  bool started = false;                                   // Guarded by mutex.
-  bool stopped = false;                                   // Guarded by mutex.
-  // Requests that came before start(): served once it runs.
+  bool started = false;  // Guarded by mutex.
+  bool stopped = false;  // Guarded by mutex.
+  // Requests that came before start(): served once it runs. Guarded.
   std::vector<std::pair<transport::Pipe, transport::Message>> early;
-  std::atomic<uint64_t> next_id{1};
 
   // Counts for join() and the metrics.
   std::mutex count_mutex;
@@ -147,57 +163,65 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       const c10::intrusive_ptr<tr::Message>& message,
       const c10::intrusive_ptr<tr::JitFuture>& future,
       milliseconds timeout) {
-    uint64_t id = next_id.fetch_add(1);
+    uint64_t id = calls().new_id();
     message->setId(static_cast<int64_t>(id));
     transport::Message wire = to_wire(message);
-    transport::Pipe pipe = transport->pipe_to(peer);
     count(client_active, +1);
-    {
-      std::lock_guard lock(mutex);
-      Call call{future, pipe.id(), peer, timeout, {}, false};
-      if (timeout.count() > 0) {
-        call.deadline = deadlines.emplace(Clock::now() + timeout, id);
-        call.has_deadline = true;
-        arm_alarm_locked();
-      }
-      calls.emplace(id, std::move(call));
-    }
-    std::string why;
-    bool sent = false;
-    try {
-      sent = pipe.send(std::move(wire), &why);
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-    if (!sent) {
-      fail(id, "failed to send to " + transport->peer_label(peer) + ": " + why);
-    }
+    calls().start(
+        peer, std::move(wire), timeout, [this, future, peer, timeout](
+                                            Calls::End end) mutable {
+          using How = Calls::How;
+          std::string to = transport().peer_label(peer);
+          switch (end.how) {
+            case How::kReplied:
+              if (end.reply->type() == tr::MessageType::EXCEPTION) {
+                const auto& text = end.reply->payload();
+                complete(std::move(future), {}, std::string(text.begin(), text.end()));
+              } else {
+                complete(std::move(future), std::move(end.reply), std::nullopt);
+              }
+              return;
+            case How::kTimedOut:
+              complete(
+                  std::move(future),
+                  {},
+                  tr::makeRPCError(
+                      fmt::format(tr::kRpcTimeoutErrorStr, timeout.count()),
+                      tr::RPCErrorType::TIMEOUT));
+              return;
+            case How::kBadReply:
+              complete(
+                  std::move(future),
+                  {},
+                  "malformed reply from " + to + ": " + end.reason);
+              return;
+            case How::kLost:
+              complete(
+                  std::move(future),
+                  {},
+                  "connection to " + to + " lost: " + end.reason);
+              return;
+            case How::kNotSent:
+              complete(
+                  std::move(future),
+                  {},
+                  "failed to send to " + to + ": " + end.reason);
+              return;
+            case How::kStopped:
+              complete(std::move(future), {}, end.reason);
+              return;
+          }
+        });
   }
 
-  // Takes call `id` off the books; with `pipe`, only when it went out on
-  // that connection (a reply counts only from there).
-  std::optional<Call> take(uint64_t id, const void* pipe = nullptr) {
-    std::lock_guard lock(mutex);
-    auto it = calls.find(id);
-    if (it == calls.end() || (pipe != nullptr && it->second.pipe != pipe)) {
-      return std::nullopt;
-    }
-    Call call = std::move(it->second);
-    calls.erase(it);
-    if (call.has_deadline) {
-      deadlines.erase(call.deadline);
-    }
-    return call;
-  }
-
-  // Completes `call` on the completions' threads; here once they are
-  // joined (a call failed during shutdown must still complete).
+  // Completes a call's future on the completions' threads; here once they
+  // are joined (a call failed during shutdown must still complete).
   void complete(
-      Call call,
+      c10::intrusive_ptr<tr::JitFuture> future,
       c10::intrusive_ptr<tr::Message> reply,
       std::optional<std::string> error) {
-    completions->run_or_here([this,
-                              future = std::move(call.future),
+    endpoint->completions()->run_or_here([this,
+                              future = std::move(future),
                               reply = std::move(reply),
                               error = std::move(error)]() mutable {
       finish(*future, std::move(reply), std::move(error));
@@ -224,76 +248,27 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     count(client_active, -1);
   }
 
-  void fail(uint64_t id, std::string why) {
-    if (auto call = take(id)) {
-      complete(std::move(*call), {}, std::move(why));
-    }
-  }
-
-  void arm_alarm_locked() {
-    if (deadlines.empty() || deadlines.begin()->first >= alarm_at) {
-      return;
-    }
-    alarm_at = deadlines.begin()->first;
-    transport->set_alarm(alarm_at, [this] { expire(); });
-  }
-
-  // On the loop.
-  void expire() {
-    std::vector<Call> late;
-    {
-      std::lock_guard lock(mutex);
-      alarm_at = Clock::time_point::max();
-      auto now = Clock::now();
-      while (!deadlines.empty() && deadlines.begin()->first <= now) {
-        uint64_t id = deadlines.begin()->second;
-        deadlines.erase(deadlines.begin());
-        auto it = calls.find(id);
-        if (it != calls.end()) {
-          it->second.has_deadline = false;
-          // Its request may still wait behind others: not sent late.
-          transport->cancel(it->second.peer, id);
-          late.push_back(std::move(it->second));
-          calls.erase(it);
-        }
-      }
-      arm_alarm_locked();
-    }
-    for (auto& call : late) {
-      auto text = fmt::format(tr::kRpcTimeoutErrorStr, call.timeout.count());
-      complete(
-          std::move(call),
-          {},
-          tr::makeRPCError(text, tr::RPCErrorType::TIMEOUT));
-    }
-  }
-
   // ---- the transport's events, on the loop ----
 
-  void on_message(const transport::Pipe& pipe, transport::Message m) {
-    if (m.type == kTorchResponse) {
-      if (auto call = take(m.id, pipe.id())) {
-        c10::intrusive_ptr<tr::Message> msg;
-        try {
-          msg = from_wire(std::move(m));
-        } catch (const std::exception& e) {
-          // The connection goes (the throw); this call goes with it.
-          complete(
-              std::move(*call),
-              {},
-              "malformed reply from " + transport->peer_label(pipe.peer()) +
-                  ": " + e.what());
-          throw;
-        }
-        if (msg->type() == tr::MessageType::EXCEPTION) {
-          std::string text(msg->payload().begin(), msg->payload().end());
-          complete(std::move(*call), {}, std::move(text));
-        } else {
-          complete(std::move(*call), std::move(msg), std::nullopt);
-        }
+  void on_reply(const transport::Pipe& pipe, transport::Message m) {
+    uint64_t id = m.id;
+    c10::intrusive_ptr<tr::Message> reply;
+    try {
+      if (m.type != kTorchResponse) {
+        throw ProtocolError(
+            std::string("unexpected ") + torch_message_types().name(m.type) +
+            " from a callee");
       }
-      return;
+      reply = from_wire(std::move(m));
+    } catch (const std::exception& e) {
+      // The connection goes (the throw); the call goes with it.
+      calls().on_bad_reply(pipe, id, e.what());
+      throw;
     }
+    calls().on_reply(pipe, id, std::move(reply));
+  }
+
+  void on_request(const transport::Pipe& pipe, transport::Message m) {
     {
       std::lock_guard lock(mutex);
       if (stopped) {
@@ -314,43 +289,23 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     serve_on_pool(pipe, std::move(m));
   }
 
-  void on_closed(const transport::Pipe& pipe, const std::string& reason) {
-    if (!pipe.outgoing()) {
-      return;
-    }
-    std::vector<uint64_t> lost;
-    {
-      std::lock_guard lock(mutex);
-      for (const auto& [id, call] : calls) {
-        if (call.pipe == pipe.id()) {
-          lost.push_back(id);
-        }
-      }
-    }
-    std::string why = "connection to " + transport->peer_label(pipe.peer()) +
-                      " lost: " + reason;
-    for (uint64_t id : lost) {
-      fail(id, why);
-    }
-  }
-
   // ---- the requests this worker serves ----
 
   void serve_on_pool(const transport::Pipe& pipe, transport::Message m) {
-    if (workers->full()) {
+    if (workers().full()) {
       count(server_active, +1);
       count(server_async, +1);
       auto refused =
           c10::make_intrusive<tr::JitFuture>(at::AnyClassType::get());
       refused->setError(std::make_exception_ptr(std::runtime_error(
-          "worker '" + name() + "' has " + std::to_string(workers->queued()) +
+          "worker '" + name() + "' has " + std::to_string(workers().queued()) +
           " requests waiting for a thread already; this one was refused "
           "(retry later)")));
       respond(pipe, m.id, *refused);
       return;
     }
     count(server_active, +1);
-    bool queued = workers->run(
+    bool queued = workers().run(
         [self = shared_from_this(), pipe, m = std::move(m)]() mutable {
           self->serve(pipe, std::move(m));
         });
@@ -430,66 +385,19 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
 
   // ---- the group ----
 
-  void rendezvous(int rank, const std::string& self) {
-    transport::PeerAddress me;
-    me.name = self;
-    me.host = options.listen_host;
-    me.port = transport->port();
-    me.host_key = transport::local_host_key();
-    me.local_name = transport->local_name();
-    store->set(
-        "tide/workers/" + std::to_string(rank), bytes(encode_worker_entry(me)));
-    std::vector<std::string> keys;
-    for (int r = 0; r < world_size; ++r) {
-      keys.push_back("tide/workers/" + std::to_string(r));
+  void rendezvous(int rank) {
+    for (const auto& p : endpoint->meet(
+             *store,
+             rank,
+             options.listen_host,
+             world_size,
+             options.rpcTimeoutSeconds <= 0
+                 ? c10d::Store::kNoTimeout
+                 : milliseconds(static_cast<int64_t>(
+                       options.rpcTimeoutSeconds * 1000)))) {
+      ids.emplace(p.name, p.id);
+      infos.emplace_back(p.name, static_cast<tr::worker_id_t>(p.id));
     }
-    try {
-      store->wait(
-          keys,
-          options.rpcTimeoutSeconds <= 0
-              ? c10d::Store::kNoTimeout
-              : milliseconds(
-                    static_cast<int64_t>(options.rpcTimeoutSeconds * 1000)));
-    } catch (const std::exception& e) {
-      TORCH_CHECK(
-          false,
-          "the TIDE rpc group of ",
-          world_size,
-          " workers did not complete within the rpc timeout (",
-          options.rpcTimeoutSeconds,
-          " s): ",
-          e.what());
-    }
-    std::vector<transport::PeerAddress> peers;
-    for (int r = 0; r < world_size; ++r) {
-      auto raw = store->get(keys[static_cast<size_t>(r)]);
-      auto p = decode_worker_entry(r, std::string(raw.begin(), raw.end()));
-      auto [it, fresh] = ids.emplace(p.name, r);
-      TORCH_CHECK(
-          fresh,
-          "RPC worker name ",
-          p.name,
-          " is not unique: ranks ",
-          it->second,
-          " and ",
-          r,
-          " share it");
-      infos.emplace_back(p.name, static_cast<tr::worker_id_t>(r));
-      peers.push_back(std::move(p));
-    }
-    transport->set_peers(std::move(peers));
-  }
-
-  // One round of counts through the store: every worker adds its count of
-  // calls in flight, and all learn the total once the last has added.
-  int64_t sync_counts(int64_t active) {
-    std::string prefix = "tide/join/" + std::to_string(join_round++) + "/";
-    store->add(prefix + "active", active);
-    if (store->add(prefix + "arrived", 1) == world_size) {
-      store->set(prefix + "done", bytes("1"));
-    }
-    store->wait({prefix + "done"});
-    return store->add(prefix + "active", 0);
   }
 
   // Stops the transport and the pool, then fails what still waits.
@@ -502,25 +410,10 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       stopped = true;
       early.clear();
     }
-    transport->shutdown();
-    transport->join();
-    workers->join();
-    completions->join();
-    std::vector<Call> left;
-    {
-      std::lock_guard lock(mutex);
-      for (auto& [id, call] : calls) {
-        left.push_back(std::move(call));
-      }
-      calls.clear();
-      deadlines.clear();
-    }
-    for (auto& call : left) {
-      finish(
-          *call.future,
-          {},
+    if (endpoint) {
+      endpoint->stop(
           "RPC agent of worker '" + name() +
-              "' shut down before the reply came");
+          "' shut down before the reply came");
     }
   }
 };
@@ -547,55 +440,39 @@ Agent::Agent(
       world_size);
   impl.self_name = workerInfo_.name_;
   impl.callback = cb_.get();
-  impl.options = checked(std::move(options));
+  impl.options = std::move(options);
   impl.world_size = world_size;
-  impl.store = store;
-  bool shm = std::find(
-                 impl.options.transports.begin(),
-                 impl.options.transports.end(),
-                 "shm") != impl.options.transports.end();
+  impl.store = std::make_unique<GroupStoreOf>(store);
+  impl.barrier =
+      std::make_unique<rpc_core::GroupBarrier>(*impl.store, world_size);
   try {
-    impl.transport = std::make_unique<transport::Transport>(
-        transport::TransportOptions{
-            rank,
-            workerInfo_.name_,
-            impl.options.listen_host,
-            shm,
-            impl.options.token,
-            static_cast<size_t>(impl.options.lanes),
-            torch_message_types(),
-            std::chrono::microseconds(impl.options.poll_us)},
-        transport::TransportHandlers{
-            .on_message =
+    rpc_core::Options core = rpc_core::checked(impl.options);
+    impl.options.token = core.token;
+    impl.endpoint = std::make_unique<Impl::Endpoint>(
+        core,
+        rank,
+        workerInfo_.name_,
+        torch_message_types(),
+        Impl::Endpoint::Handlers{
+            .on_request =
                 [&impl](const transport::Pipe& pipe, transport::Message m) {
-                  impl.on_message(pipe, std::move(m));
+                  impl.on_request(pipe, std::move(m));
                 },
-            .on_closed =
-                [&impl](const transport::Pipe& pipe, const std::string& why) {
-                  impl.on_closed(pipe, why);
+            .on_reply =
+                [&impl](const transport::Pipe& pipe, transport::Message m) {
+                  impl.on_reply(pipe, std::move(m));
                 },
-        });
-    impl.workers = std::make_unique<transport::Workers>(
-        *impl.transport,
-        static_cast<size_t>(impl.options.num_worker_threads),
-        worker_thread_init);
-    impl.completions = std::make_unique<transport::Workers>(
-        *impl.transport,
-        static_cast<size_t>(impl.options.num_worker_threads),
+        },
         std::move(worker_thread_init));
-    impl.rendezvous(rank, workerInfo_.name_);
+    impl.rendezvous(rank);
+  } catch (const Error& e) {
+    // Bad options, a group that does not form: as torch's own checks fail.
+    impl.stop();
+    TORCH_CHECK(false, e.what());
   } catch (...) {
-    if (impl.completions) {
-      impl.stop();
-    }
+    impl.stop();
     throw;
   }
-  TIDE_LOG_DEBUG(
-      "[{}] torch rpc agent up: rank {} of {}, port {}",
-      workerInfo_.name_,
-      rank,
-      world_size,
-      impl.transport->port());
 }
 
 Agent::~Agent() {
@@ -675,26 +552,21 @@ std::vector<tr::WorkerInfo> Agent::getWorkerInfos() const {
 
 void Agent::join(bool shutdown, float /*timeout*/) {
   Impl& impl = *impl_;
-  // A barrier that holds until no worker has a call in flight, nested and
-  // follow-up calls included (each served request answers a call some
-  // worker counts).
-  for (;;) {
-    {
-      std::unique_lock lock(impl.count_mutex);
-      impl.count_cv.wait(lock, [&] { return impl.client_active == 0; });
-    }
-    impl.sync_counts(0);
-    int active = 0;
-    {
-      std::lock_guard lock(impl.count_mutex);
-      active = impl.client_active;
-    }
-    if (impl.sync_counts(active) == 0) {
-      break;
-    }
-  }
+  // Holds until no worker has a call in flight, nested and follow-up calls
+  // included (each served request answers a call some worker counts).
+  auto timeout = impl.store->default_timeout();
+  impl.barrier->drain(
+      [&] {
+        std::unique_lock lock(impl.count_mutex);
+        impl.count_cv.wait(lock, [&] { return impl.client_active == 0; });
+      },
+      [&] {
+        std::lock_guard lock(impl.count_mutex);
+        return static_cast<int64_t>(impl.client_active);
+      },
+      timeout);
   if (shutdown) {
-    impl.sync_counts(0);
+    impl.barrier->sum(0, timeout);
   }
 }
 
@@ -723,7 +595,7 @@ std::unordered_map<std::string, std::string> Agent::getMetrics() {
   int threads = impl.options.num_worker_threads;
   m["agent.thread_pool_size"] = std::to_string(threads);
   m["agent.num_idle_threads"] =
-      std::to_string(threads - static_cast<int>(impl.workers->busy()));
+      std::to_string(threads - static_cast<int>(impl.workers().busy()));
   {
     std::lock_guard lock(impl.count_mutex);
     m["agent.client_active_calls"] = std::to_string(impl.client_active);
@@ -735,7 +607,7 @@ std::unordered_map<std::string, std::string> Agent::getMetrics() {
     m["agent.gil_average_wait_time_us"] = std::to_string(
         impl.gil_waits == 0 ? 0.0 : impl.gil_wait_us_sum / impl.gil_waits);
   }
-  auto stats = impl.transport->stats();
+  auto stats = impl.transport().stats();
   m["tide.buffers_via_shm"] = std::to_string(stats.buffers_via_shm);
   m["tide.buffers_via_lanes"] = std::to_string(stats.buffers_via_lanes);
   return m;
@@ -748,7 +620,7 @@ void Agent::addGilWaitTime(std::chrono::microseconds gil_wait_time) {
 }
 
 std::string Agent::connection_kind(const std::string& worker) {
-  return impl_->transport->connection_kind(getWorkerInfo(worker).id_);
+  return impl_->transport().connection_kind(getWorkerInfo(worker).id_);
 }
 
 const AgentOptions& Agent::options() const {

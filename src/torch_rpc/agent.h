@@ -10,6 +10,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/rpc/rpc_agent.h>
 
+#include "rpc_core/options.h"
+
 // tide as a backend of torch.distributed.rpc (docs/rpc.md, "From Python"):
 // torch's RpcAgent on tide's transport. torch's frontend makes the
 // messages (calls, RRef control, distributed autograd, TorchScript) and its
@@ -22,22 +24,11 @@ namespace tide::torch_rpc {
 
 namespace tr = torch::distributed::rpc;
 
-struct AgentOptions : tr::RpcBackendOptions {
+// torch's options (the rpc timeout, the init method) and those the rpc
+// front ends share (rpc_core/options.h: threads, transports, lanes, token,
+// polling, listen host), checked where the C++ agent's are.
+struct AgentOptions : tr::RpcBackendOptions, rpc_core::Options {
   AgentOptions() = default;
-  // Threads running the requests this worker serves and the callbacks of
-  // the futures its requests complete.
-  int num_worker_threads = 16;
-  // "shm" (processes of this host and network namespace) and "tcp" (any
-  // worker; required).
-  std::vector<std::string> transports = {"shm", "tcp"};
-  // Extra TCP connections a large tensor is cut over (0 to 16).
-  int lanes = 2;
-  // When set, every worker must present it.
-  std::string token;
-  // How long idle threads poll before they sleep, in microseconds.
-  int poll_us = 300;
-  // The address this worker listens on.
-  std::string listen_host = "127.0.0.1";
 };
 
 class Agent : public tr::RpcAgent {

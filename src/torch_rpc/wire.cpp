@@ -89,64 +89,7 @@ void check_fits(const at::Tensor& t, const ReceivedSizes& received) {
   }
 }
 
-// A short string field: its length, a colon, its bytes.
-void put_field(std::string& out, const std::string& s) {
-  out += std::to_string(s.size()) + ":" + s;
-}
-
-std::string take_field(const std::string& in, size_t& at) {
-  size_t colon = in.find(':', at);
-  if (colon == std::string::npos || colon == at || colon - at > 9) {
-    throw std::runtime_error("malformed tide rpc worker entry in the store");
-  }
-  size_t n = 0;
-  for (size_t k = at; k < colon; ++k) {
-    if (in[k] < '0' || in[k] > '9') {
-      throw std::runtime_error("malformed tide rpc worker entry in the store");
-    }
-    n = n * 10 + static_cast<size_t>(in[k] - '0');
-  }
-  if (n > in.size() - colon - 1) {
-    throw std::runtime_error("truncated tide rpc worker entry in the store");
-  }
-  at = colon + 1 + n;
-  return in.substr(colon + 1, n);
-}
-
 }  // namespace
-
-std::string encode_worker_entry(const transport::PeerAddress& a) {
-  std::string out;
-  put_field(out, a.name);
-  put_field(out, a.host);
-  put_field(out, std::to_string(a.port));
-  put_field(out, a.host_key);
-  put_field(out, a.local_name);
-  return out;
-}
-
-transport::PeerAddress decode_worker_entry(int rank, const std::string& entry) {
-  size_t at = 0;
-  transport::PeerAddress a;
-  a.id = rank;
-  a.name = take_field(entry, at);
-  a.host = take_field(entry, at);
-  std::string port = take_field(entry, at);
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) > 65535) {
-    throw std::runtime_error(
-        "bad port '" + port + "' in a tide rpc worker entry");
-  }
-  a.port = static_cast<uint16_t>(std::stoul(port));
-  a.host_key = take_field(entry, at);
-  a.local_name = take_field(entry, at);
-  return a;
-}
-
-transport::MessageTypes torch_message_types() {
-  return {{kTorchRequest, "TORCH_REQUEST"}, {kTorchResponse, "TORCH_RESPONSE"}};
-}
 
 transport::Message to_wire(const c10::intrusive_ptr<tr::Message>& message) {
   transport::Message out;

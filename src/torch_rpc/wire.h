@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/rpc/message.h>
 
+#include "rpc_core/message_types.h"
 #include "transport/transport.h"
 
 // A torch rpc Message as a message of tide's transport (docs/rpc-protocol.md,
@@ -20,10 +21,11 @@
 // each fits the bytes that came.
 namespace tide::torch_rpc {
 
-constexpr transport::MessageType kTorchRequest = transport::kFirstUpperType;
-constexpr transport::MessageType kTorchResponse = kTorchRequest + 1;
-
-transport::MessageTypes torch_message_types();
+constexpr transport::MessageType kTorchRequest =
+    rpc_core::MessageType::kTorchRequest;
+constexpr transport::MessageType kTorchResponse =
+    rpc_core::MessageType::kTorchResponse;
+using rpc_core::torch_message_types;
 
 // Encodes `message` (whose id is set). Throws c10::Error for a tensor that
 // is not on the CPU.
@@ -35,11 +37,5 @@ transport::Message to_wire(
 // not parse, a tensor larger than its bytes).
 c10::intrusive_ptr<torch::distributed::rpc::Message> from_wire(
     transport::Message m);
-
-// A worker's entry in the rendezvous store ("tide/workers/<rank>"): its
-// name and where it listens, as length-prefixed fields.
-std::string encode_worker_entry(const transport::PeerAddress& address);
-// Throws std::runtime_error for an entry that does not parse.
-transport::PeerAddress decode_worker_entry(int rank, const std::string& entry);
 
 }  // namespace tide::torch_rpc

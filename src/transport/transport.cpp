@@ -345,8 +345,7 @@ void Transport::Impl::stop_on_loop() {
   for (const auto& conn : in) {
     conn->fail("the rpc agent shut down");
   }
-  alarm_off = true;
-  alarm.cancel();
+  timers->close_on_loop();
   loop.release_work();
 }
 
@@ -528,25 +527,20 @@ void Transport::post(std::function<void()> fn) {
   asio::post(impl_->loop.io(), std::move(fn));
 }
 
-void Transport::set_alarm(Clock::time_point when, std::function<void()> fn) {
-  auto arm = [impl = impl_.get(), when, fn = std::move(fn)]() mutable {
-    // After shutdown nothing may keep the loop from running out of work.
-    if (impl->alarm_off || when == Clock::time_point::max()) {
-      impl->alarm.cancel();
-      return;
-    }
-    impl->alarm.expires_at(when);
-    impl->alarm.async_wait([fn = std::move(fn)](const asio::error_code& ec) {
-      if (!ec) {
-        fn();
-      }
-    });
-  };
-  if (impl_->loop.on_loop()) {
-    arm();
-  } else {
-    asio::post(impl_->loop.io(), std::move(arm));
+Timer Transport::schedule(Clock::time_point at, std::function<void()> fn) {
+  Timer t;
+  if (at == Clock::time_point::max()) {
+    return t;
   }
+  t.id_ = impl_->timers->add(at, std::move(fn));
+  t.at_ = at;
+  t.queue_ = impl_->timers;
+  return t;
+}
+
+bool Timer::cancel() const {
+  auto queue = queue_.lock();
+  return queue && id_ != 0 && queue->cancel(at_, id_);
 }
 
 void Transport::help(const std::function<bool()>& done) {

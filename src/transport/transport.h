@@ -74,6 +74,23 @@ struct Message {
 };
 
 struct Connection;
+class TimerQueue;
+
+// A function the transport's loop runs at a time (Transport::schedule).
+// Copyable; harmless after the transport is gone.
+class Timer {
+ public:
+  Timer() = default;
+  // Keeps the function from running: false when it has run, is running, or
+  // was cancelled (or the transport is gone). Thread safe.
+  bool cancel() const;
+
+ private:
+  friend class Transport;
+  std::weak_ptr<TimerQueue> queue_;
+  Clock::time_point at_{};
+  uint64_t id_ = 0;
+};
 
 // One connection as the layer above holds it: a handle that stays valid
 // (and harmless) after the connection or the whole transport is gone.
@@ -219,10 +236,12 @@ class Transport {
 
   // Runs fn on the loop. Thread safe.
   void post(std::function<void()> fn);
-  // Runs fn on the loop at `when`, once, instead of what an earlier call
-  // asked; Clock::time_point::max() cancels. For the one deadline timer of
-  // the layer above. Thread safe.
-  void set_alarm(Clock::time_point when, std::function<void()> fn);
+  // Runs fn on the loop at `at`, once (at once when `at` has passed),
+  // unless the returned Timer is cancelled first or the transport shuts
+  // down (fn is then dropped unrun). Clock::time_point::max(): never. Any
+  // number of timers; one asio timer serves them (transport/timers.h).
+  // Thread safe.
+  Timer schedule(Clock::time_point at, std::function<void()> fn);
 
   // Lends this thread to the loop while it would otherwise wait
   // (LendableLoop::lend). Thread safe.

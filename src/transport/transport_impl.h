@@ -14,6 +14,7 @@
 
 #include "transport/connection.h"
 #include "transport/lendable_loop.h"
+#include "transport/timers.h"
 #include "transport/transport.h"
 
 // The transport's state, shared by its files. Private to the transport.
@@ -126,8 +127,9 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   std::chrono::milliseconds accept_backoff{0};
   std::chrono::milliseconds local_accept_backoff{0};
   Clock::time_point last_warning{};
-  asio::steady_timer alarm{loop.io()};
-  bool alarm_off = false;  // After shutdown.
+  // Shared with the Timers handed out.
+  const std::shared_ptr<TimerQueue> timers =
+      std::make_shared<TimerQueue>(loop.io());
 };
 
 // A received buffer that lives in a shared-memory segment, which is the

@@ -52,6 +52,7 @@ struct Server {
 
 TEST(CallsTest, AThrowingContinuationLeavesTheLoopServing) {
   Server server;
+  std::unique_ptr<rpc_core::CallTable<transport::Message>> table;
   std::unique_ptr<Calls> calls;
   transport::Transport client(
       {.self_id = 0,
@@ -63,9 +64,10 @@ TEST(CallsTest, AThrowingContinuationLeavesTheLoopServing) {
            },
        .on_closed =
            [&](const transport::Pipe& pipe, const std::string& why) {
-             calls->on_closed(pipe, why);
+             table->on_closed(pipe, why);
            }});
-  calls = std::make_unique<Calls>(client, "client");
+  table = std::make_unique<rpc_core::CallTable<transport::Message>>(client);
+  calls = std::make_unique<Calls>(client, *table);
   client.set_peers(
       {{1,
         "server",

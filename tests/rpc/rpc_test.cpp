@@ -25,6 +25,7 @@
 
 #include "support/raw_client.h"
 #include "support/rpc_child.h"
+#include "support/rpc_entry.h"
 #include "support/subprocess.h"
 
 namespace tide::rpc {
@@ -116,7 +117,7 @@ TEST_F(RpcTest, DuplicateNameFailsNamingTheName) {
     return std::make_unique<RpcAgent>("same", 0, 2, options, client());
   });
   // Wait until rank 0 has claimed the name.
-  client()->wait({"rpc/workers/0"}, 5s);
+  client()->wait({rpc_core::peer_key(0)}, 5s);
   try {
     RpcAgent second("same", 1, 2, options, client());
     FAIL() << "expected InvalidArgument";
@@ -133,7 +134,7 @@ TEST_F(RpcTest, MismatchedWorldSizeFails) {
     return std::make_unique<RpcAgent>("x", 0, 2, options, client());
   });
   // Wait until rank 0 has claimed the world size.
-  client()->wait({"rpc/workers/0"}, 5s);
+  client()->wait({rpc_core::peer_key(0)}, 5s);
   try {
     RpcAgent second("y", 1, 3, options, client());
     FAIL() << "expected InvalidArgument";
@@ -492,13 +493,9 @@ TEST_F(RpcTest, StaticallyRegisteredFunctionsServeEveryAgent) {
 TEST_F(RpcTest, GarbageOnTheRpcPortDropsOnlyThatConnection) {
   auto agents = group({"a", "b"});
   agents[1]->register_function("add", add);
-  std::string entry = client()->get("rpc/workers/1");
-  Decoder d(entry);
-  auto [name, id, host, port, host_key, local_name] = decode_args<
-      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
-      d, "entry");
-  ASSERT_EQ(host, "127.0.0.1");
-  test::RawClient garbage(static_cast<uint16_t>(port));
+  auto entry = test::published_entry(*client(), 1);
+  ASSERT_EQ(entry.host, "127.0.0.1");
+  test::RawClient garbage(entry.port);
   ASSERT_TRUE(garbage.send("GET / HTTP/1.1\r\n\r\n"));
   EXPECT_TRUE(garbage.closed_within(10s));
   EXPECT_EQ(agents[0]->rpc_sync<int64_t>("b", "add", 1, 2), 3);

@@ -1,4 +1,5 @@
-// One suite, every Store: the contract of tide/store/store.h.
+// One suite, every Store: the contract of tide/store/store.h, for the
+// stores of the store part (etcd's: tests/etcd/etcd_store_conformance_test.cpp).
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -7,33 +8,17 @@
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
-#include "tide/etcd/etcd_store.h"
 #include "tide/store/hash_store.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
-#include "support/etcd.h"
+#include "store/store_conformance.h"
 
-namespace tide::store {
+namespace tide::store::conformance {
 namespace {
 
 using std::chrono::milliseconds;
 using namespace std::chrono_literals;
-
-// A store under test, and a way to open another client of the same store.
-struct Backend {
-  std::shared_ptr<Store> store;
-  std::function<std::shared_ptr<Store>()> another_client;
-};
-
-struct BackendKind {
-  std::string name;
-  std::function<Backend()> make;
-};
-
-void PrintTo(const BackendKind& kind, std::ostream* os) {
-  *os << kind.name;
-}
 
 std::shared_ptr<TcpStore> tcp_client(uint16_t port, Dialect d) {
   return std::make_shared<TcpStore>(
@@ -45,24 +30,6 @@ Backend tcp_backend(Dialect d) {
       .port = 0, .is_server = true, .dialect = d, .timeout = 10s});
   uint16_t port = host->port();
   return {host, [port, d] { return tcp_client(port, d); }};
-}
-
-// One etcd for every EtcdStore test (starting one takes about a second);
-// each test gets keys under a prefix of its own. Started by the first test
-// that needs it, on the main thread, and killed at exit.
-const test::EtcdCluster& shared_etcd() {
-  static const test::EtcdCluster cluster = test::EtcdCluster::start(1);
-  return cluster;
-}
-
-Backend etcd_backend() {
-  static std::atomic<int> next_prefix{0};
-  std::string endpoints = shared_etcd().endpoints();
-  std::string prefix = "/conformance/" + std::to_string(next_prefix++);
-  auto make = [endpoints, prefix] {
-    return std::make_shared<etcd::EtcdStore>(endpoints, prefix, 10s);
-  };
-  return {make(), make};
 }
 
 std::vector<BackendKind> backends() {
@@ -92,19 +59,9 @@ std::vector<BackendKind> backends() {
                return std::make_shared<PrefixStore>("job", make());
              }};
        }},
-      {"EtcdStore", etcd_backend},
   };
 }
 
-class StoreConformanceTest : public ::testing::TestWithParam<BackendKind> {
- protected:
-  void SetUp() override {
-    backend_ = GetParam().make();
-    store_ = backend_.store;
-  }
-  Backend backend_;
-  std::shared_ptr<Store> store_;
-};
 
 TEST_P(StoreConformanceTest, SetThenGetReturnsTheBytes) {
   std::string binary("a\0b\xff", 4);
@@ -290,4 +247,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace tide::store
+}  // namespace tide::store::conformance

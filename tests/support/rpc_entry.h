@@ -1,22 +1,18 @@
 #pragma once
 
 #include <string>
-#include <tuple>
 
-#include "tide/rpc/serialize.h"
-
+#include "rpc_core/peer_group.h"
 #include "transport/transport.h"
 
-// A worker's entry in the rpc store ("rpc/workers/<rank>"), as the C++
-// agent publishes it: for tests that reach a worker by hand.
+// What worker `rank` published in the rpc group's store: for tests that
+// reach a worker by hand.
 namespace tide::test {
 
-inline transport::PeerAddress decode_rpc_entry(const std::string& entry) {
-  rpc::Decoder d(entry);
-  auto [name, id, host, port, host_key, local_name] = rpc::decode_args<
-      std::tuple<std::string, int, std::string, int, std::string, std::string>>(
-      d, "entry");
-  return {id, name, host, static_cast<uint16_t>(port), host_key, local_name};
+template <typename Store>
+transport::PeerAddress published_entry(Store& store, int rank) {
+  auto raw = store.get(rpc_core::peer_key(rank));
+  return rpc_core::decode_peer(rank, std::string(raw.begin(), raw.end()));
 }
 
 }  // namespace tide::test

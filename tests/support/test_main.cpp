@@ -5,6 +5,7 @@
 #include "tide/agent/entrypoint.h"
 
 #include "support/rpc_child.h"
+#include "support/transport_peer.h"
 #include "support/worker_functions.h"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   tide::test::run_rpc_transport_child_if_requested();
   tide::test::run_rref_child_if_requested();
   tide::test::run_security_child_if_requested();
+  tide::test::run_transport_peer_if_requested();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -17,6 +17,8 @@
 
 #include "tide/common/error.h"
 
+#include "rpc_core/peer_group.h"
+#include "support/rpc_entry.h"
 #include "torch_rpc/wire.h"
 
 namespace tide::torch_rpc {
@@ -149,18 +151,6 @@ TEST(WireTest, MalformedMessagesAreProtocolErrors) {
         torch::tensor({{0, 7}}), torch::tensor({1.0f, 2.0f}), {3});
     EXPECT_THROW(from_wire(to_wire(make_message("", {bad}))), ProtocolError);
   }
-}
-
-TEST(WireTest, WorkerEntriesRoundTripAndBadOnesThrow) {
-  transport::PeerAddress a{3, "w:3", "10.0.0.1", 4242, "key", "\0abs"};
-  auto b = decode_worker_entry(3, encode_worker_entry(a));
-  EXPECT_EQ(b.name, a.name);
-  EXPECT_EQ(b.host, a.host);
-  EXPECT_EQ(b.port, a.port);
-  EXPECT_EQ(b.local_name, a.local_name);
-  EXPECT_THROW(decode_worker_entry(0, "5:abc"), std::runtime_error);
-  EXPECT_THROW(decode_worker_entry(0, "nonsense"), std::runtime_error);
-  EXPECT_THROW(decode_worker_entry(0, ""), std::runtime_error);
 }
 
 // Answers PYTHON_CALL with PYTHON_RET of the same payload and tensors plus
@@ -337,16 +327,13 @@ TEST(AgentTest, AMisbehavingWorkerGetsErrorsAndTheAgentServesOn) {
            },
        .on_closed = [](const transport::Pipe&, const std::string&) {}});
   transport::PeerAddress me{1, "raw", "127.0.0.1", raw.port(), "", ""};
-  auto entry = encode_worker_entry(me);
+  auto entry = rpc_core::encode_peer(me);
   store->set(
-      "tide/workers/1", std::vector<uint8_t>(entry.begin(), entry.end()));
+      rpc_core::peer_key(1), std::vector<uint8_t>(entry.begin(), entry.end()));
   auto agent = std::make_shared<Agent>(
       store, "w0", 0, 2, test_options(), std::make_unique<EchoCallback>());
   agent->start();
-  auto a_entry = store->get("tide/workers/0");
-  raw.set_peers(
-      {decode_worker_entry(0, std::string(a_entry.begin(), a_entry.end())),
-       me});
+  raw.set_peers({test::published_entry(*store, 0), me});
   auto pipe = raw.pipe_to(0);
 
   auto good = to_wire(make_message("fine", {torch::ones({2})}));

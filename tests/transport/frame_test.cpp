@@ -10,19 +10,32 @@
 
 #include "tide/common/error.h"
 
-#include "rpc/messages.h"
 #include "transport/control.h"
 
 namespace tide::transport {
 namespace {
 
 using ::testing::HasSubstr;
-using RpcType = rpc::detail::MessageType;
+// Types a layer above might send (the rpc front ends number theirs from
+// kFirstUpperType too).
+struct RpcType {
+  enum : MessageType {
+    kRequest = kFirstUpperType,
+    kResponse,
+    kError,
+    kCancel,
+    kCreate = 0x20,
+  };
+};
 
-// Every type a stream of tide's may carry: the transport's and rpc's.
+// Every type the streams here may carry: the transport's and those above.
 const MessageTypes& all_types() {
-  static const MessageTypes kAll =
-      MessageTypes().add(control_types()).add(rpc::detail::rpc_message_types());
+  static const MessageTypes kAll = MessageTypes().add(control_types()).add(
+      {{RpcType::kRequest, "REQUEST"},
+       {RpcType::kResponse, "RESPONSE"},
+       {RpcType::kError, "ERROR"},
+       {RpcType::kCancel, "CANCEL"},
+       {RpcType::kCreate, "CREATE"}});
   return kAll;
 }
 
@@ -192,7 +205,7 @@ TEST(FrameTest, SeveralFramesInOneFeedComeOutInOrder) {
 }
 
 TEST(FrameTest, EncodeHeadThenTheBuffersIsTheWholeFrame) {
-  Frame f = sample(RpcType::kRRefCreate, 3);
+  Frame f = sample(RpcType::kCreate, 3);
   std::string head = encode_head(
       {.type = f.type,
        .flags = f.flags,

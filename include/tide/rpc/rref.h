@@ -147,6 +147,11 @@ struct AgentAccess {
       const ValueType* type);
   static RRefPtr local(RpcAgent& agent, Value value);
   static WireContext* wire(RpcAgent& agent, const std::string& to);
+  // Calls fn(args) on worker `to`, an idempotent control function, with the
+  // rpc layers' one retry: again after a timeout or a broken connection to
+  // a worker that lives, pausing 0.5 s, 0.75 s, ... (5 tries).
+  static Future<void> control(
+      RpcAgent& agent, int to, const std::string& fn, std::string args);
   // The agent's extension, made by `make` on first use (rpc.h).
   static std::shared_ptr<AgentExtension> extension(
       RpcAgent& agent,

@@ -572,7 +572,7 @@ void run_security_child_if_requested() {
       .timeout = std::chrono::seconds(60)});
   rpc::RpcAgent agent("w" + std::to_string(rank), rank, world, {}, store);
   if (rank == 0) {
-    transport::PeerAddress me = decode_rpc_entry(store->get("rpc/workers/0"));
+    transport::PeerAddress me = test::published_entry(*store, 0);
     std::printf(
         "w0 %s, listening on %d\n",
         token != nullptr && *token != '\0' ? "with a token" : "without a token",
