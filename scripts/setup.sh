@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build ccache mold pkg-config git
-  clang libclang-rt-14-dev clang-format
+  clang libclang-rt-14-dev clang-format clang-tidy
   # libraries
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -11,6 +11,8 @@ scripts/setup.sh
 
 step "build (RelWithDebInfo)"
 scripts/build.sh build
+step "naming rules on the last commit's sources (.clang-tidy)"
+scripts/lint.sh HEAD~1 build
 step "tests"
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 

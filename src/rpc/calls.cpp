@@ -44,46 +44,46 @@ Future<Payload> Calls::start(
   for (auto& b : args.buffers) {
     request.buffers.push_back(std::move(b));
   }
-  auto done = [this, to, fn = std::move(fn), timeout, promise](
-                  CallEnd end) mutable {
-    auto where = [&] { return fn + "() on " + transport_.peer_label(to); };
-    switch (end.how) {
-      case CallEnd::How::kReplied:
-        if (end.reply.type == MessageType::kError) {
-          auto [type, message] = read_error(end.reply.metadata);
-          promise.set_exception(std::make_exception_ptr(
-              RemoteError(where() + " raised " + type + ": " + message)));
-        } else {
-          Payload p;
-          p.data = std::move(end.reply.buffers[0]);
-          p.buffers.assign(
-              std::make_move_iterator(end.reply.buffers.begin() + 1),
-              std::make_move_iterator(end.reply.buffers.end()));
-          promise.set_value(std::move(p));
+  auto done =
+      [this, to, fn = std::move(fn), timeout, promise](CallEnd end) mutable {
+        auto where = [&] { return fn + "() on " + transport_.peer_label(to); };
+        switch (end.how) {
+          case CallEnd::How::kReplied:
+            if (end.reply.type == MessageType::kError) {
+              auto [type, message] = read_error(end.reply.metadata);
+              promise.set_exception(std::make_exception_ptr(
+                  RemoteError(where() + " raised " + type + ": " + message)));
+            } else {
+              Payload p;
+              p.data = std::move(end.reply.buffers[0]);
+              p.buffers.assign(
+                  std::make_move_iterator(end.reply.buffers.begin() + 1),
+                  std::make_move_iterator(end.reply.buffers.end()));
+              promise.set_value(std::move(p));
+            }
+            return;
+          case CallEnd::How::kTimedOut:
+            promise.set_exception(std::make_exception_ptr(TimeoutError(
+                where() + " timed out after " +
+                std::to_string(timeout.count()) + " ms")));
+            return;
+          case CallEnd::How::kNotSent:
+            if (end.error) {
+              promise.set_exception(end.error);
+              return;
+            }
+            [[fallthrough]];
+          case CallEnd::How::kBadReply:
+          case CallEnd::How::kLost:
+            promise.set_exception(std::make_exception_ptr(
+                NetworkError(where() + " failed: " + end.reason)));
+            return;
+          case CallEnd::How::kStopped:
+            promise.set_exception(
+                std::make_exception_ptr(NetworkError(end.reason)));
+            return;
         }
-        return;
-      case CallEnd::How::kTimedOut:
-        promise.set_exception(std::make_exception_ptr(TimeoutError(
-            where() + " timed out after " + std::to_string(timeout.count()) +
-            " ms")));
-        return;
-      case CallEnd::How::kNotSent:
-        if (end.error) {
-          promise.set_exception(end.error);
-          return;
-        }
-        [[fallthrough]];
-      case CallEnd::How::kBadReply:
-      case CallEnd::How::kLost:
-        promise.set_exception(std::make_exception_ptr(
-            NetworkError(where() + " failed: " + end.reason)));
-        return;
-      case CallEnd::How::kStopped:
-        promise.set_exception(
-            std::make_exception_ptr(NetworkError(end.reason)));
-        return;
-    }
-  };
+      };
   table_.start(to, std::move(request), timeout, std::move(done));
   return future;
 }

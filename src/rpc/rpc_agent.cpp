@@ -47,8 +47,8 @@ class GroupStoreOf : public rpc_core::GroupStore {
   int64_t add(const std::string& key, int64_t delta) override {
     return store_->add(key, delta);
   }
-  void wait(const std::vector<std::string>& keys, milliseconds timeout)
-      override {
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override {
     store_->wait(keys, timeout);
   }
   std::vector<std::string> multi_get(

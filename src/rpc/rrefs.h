@@ -176,7 +176,6 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   // live peer.
   Future<void> control(int to, std::string fn, std::string args);
 
-
  private:
   struct Child {
     RRefPtr parent;  // held until the child accepts

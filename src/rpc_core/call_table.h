@@ -62,8 +62,7 @@ class CallTable {
   using Done = std::function<void(End)>;
 
   // `transport` must outlive the table's calls (fail_all() after it stops).
-  explicit CallTable(transport::Transport& transport)
-      : transport_(transport) {}
+  explicit CallTable(transport::Transport& transport) : transport_(transport) {}
   CallTable(const CallTable&) = delete;
   CallTable& operator=(const CallTable&) = delete;
 
@@ -95,8 +94,7 @@ class CallTable {
       std::lock_guard lock(mutex_);
       auto& booked = calls_.emplace(id, std::move(call)).first->second;
       // Booked before its timer: the timer finds it.
-      if (timeout.count() > 0 &&
-          timeout < std::chrono::hours(24 * 365 * 100)) {
+      if (timeout.count() > 0 && timeout < std::chrono::hours(24 * 365 * 100)) {
         booked.deadline =
             transport_.schedule(Clock::now() + timeout, [this, id] {
               if (auto late = take(id)) {
@@ -168,8 +166,7 @@ class CallTable {
     {
       std::lock_guard lock(mutex_);
       auto it = calls_.find(id);
-      if (it == calls_.end() ||
-          (pipe != nullptr && it->second.pipe != pipe)) {
+      if (it == calls_.end() || (pipe != nullptr && it->second.pipe != pipe)) {
         return std::nullopt;
       }
       call = std::move(it->second);

@@ -59,8 +59,9 @@ struct Retrying : std::enable_shared_from_this<Retrying> {
     if (on_retry) {
       on_retry(made, pause);
     }
-    transport.schedule(
-        Clock::now() + pause, [self = shared_from_this()] { self->make_one(); });
+    transport.schedule(Clock::now() + pause, [self = shared_from_this()] {
+      self->make_one();
+    });
   }
 };
 

@@ -45,8 +45,8 @@ class GroupStoreOf : public rpc_core::GroupStore {
   int64_t add(const std::string& key, int64_t delta) override {
     return store_->add(key, delta);
   }
-  void wait(const std::vector<std::string>& keys, milliseconds timeout)
-      override {
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override {
     // torch's stores say a wait ran out only in their text (c10::Error,
     // or std::system_error from HashStore).
     try {
@@ -168,64 +168,56 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     transport::Message wire = to_wire(message);
     count(client_active, +1);
     calls().start(
-        peer, std::move(wire), timeout, [this, future, peer, timeout](
-                                            Calls::End end) mutable {
-          using How = Calls::How;
-          std::string to = transport().peer_label(peer);
-          switch (end.how) {
-            case How::kReplied:
-              if (end.reply->type() == tr::MessageType::EXCEPTION) {
-                const auto& text = end.reply->payload();
-                complete(std::move(future), {}, std::string(text.begin(), text.end()));
-              } else {
-                complete(std::move(future), std::move(end.reply), std::nullopt);
-              }
-              return;
-            case How::kTimedOut:
-              complete(
-                  std::move(future),
-                  {},
-                  tr::makeRPCError(
-                      fmt::format(tr::kRpcTimeoutErrorStr, timeout.count()),
-                      tr::RPCErrorType::TIMEOUT));
-              return;
-            case How::kBadReply:
-              complete(
-                  std::move(future),
-                  {},
-                  "malformed reply from " + to + ": " + end.reason);
-              return;
-            case How::kLost:
-              complete(
-                  std::move(future),
-                  {},
-                  "connection to " + to + " lost: " + end.reason);
-              return;
-            case How::kNotSent:
-              complete(
-                  std::move(future),
-                  {},
-                  "failed to send to " + to + ": " + end.reason);
-              return;
-            case How::kStopped:
-              complete(std::move(future), {}, end.reason);
-              return;
-          }
+        peer,
+        std::move(wire),
+        timeout,
+        [this, future, peer, timeout](Calls::End end) mutable {
+          complete(std::move(future), outcome(end, peer, timeout));
         });
+  }
+
+  // What a call's future completes with: the reply, or torch's text of
+  // why there is none.
+  std::pair<Reply, std::optional<std::string>> outcome(
+      Calls::End& end, int peer, milliseconds timeout) {
+    using How = Calls::How;
+    auto to = [&] { return transport().peer_label(peer); };
+    switch (end.how) {
+      case How::kReplied:
+        if (end.reply->type() == tr::MessageType::EXCEPTION) {
+          const auto& text = end.reply->payload();
+          return {{}, std::string(text.begin(), text.end())};
+        }
+        return {std::move(end.reply), std::nullopt};
+      case How::kTimedOut:
+        return {
+            {},
+            tr::makeRPCError(
+                fmt::format(tr::kRpcTimeoutErrorStr, timeout.count()),
+                tr::RPCErrorType::TIMEOUT)};
+      case How::kBadReply:
+        return {{}, "malformed reply from " + to() + ": " + end.reason};
+      case How::kLost:
+        return {{}, "connection to " + to() + " lost: " + end.reason};
+      case How::kNotSent:
+        return {{}, "failed to send to " + to() + ": " + end.reason};
+      case How::kStopped:
+        break;
+    }
+    return {{}, end.reason};
   }
 
   // Completes a call's future on the completions' threads; here once they
   // are joined (a call failed during shutdown must still complete).
   void complete(
       c10::intrusive_ptr<tr::JitFuture> future,
-      c10::intrusive_ptr<tr::Message> reply,
-      std::optional<std::string> error) {
-    endpoint->completions()->run_or_here([this,
-                              future = std::move(future),
-                              reply = std::move(reply),
-                              error = std::move(error)]() mutable {
-      finish(*future, std::move(reply), std::move(error));
-    });
+      std::pair<Reply, std::optional<std::string>> outcome) {
+    endpoint->completions()->run_or_here(
+        [this,
+         future = std::move(future),
+         outcome = std::move(outcome)]() mutable {
+          finish(*future, std::move(outcome.first), std::move(outcome.second));
+        });
   }
 
   // Completes a call's future (its callbacks run here), then counts it

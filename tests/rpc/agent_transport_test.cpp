@@ -1,8 +1,6 @@
 // The RPC transport: the choice of shared memory or TCP per pair, tokens,
 // malformed shared-memory frames, graceful shutdown across processes, and
 // two network-namespace hosts.
-#include "transport/transport.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -41,6 +39,7 @@
 #include "transport/control.h"
 #include "transport/fields.h"
 #include "transport/frame.h"
+#include "transport/transport.h"
 
 namespace tide::rpc {
 namespace {
@@ -624,7 +623,8 @@ TEST_F(AgentTransportTest, MalformedLanesDropTheirConnection) {
 
 // The peer is this binary again (run_rpc_transport_child_if_requested),
 // shutting down gracefully while calls to it are still running.
-TEST_F(AgentTransportTest, GracefulShutdownWaitsForCallsInFlightAcrossProcesses) {
+TEST_F(
+    AgentTransportTest, GracefulShutdownWaitsForCallsInFlightAcrossProcesses) {
   test::Subprocess child(
       {"/proc/self/exe"},
       {.env = {{"TIDE_RPC_GRACEFUL_CHILD", std::to_string(server_->port())}}});

@@ -159,7 +159,8 @@ TEST(CallTableTest, ALostConnectionEndsOnlyItsOwnCalls) {
   EXPECT_EQ(ends[0].how, How::kLost);
   EXPECT_FALSE(ends[0].reason.empty());
   EXPECT_EQ(c.table.pending(), 1u);
-  EXPECT_TRUE(c.table.on_reply(c.transport.pipe_to(2), to_two, reply_to(to_two)));
+  EXPECT_TRUE(
+      c.table.on_reply(c.transport.pipe_to(2), to_two, reply_to(to_two)));
 }
 
 TEST(CallTableTest, ACallToAnUnknownPeerIsNotSentAndSaysWhy) {

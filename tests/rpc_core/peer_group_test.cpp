@@ -74,7 +74,8 @@ class MapGroupStore : public GroupStore {
       return true;
     });
     if (!all) {
-      throw TimeoutError("keys missing after " + std::to_string(t.count()) + " ms");
+      throw TimeoutError(
+          "keys missing after " + std::to_string(t.count()) + " ms");
     }
   }
   std::vector<std::string> multi_get(
@@ -98,7 +99,8 @@ transport::PeerAddress peer(int rank, std::string name) {
 }
 
 TEST(PeerGroupTest, EntriesRoundTripAndBadOnesThrow) {
-  transport::PeerAddress a{3, "w:3", "10.0.0.1", 4242, "key", std::string("\0abs", 4)};
+  transport::PeerAddress a{
+      3, "w:3", "10.0.0.1", 4242, "key", std::string("\0abs", 4)};
   auto b = decode_peer(3, encode_peer(a));
   EXPECT_EQ(b.id, 3);
   EXPECT_EQ(b.name, a.name);
@@ -134,9 +136,8 @@ TEST(PeerGroupTest, EveryoneMeetsEveryoneByRank) {
 
 TEST(PeerGroupTest, ANameTakenAWorldSizeDifferentOrARankOutsideIsRefused) {
   MapGroupStore store;
-  auto first = std::async(std::launch::async, [&] {
-    return meet(store, peer(0, "a"), 2, 200ms);
-  });
+  auto first = std::async(
+      std::launch::async, [&] { return meet(store, peer(0, "a"), 2, 200ms); });
   store.wait({peer_key(0)}, 10s);
   try {
     meet(store, peer(1, "a"), 2, 200ms);

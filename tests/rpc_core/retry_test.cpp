@@ -105,9 +105,7 @@ TEST(RetryTest, GivesUpAfterItsTriesWithTheLastError) {
 TEST(RetryTest, AnAttemptThatThrowsCountsAsFailed) {
   auto t = make_transport();
   Future<void> f = retry(
-      *t,
-      []() -> Future<void> { throw InvalidArgument("bad"); },
-      lost_only);
+      *t, []() -> Future<void> { throw InvalidArgument("bad"); }, lost_only);
   EXPECT_EQ(outcome(f), "bad");
 }
 

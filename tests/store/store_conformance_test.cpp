@@ -1,5 +1,8 @@
 // One suite, every Store: the contract of tide/store/store.h, for the
-// stores of the store part (etcd's: tests/etcd/etcd_store_conformance_test.cpp).
+// stores of the store part (etcd's:
+// tests/etcd/etcd_store_conformance_test.cpp).
+#include "store/store_conformance.h"
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -11,8 +14,6 @@
 #include "tide/store/hash_store.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
-
-#include "store/store_conformance.h"
 
 namespace tide::store::conformance {
 namespace {
@@ -61,7 +62,6 @@ std::vector<BackendKind> backends() {
        }},
   };
 }
-
 
 TEST_P(StoreConformanceTest, SetThenGetReturnsTheBytes) {
   std::string binary("a\0b\xff", 4);

@@ -25,7 +25,10 @@ PROMPT = 5.0  # seconds: what "at once" allows on a loaded 2-core machine
 
 
 def block_forever():
-    print("in call", flush=True)
+    # One write: print() writes the newline apart, and the three calls' lines
+    # would interleave.
+    sys.stdout.write("in call\n")
+    sys.stdout.flush()
     threading.Event().wait()
 
 

@@ -30,12 +30,14 @@ struct RpcType {
 
 // Every type the streams here may carry: the transport's and those above.
 const MessageTypes& all_types() {
-  static const MessageTypes kAll = MessageTypes().add(control_types()).add(
-      {{RpcType::kRequest, "REQUEST"},
-       {RpcType::kResponse, "RESPONSE"},
-       {RpcType::kError, "ERROR"},
-       {RpcType::kCancel, "CANCEL"},
-       {RpcType::kCreate, "CREATE"}});
+  static const MessageTypes kAll = MessageTypes()
+                                       .add(control_types())
+                                       .add(
+                                           {{RpcType::kRequest, "REQUEST"},
+                                            {RpcType::kResponse, "RESPONSE"},
+                                            {RpcType::kError, "ERROR"},
+                                            {RpcType::kCancel, "CANCEL"},
+                                            {RpcType::kCreate, "CREATE"}});
   return kAll;
 }
 

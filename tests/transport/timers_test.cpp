@@ -1,8 +1,6 @@
 // The transport's timers (Transport::schedule), on the transport's own API:
 // any number of them behind one asio timer, in time order, cancellable,
 // dropped unrun at shutdown.
-#include "transport/transport.h"
-
 #include <chrono>
 #include <future>
 #include <memory>
@@ -12,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
+#include "transport/transport.h"
 
 namespace tide::transport {
 namespace {

@@ -75,8 +75,8 @@ Buffer pattern(uint64_t id, size_t which, size_t size) {
 struct Inbox {
   std::mutex mutex;
   std::condition_variable cv;
-  std::vector<Message> messages;     // Guarded by mutex.
-  std::vector<std::string> closed;   // Guarded by mutex.
+  std::vector<Message> messages;    // Guarded by mutex.
+  std::vector<std::string> closed;  // Guarded by mutex.
 
   TransportHandlers handlers() {
     return {
@@ -116,8 +116,8 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     int port = 0;
     in >> word >> port >> local_name;
     ASSERT_EQ(word, "ready");
-    transport_ = std::make_unique<Transport>(
-        options_for(mode_, 0), inbox_.handlers());
+    transport_ =
+        std::make_unique<Transport>(options_for(mode_, 0), inbox_.handlers());
     transport_->set_peers(
         {{1,
           "echo",
@@ -153,8 +153,9 @@ TEST_P(TransportTest, EveryMessageComesBackWholeAndInOrder) {
   for (uint64_t id = 1; id <= kMessages; ++id) {
     ASSERT_TRUE(pipe.send(ping(id)));
   }
-  ASSERT_TRUE(inbox_.wait_for([&] { return inbox_.messages.size() == kMessages; }))
-      << "echoes missing";
+  ASSERT_TRUE(inbox_.wait_for([&] {
+    return inbox_.messages.size() == kMessages;
+  })) << "echoes missing";
   std::unique_lock lock(inbox_.mutex);
   for (uint64_t id = 1; id <= kMessages; ++id) {
     const Message& m = inbox_.messages[id - 1];
@@ -182,7 +183,8 @@ TEST_P(TransportTest, EveryMessageComesBackWholeAndInOrder) {
     uint64_t id = kMessages;
     while (transport_->stats().buffers_via_lanes == 0 && id < 10 * kMessages) {
       ASSERT_TRUE(pipe.send(ping(++id)));
-      ASSERT_TRUE(inbox_.wait_for([&] { return inbox_.messages.size() == id; }));
+      ASSERT_TRUE(
+          inbox_.wait_for([&] { return inbox_.messages.size() == id; }));
     }
     EXPECT_GT(transport_->stats().buffers_via_lanes, 0u);
   } else {
@@ -225,8 +227,8 @@ void run_transport_peer_if_requested() {
   using namespace tide::transport;
   Transport echo(
       options_for(mode_named(mode), 1),
-      {.on_message =
-           [](const Pipe& pipe, Message m) { pipe.send(std::move(m)); },
+      {.on_message = [](const Pipe& pipe,
+                        Message m) { pipe.send(std::move(m)); },
        .on_closed = [](const Pipe&, const std::string&) {}});
   std::printf(
       "ready %d %s\n",
