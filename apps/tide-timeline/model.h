@@ -1,0 +1,73 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tide-timeline/events.h"
+
+// What the picture shows, built from a run's records: a lane per worker
+// with its processes' lifetimes and notes, the agents' notes per host, and
+// the boundaries between attempts.
+namespace tide::timeline {
+
+enum class Outcome { kSucceeded, kFailed, kTerminated, kRunning };
+
+// The CSS class a bar of this outcome is drawn with.
+const char* css_class(Outcome o);
+
+// One worker process, from its HEALTHY event to its end.
+struct Bar {
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;
+  bool start_seen = true;  // false: the file begins after the worker started
+  Outcome outcome = Outcome::kRunning;
+  std::string pid;
+  int64_t attempt = 0;
+  std::string error;  // raw_error, for FAILED
+};
+
+enum class Mark { kRendezvous, kRestart, kTimer, kFailure, kRdzvPending };
+
+// A point (or, for a rendezvous, the span it waited) with a label.
+struct Note {
+  Mark mark;
+  int64_t t_ms = 0;
+  int64_t from_ms = 0;  // where a rendezvous began waiting
+  std::string label;
+  std::string tooltip;
+};
+
+struct WorkerLane {
+  int64_t rank = 0;
+  std::optional<int64_t> local_rank;
+  std::string role;
+  std::vector<Bar> bars;
+  std::vector<Note> notes;
+};
+
+struct Boundary {
+  int64_t t_ms = 0;
+  std::string label;
+};
+
+struct Timeline {
+  std::string run_id;
+  int64_t t0 = 0;
+  int64_t t1 = 0;
+  std::map<std::string, std::vector<Note>> agent_notes;  // by host
+  std::map<std::pair<std::string, int64_t>, WorkerLane> workers;
+  std::map<std::string, int64_t> host_order;  // host -> its group rank
+  std::vector<Boundary> boundaries;
+  std::set<std::string> roles;
+  int64_t attempts = 1;
+};
+
+// The timeline of `records` (one run's, time-ordered, at least one).
+Timeline build_timeline(const std::vector<Record>& records, Warnings& warnings);
+
+}  // namespace tide::timeline
