@@ -2,7 +2,8 @@
 # Two builds of tide's RPC, back to back: did a change cost the fast path?
 # Alternates the builds' rpc_bench (both ranks in one process: the rpc_sync
 # round trip, pipelined rpc_async calls with 64 and 256 in flight, each with
-# a continuation) and torch's Python program on each build's TIDE backend
+# a continuation, tensor echoes of 1 and 64 MiB, RRef creation, proxy calls
+# and passing, the model-parallel steps) and torch's Python program on each build's TIDE backend
 # (bench/peers/torch_rpc_peer.py --backend tide: round trip, pipelined calls,
 # the two model-parallel steps), --reps times each, then prints the medians
 # of each build and new/old. The machine is noisy: alternating puts the
@@ -63,6 +64,14 @@ for line in open(sys.argv[1]):
         key, v = f"{kind} rpc_async, {r['window']} in flight, calls/s", r["value"]
     elif m == "dist_autograd_step_us":
         key, v = f"{kind} model-parallel step ({r['variant']}), median us", r["median"]
+    elif m in ("echo", "echo_clone"):
+        key = f"{kind} {m.replace('_', ' ')} {r['size_bytes'] / 2**20:g} MiB, median ms"
+        v = r["rtt_ms_median"]
+    elif m in ("remote_to_here_us", "proxy_rtt_us", "rref_pass_us"):
+        what = {"remote_to_here_us": "remote() + to_here()",
+                "proxy_rtt_us": "RRef proxy call",
+                "rref_pass_us": "RRef passed to a third worker"}[m]
+        key, v = f"{kind} {what}, median us", r["median"]
     else:
         continue
     rows[key][side].append(v)
