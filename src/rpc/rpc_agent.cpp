@@ -122,11 +122,10 @@ struct RpcAgent::Impl {
   std::mutex handlers_mutex;
   std::map<std::string, detail::Handler> handlers;  // Guarded by it.
 
-  // The books first: the endpoint, destroyed before them, may still
-  // report to them until its thread ends.
+  // The endpoint (declared last, destroyed first) reports to these until
+  // its threads end.
   std::unique_ptr<detail::Calls> calls;
   std::shared_ptr<detail::RRefBooks> books;
-  std::unique_ptr<rpc_core::Endpoint<transport::Message>> endpoint;
   // Run the continuations of the futures rpc_async and RRef calls return,
   // on the endpoint's completion threads; futures may hold it past the
   // agent.
@@ -157,6 +156,10 @@ struct RpcAgent::Impl {
 
   std::mutex shutdown_mutex;
   bool shut_down = false;  // Guarded by shutdown_mutex.
+
+  // Last, so that it goes first: its threads use everything above until
+  // they are joined.
+  std::unique_ptr<rpc_core::Endpoint<transport::Message>> endpoint;
 
   detail::Handler find_handler(const std::string& fn) {
     {

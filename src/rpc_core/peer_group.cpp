@@ -74,9 +74,13 @@ std::vector<transport::PeerAddress> meet(
   std::string rank = std::to_string(me.id);
   std::string owner = store.compare_set(key("names/" + me.name), "", rank);
   if (owner != rank) {
+    // Published all the same: the rank holding the name completes its
+    // group and learns of the duplicate too, instead of timing out.
+    store.set(peer_key(me.id), encode_peer(me));
     throw InvalidArgument(
         "worker name '" + me.name + "' is taken by rank " + owner +
-        " (this is rank " + rank + "); every worker needs a unique name");
+        " (this is rank " + rank +
+        "): the name is not unique; every worker needs a unique name");
   }
   store.set(peer_key(me.id), encode_peer(me));
   std::vector<std::string> keys;

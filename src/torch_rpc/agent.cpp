@@ -109,7 +109,6 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   std::unordered_map<std::string, int> ids;
   std::unique_ptr<GroupStoreOf> store;
   std::unique_ptr<rpc_core::GroupBarrier> barrier;
-  std::unique_ptr<Endpoint> endpoint;
 
   transport::Transport& transport() {
     return endpoint->transport();
@@ -143,6 +142,10 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   // Serving: from start() to shutdown (the Agent's rpcAgentRunning_, which
   // Impl may outlive).
   std::atomic<bool> serving{false};
+
+  // Last, so that it goes first: its threads use everything above until
+  // they are joined.
+  std::unique_ptr<Endpoint> endpoint;
 
   const std::string& name() const {
     return self_name;

@@ -124,8 +124,8 @@ TEST_F(RpcTest, DuplicateNameFailsNamingTheName) {
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), HasSubstr("worker name 'same' is taken by rank 0"));
   }
-  // Rank 0 waits for a group that never completes.
-  EXPECT_THROW(first.get(), RendezvousError);
+  // Rank 0 finds the duplicate in the entries too.
+  EXPECT_THROW(first.get(), InvalidArgument);
 }
 
 TEST_F(RpcTest, MismatchedWorldSizeFails) {

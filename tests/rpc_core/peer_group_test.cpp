@@ -152,8 +152,18 @@ TEST(PeerGroupTest, ANameTakenAWorldSizeDifferentOrARankOutsideIsRefused) {
     EXPECT_THAT(e.what(), HasSubstr("started with world_size 2"));
   }
   EXPECT_THROW(meet(store, peer(2, "c"), 2, 200ms), InvalidArgument);
-  // Rank 0 waits for a group that never completes.
-  EXPECT_THROW(first.get(), RendezvousError);
+  // Rank 1 published its entry all the same: rank 0 finds the duplicate.
+  try {
+    first.get();
+    ADD_FAILURE() << "rank 0 met a group with a name twice";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'a' is not unique: ranks 0 and 1"));
+  }
+}
+
+TEST(PeerGroupTest, AnIncompleteGroupIsARendezvousError) {
+  MapGroupStore store;
+  EXPECT_THROW(meet(store, peer(0, "a"), 2, 50ms), RendezvousError);
 }
 
 TEST(PeerGroupTest, DrainHoldsEveryoneUntilARoundSumsZero) {
