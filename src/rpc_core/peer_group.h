@@ -58,8 +58,8 @@ transport::PeerAddress decode_peer(int rank, std::string_view entry);
 // `timeout`, for all world_size entries; returns them by rank. Throws
 // InvalidArgument for a rank outside the group, a world_size other than
 // the group's, or a name another rank holds (published all the same, so
-// that every rank of the group fails naming the duplicate); RendezvousError when the group
-// is incomplete after `timeout`.
+// that every rank of the group fails naming the duplicate); RendezvousError
+// when the group is incomplete after `timeout`.
 std::vector<transport::PeerAddress> meet(
     GroupStore& store,
     const transport::PeerAddress& me,
