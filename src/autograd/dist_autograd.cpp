@@ -24,6 +24,8 @@
 #include "tide/common/logging.h"
 #include "tide/rpc/tensor.h"
 
+#include "rpc/extensions.h"
+
 // Distributed autograd on libtorch's public autograd API (FAST mode, as
 // torch's; docs/rpc.md and docs/rpc-protocol.md say what travels). Each
 // worker runs libtorch's engine once per arriving gradient message, from

@@ -26,26 +26,25 @@ std::pair<std::string, std::string> read_error(const std::string& metadata) {
 
 Future<Payload> Calls::start(
     int to,
-    std::string fn,
+    const std::string& fn,
     std::chrono::milliseconds timeout,
     Payload args,
-    transport::MessageType type,
-    std::string_view extra) {
+    std::string label) {
   Promise<Payload> promise;
   Future<Payload> future = promise.get_future();
   transport::Message request{
-      type,
+      MessageType::kRequest,
       table_.new_id(),
       FieldWriter().str(fn).i64(static_cast<int64_t>(timeout.count())).take(),
       {}};
-  request.metadata.append(extra);
   request.buffers.reserve(1 + args.buffers.size());
   request.buffers.push_back(std::move(args.data));
   for (auto& b : args.buffers) {
     request.buffers.push_back(std::move(b));
   }
   auto done =
-      [this, to, fn = std::move(fn), timeout, promise](CallEnd end) mutable {
+      [this, to, fn = label.empty() ? fn : std::move(label), timeout, promise](
+          CallEnd end) mutable {
         auto where = [&] { return fn + "() on " + transport_.peer_label(to); };
         switch (end.how) {
           case CallEnd::How::kReplied:

@@ -14,9 +14,9 @@
 
 // The C++ agent's calls: its codec on the endpoint's call table
 // (rpc_core/call_table.h), which also ends them when their connection is
-// lost or the agent stops. A call is a REQUEST (or RREF_CREATE) frame; its
-// reply a RESPONSE (the result's payload) or ERROR (what the function threw
-// there), read here into the caller's future.
+// lost or the agent stops. A call is a REQUEST frame; its reply a RESPONSE (the
+// result's payload) or ERROR (what the function threw there), read here into
+// the caller's future.
 namespace tide::rpc::detail {
 
 class Calls {
@@ -34,15 +34,14 @@ class Calls {
   // NetworkError (connection lost, shut down) or InvalidArgument (no such
   // worker, a message over the limits). Thread safe; never blocks on the
   // network.
-  // `type` and `extra` (metadata fields after the function and timeout)
-  // make it another kind of call: an RRef's creation (rrefs.h).
+  // Errors name the call as `label`'s (fn's when empty): an RRef's
+  // creation names the function it runs.
   Future<Payload> start(
       int to,
-      std::string fn,
+      const std::string& fn,
       std::chrono::milliseconds timeout,
       Payload args,
-      transport::MessageType type = MessageType::kRequest,
-      std::string_view extra = {});
+      std::string label = {});
 
   // A message came on `pipe`, one this side opened. On the loop; throws
   // ProtocolError for anything but a well-formed RESPONSE or ERROR (the

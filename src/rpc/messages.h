@@ -17,18 +17,12 @@
 //                                         out-of-band buffers
 // ERROR              the request's        exception type, message
 // CANCEL             the request's        the caller gave up; ignored
-// RREF_CREATE        new                  a REQUEST's fields, then the RRef's
-//                                         id and the caller's fork id (each
-//                                         worker i32, local i64); the
-//                                         callee keeps the result as the
-//                                         RRef's value and answers an empty
-//                                         RESPONSE, or ERROR (rrefs.h)
 //
-// The other RRef messages (fetch, fork request, child accept, user delete,
-// proxy calls) are REQUESTs of functions every agent registers
-// ("tide.rref.*", src/rpc/rrefs.cpp); so are distributed autograd's
+// Every RRef message (creation, fetch, fork request, child accept, user
+// delete, proxy calls) is a REQUEST of a function every agent registers
+// ("tide.rref.*", src/rpc/rrefs.h); so are distributed autograd's
 // ("tide.autograd.*", src/autograd/dist_autograd.cpp), whose context
-// travels at the head of a call's arguments (tag kAutograd, serialize.h).
+// travels at the head of a call's arguments (tag kAutograd, tide/rpc/stream.h).
 //
 // A "new" id is unique among the sender's outstanding requests; replies
 // carry it back.

@@ -15,6 +15,7 @@
 
 #include "common/demangle.h"
 #include "rpc/calls.h"
+#include "rpc/extensions.h"
 #include "rpc/messages.h"
 #include "rpc/options.h"
 #include "rpc/rrefs.h"
@@ -176,6 +177,17 @@ struct RpcAgent::Impl {
     return nullptr;
   }
 
+  // The function called `fn`; InvalidArgument naming those there are.
+  detail::Handler handler_for(const std::string& fn) {
+    detail::Handler h = find_handler(fn);
+    if (!h) {
+      throw InvalidArgument(
+          "no function '" + fn + "' on worker '" + self.name +
+          "'; registered: " + known_functions());
+    }
+    return h;
+  }
+
   std::string known_functions() {
     std::vector<std::string> names;
     {
@@ -230,17 +242,14 @@ struct RpcAgent::Impl {
                  grads = std::move(grads),
                  promise]() mutable {
       try {
-        detail::Handler h = find_handler(fn);
-        if (!h) {
-          throw InvalidArgument(
-              "no function '" + fn + "' on worker '" + self.name +
-              "'; registered: " + known_functions());
-        }
-        detail::RRefBooks::ArgumentWaits waits;
+        detail::Handler h = handler_for(fn);
+        detail::ArgumentWaits waits;
+        detail::MessageContext context = books->context(caller);
+        context.grads = grads.get();
+        context.waits = &waits;
         Decoder d(args.data.view(), args.buffers);
-        d.set_context(books->wire(caller));
+        d.set_context(&context);
         detail::read_autograd_ids(d);  // on_message read them
-        d.set_grads(grads.get());
         detail::Invocation run = h(d, fn);
         auto start = [this, run = std::move(run), grads, promise]() mutable {
           RpcAgent* outer = std::exchange(t_serving, agent);
@@ -339,13 +348,12 @@ struct RpcAgent::Impl {
     return hooks->serve(*agent, caller, ids->first, ids->second);
   }
 
-  // A request or RRef creation, on the transport's loop: to the pool.
+  // A request, on the transport's loop: to the pool.
   void on_request(const transport::Pipe& pipe, transport::Message m) {
     if (m.type == detail::MessageType::kCancel) {
       return;  // Best effort: a running function is not interrupted.
     }
-    if (m.type != detail::MessageType::kRequest &&
-        m.type != detail::MessageType::kRRefCreate) {
+    if (m.type != detail::MessageType::kRequest) {
       throw ProtocolError(
           std::string("unexpected ") +
           detail::rpc_message_types().name(m.type) + " from a caller");
@@ -353,12 +361,6 @@ struct RpcAgent::Impl {
     transport::FieldReader r(m.metadata, "a request");
     std::string fn = r.str();
     r.i64();  // the caller's timeout, in ms
-    std::shared_ptr<detail::OwnerEntry> created;
-    if (m.type == detail::MessageType::kRRefCreate) {
-      RRefId id{r.i32(), r.i64()};
-      RRefId fork{r.i32(), r.i64()};
-      created = books->on_create(pipe.peer(), id, fork);
-    }
     r.end();
     if (m.buffers.empty()) {
       throw ProtocolError("REQUEST frame without its payload buffer");
@@ -372,6 +374,7 @@ struct RpcAgent::Impl {
     detail::GradsPtr grads;
     Future<detail::Value> result = [&] {
       try {
+        books->on_arrival(pipe.peer(), fn, args);
         grads = autograd_of(pipe.peer(), args);
         return on_request(pipe.peer(), fn, std::move(args), grads);
       } catch (...) {
@@ -380,8 +383,9 @@ struct RpcAgent::Impl {
     }();
     // Completes on a pool thread (or here), which sends the reply itself:
     // no hop through the loop. The pipe drops it once the caller is gone.
-    detail::WireContext* wire = books->wire(pipe.peer());
-    result.on_complete([pipe, id, wire, grads, created, fn, self = self.name](
+    detail::MessageContext context = books->context(pipe.peer());
+    context.grads = grads.get();
+    result.on_complete([pipe, id, context, grads, fn, self = self.name](
                            const Future<detail::Value>& f) {
       auto describe = [](const std::exception_ptr& error) {
         try {
@@ -411,22 +415,6 @@ struct RpcAgent::Impl {
             transport::FieldWriter().str(type).str(message).take(),
             {}});
       };
-      if (created) {
-        // The value stays here, as the RRef's; the caller hears it exists.
-        if (auto error = f.error()) {
-          // As every user sees it: what the function raised, and where.
-          auto [type, message] = describe(error);
-          created->promise.set_exception(std::make_exception_ptr(RemoteError(
-              fn + "() on worker '" + self + "' raised " + type + ": " +
-              message)));
-          send_error(error);
-        } else {
-          created->promise.set_value(f.wait(milliseconds(0)));
-          answer(transport::Message{
-              detail::MessageType::kResponse, id, {}, {Buffer()}});
-        }
-        return;
-      }
       if (auto error = f.error()) {
         send_error(error);
         return;
@@ -442,8 +430,7 @@ struct RpcAgent::Impl {
         std::string data;
         std::vector<Buffer> buffers;
         Encoder e(data, &buffers);
-        e.set_context(wire);
-        e.set_grads(grads.get());
+        e.set_context(&context);
         value.type->encode(e, value.object.get());
         transport::Message reply{detail::MessageType::kResponse, id, {}, {}};
         reply.buffers.reserve(1 + buffers.size());
@@ -552,7 +539,8 @@ RpcAgent::RpcAgent(
         },
         impl.options.rpc_timeout);
     impl.books->set_agent(this);
-    for (auto& [name, handler] : impl.books->handlers()) {
+    auto find = [&impl](const std::string& fn) { return impl.handler_for(fn); };
+    for (auto& [name, handler] : impl.books->handlers(find)) {
       impl.handlers[name] = std::move(handler);
     }
     impl.rendezvous();
@@ -604,8 +592,8 @@ Future<detail::Payload> RpcAgent::call(
       to, fn, effective_timeout(timeout), std::move(args));
 }
 
-detail::WireContext* RpcAgent::wire_context(int peer) const {
-  return impl_->books->wire(peer);
+detail::MessageContext RpcAgent::message_context(int peer) const {
+  return impl_->books->context(peer);
 }
 
 RRefReport RpcAgent::rrefs() const {
@@ -653,8 +641,8 @@ const std::shared_ptr<Executor>& continuation_executor(RpcAgent& agent) {
   return agent.impl_->continuations;
 }
 
-WireContext* AgentAccess::wire(RpcAgent& agent, const std::string& to) {
-  return agent.wire_context(agent.get_worker_info(to).id);
+MessageContext AgentAccess::context(RpcAgent& agent, const std::string& to) {
+  return agent.message_context(agent.get_worker_info(to).id);
 }
 
 }  // namespace detail

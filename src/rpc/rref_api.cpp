@@ -4,6 +4,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
+#include "common/demangle.h"
 #include "rpc/rrefs.h"
 
 // RRef<T>'s non-template side, the control functions every agent
@@ -75,7 +76,8 @@ Invocation done() {
 
 // --- the control functions ------------------------------------------------
 
-std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
+std::vector<std::pair<std::string, Handler>> RRefBooks::handlers(
+    FindHandler find) {
   std::weak_ptr<RRefBooks> weak = weak_from_this();
   auto books = [weak] {
     auto b = weak.lock();
@@ -85,6 +87,56 @@ std::vector<std::pair<std::string, Handler>> RRefBooks::handlers() {
     return b;
   };
   std::vector<std::pair<std::string, Handler>> out;
+  out.emplace_back(
+      std::string(kCreate),
+      [books, find](Decoder& d, std::string_view) -> Invocation {
+        auto [id, fork, name] = read_creation(d);
+        auto b = books();
+        // Registered on arrival (on_arrival); found again here.
+        auto entry = b->add_fork(id, fork, d.caller());
+        // The value stays here as the RRef's; an error is its value too, as
+        // every user sees it: what the function raised, and where.
+        auto fail = [entry, name, self = b->name_of(b->self())](
+                        const std::exception_ptr& error) {
+          std::string raised = "an unknown exception";
+          try {
+            std::rethrow_exception(error);
+          } catch (const std::exception& e) {
+            raised = tide::type_name(e) + ": " + e.what();
+          } catch (...) {
+          }
+          entry->promise.set_exception(std::make_exception_ptr(RemoteError(
+              name + "() on worker '" + self + "' raised " + raised)));
+        };
+        Invocation run;
+        try {
+          run = find(name)(d, name);
+        } catch (...) {
+          fail(std::current_exception());
+          throw;
+        }
+        return [entry, run = std::move(run), fail]() {
+          Future<Value> made = [&] {
+            try {
+              return run();
+            } catch (...) {
+              return Future<Value>::make_failed(std::current_exception());
+            }
+          }();
+          Promise<Value> done;
+          Future<Value> out = done.get_future();
+          made.on_complete([entry, fail, done](const Future<Value>& f) mutable {
+            if (auto error = f.error()) {
+              fail(error);
+              done.set_exception(error);
+              return;
+            }
+            entry->promise.set_value(f.wait(milliseconds(0)));
+            done.set_value(Value{nullptr, value_type<void>()});
+          });
+          return out;
+        };
+      });
   out.emplace_back(
       "tide.rref.fetch",
       [books](Decoder& d, std::string_view fn) -> Invocation {
@@ -193,8 +245,8 @@ RpcAgent& rref_agent(const RRefNode& n) {
   return n.books->agent();
 }
 
-WireContext* rref_wire(const RRefNode& n) {
-  return n.books->wire(n.owner);
+MessageContext rref_context(const RRefNode& n) {
+  return n.books->context(n.owner);
 }
 
 std::shared_ptr<void> rref_local_value(
@@ -228,7 +280,7 @@ Future<Payload> rref_fetch(
       n,
       "tide.rref.fetch",
       timeout,
-      encode_call(nullptr, grads, n->id.worker, n->id.local));
+      encode_call(MessageContext{.grads = grads}, n->id.worker, n->id.local));
 }
 
 Future<Payload> rref_invoke(
@@ -255,11 +307,11 @@ void rref_write(Encoder& e, const RRefPtr& n) {
 }
 
 RRefPtr rref_read(Decoder& d, const ValueType* want) {
-  WireContext* wire = d.context();
-  if (wire == nullptr) {
+  const MessageContext* context = d.context();
+  if (context == nullptr || context->books == nullptr) {
     d.fail("an RRef can be decoded only by an rpc agent");
   }
-  return wire->books->read(d, want);
+  return context->books->read(d, want);
 }
 
 bool register_method(std::string_view type, const std::string& name, Method m) {
@@ -270,9 +322,5 @@ bool register_method(std::string_view type, const std::string& name, Method m) {
 }
 
 }  // namespace detail
-
-int Decoder::caller() const {
-  return context_ != nullptr ? context_->peer : -1;
-}
 
 }  // namespace tide::rpc

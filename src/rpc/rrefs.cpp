@@ -5,9 +5,10 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
+#include "common/demangle.h"
+#include "rpc/extensions.h"
 #include "rpc/messages.h"
 #include "rpc_core/retry.h"
-#include "transport/fields.h"
 
 // The books and the protocol's steps; the control functions' handlers and
 // RRef<T>'s non-template side are in rref_api.cpp.
@@ -16,17 +17,6 @@ namespace tide::rpc::detail {
 namespace {
 
 using std::chrono::milliseconds;
-
-thread_local RRefBooks::ArgumentWaits* t_waits = nullptr;
-
-std::string ids(const RRefId& id, const RRefId& fork) {
-  return transport::FieldWriter()
-      .i32(id.worker)
-      .i64(id.local)
-      .i32(fork.worker)
-      .i64(fork.local)
-      .take();
-}
 
 // The arguments of the control functions: two ids (or one, for accept),
 // encoded as an rpc argument pack so that the functions are ordinary ones.
@@ -41,6 +31,20 @@ std::string id_args(const RRefId& a, const RRefId& b) {
   Encoder e(out);
   encode_args(e, a.worker, a.local, b.worker, b.local);
   return out;
+}
+
+// tide.rref.create's payload: fn's, with the RRef's ids and fn's name
+// (read_creation) between the autograd context (which stays first) and
+// fn's arguments.
+Payload creation(Payload call, RRefId id, RRefId fork, const std::string& fn) {
+  Decoder d(call.data.view());
+  read_autograd_ids(d);
+  std::string data(call.data.view().substr(0, d.offset()));
+  Encoder e(data);
+  encode_args(e, id.worker, id.local, fork.worker, fork.local, fn);
+  data.append(call.data.view().substr(d.offset()));
+  call.data = Buffer(std::move(data));
+  return call;
 }
 
 bool is_retryable(const std::exception_ptr& e) {
@@ -67,14 +71,6 @@ RRefNode::~RRefNode() {
   }
 }
 
-RRefBooks::ArgumentWaits::ArgumentWaits() : outer_(t_waits) {
-  t_waits = this;
-}
-
-RRefBooks::ArgumentWaits::~ArgumentWaits() {
-  t_waits = outer_;
-}
-
 RRefBooks::RRefBooks(
     int self,
     int world_size,
@@ -84,12 +80,8 @@ RRefBooks::RRefBooks(
     : self_(self),
       calls_(calls),
       name_of_(std::move(name_of)),
-      rpc_timeout_(rpc_timeout) {
-  wires_.resize(static_cast<size_t>(world_size));
-  for (int i = 0; i < world_size; ++i) {
-    wires_[static_cast<size_t>(i)] = WireContext{this, i};
-  }
-}
+      rpc_timeout_(rpc_timeout),
+      world_size_(world_size) {}
 
 RRefBooks::~RRefBooks() {
   close();
@@ -104,11 +96,18 @@ RpcAgent& RRefBooks::agent() {
   return *agent_;
 }
 
-WireContext* RRefBooks::wire(int peer) {
-  if (peer < 0 || static_cast<size_t>(peer) >= wires_.size()) {
+Creation read_creation(Decoder& d) {
+  auto [iw, il, fw, fl, fn] =
+      decode_args<std::tuple<int32_t, int64_t, int32_t, int64_t, std::string>>(
+          d, kCreate);
+  return Creation{RRefId{iw, il}, RRefId{fw, fl}, std::move(fn)};
+}
+
+MessageContext RRefBooks::context(int peer) {
+  if (peer < 0 || peer >= world_size_) {
     throw InvalidArgument("no rpc worker with id " + std::to_string(peer));
   }
-  return &wires_[static_cast<size_t>(peer)];
+  return MessageContext{.books = this, .peer = peer};
 }
 
 RRefId RRefBooks::new_id() {
@@ -134,18 +133,20 @@ bool RRefBooks::is_lost(int peer) {
 std::shared_ptr<OwnerEntry> RRefBooks::entry_for(
     const RRefId& id, bool create) {
   std::lock_guard lock(mutex_);
+  if (create) {
+    return entry_locked(id)->second;
+  }
   auto it = owners_.find(id);
-  if (it != owners_.end()) {
-    return it->second;
+  return it != owners_.end() ? it->second : nullptr;
+}
+
+std::map<RRefId, std::shared_ptr<OwnerEntry>>::iterator RRefBooks::entry_locked(
+    const RRefId& id) {
+  auto [it, made] = owners_.try_emplace(id);
+  if (made) {
+    it->second = std::make_shared<OwnerEntry>(id);
   }
-  if (!create) {
-    return nullptr;
-  }
-  // A fetch or fork request that overtook the creation: the entry waits
-  // for the value.
-  auto entry = std::make_shared<OwnerEntry>(id);
-  owners_.emplace(id, entry);
-  return entry;
+  return it;
 }
 
 void RRefBooks::own(RRefNode& node, const std::shared_ptr<OwnerEntry>& entry) {
@@ -175,14 +176,26 @@ std::shared_ptr<OwnerEntry> RRefBooks::release_if_unused(
   return entry;
 }
 
-void RRefBooks::add_fork(const RRefId& id, const RRefId& fork, int holder) {
-  std::lock_guard lock(mutex_);
-  auto it = owners_.find(id);
-  if (it == owners_.end()) {
-    it = owners_.emplace(id, std::make_shared<OwnerEntry>(id)).first;
+void RRefBooks::on_arrival(
+    int caller, const std::string& fn, const Payload& args) {
+  if (fn != kCreate) {
+    return;
   }
-  // A retried request finds its fork there already.
-  it->second->forks.emplace(fork, holder);
+  Decoder d(args.data.view());
+  read_autograd_ids(d);
+  Creation c = read_creation(d);
+  add_fork(c.id, c.fork, caller);
+}
+
+std::shared_ptr<OwnerEntry> RRefBooks::add_fork(
+    const RRefId& id, const RRefId& fork, int holder) {
+  std::lock_guard lock(mutex_);
+  auto it = entry_locked(id);
+  if (holder != self_) {
+    // A retried request finds its fork there already.
+    it->second->forks.emplace(fork, holder);
+  }
+  return it->second;
 }
 
 void RRefBooks::del_fork(const RRefId& id, const RRefId& fork, int caller) {
@@ -356,11 +369,10 @@ RRefPtr RRefBooks::start_remote(
   calls_
       .start(
           to,
-          fn,
+          std::string(kCreate),
           timeout,
-          std::move(args),
-          MessageType::kRRefCreate,
-          ids(id, fork))
+          creation(std::move(args), id, fork, fn),
+          fn)
       .on_complete([weak, to, id, fork](const Future<Payload>& f) {
         auto books = weak.lock();
         if (!books) {
@@ -455,7 +467,7 @@ void RRefBooks::user_gone(RRefNode& node) {
 // -------------------------------------------------------------
 
 void RRefBooks::write(Encoder& e, const RRefPtr& node) {
-  WireContext* wire = e.context();
+  const MessageContext* wire = e.context();
   if (wire == nullptr || wire->books != this) {
     throw InvalidArgument(
         "an RRef can be sent only in a call of the agent it belongs to");
@@ -492,7 +504,7 @@ RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
   RRefId fork{d.read_fixed<int32_t>(), d.read_fixed<int64_t>()};
   int parent = d.read_fixed<int32_t>();
   std::string type(d.read_raw(d.read_count("an RRef's type", 1)));
-  int n = static_cast<int>(wires_.size());
+  int n = world_size_;
   if (owner < 0 || owner >= n || parent < 0 || parent >= n) {
     d.fail("an RRef names a worker outside the group");
   }
@@ -545,8 +557,8 @@ RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
     std::lock_guard lock(mutex_);
     pending_users_.emplace(fork, node);
   }
-  if (t_waits != nullptr) {
-    t_waits->waits_.push_back(node->confirmed);
+  if (ArgumentWaits* waits = d.context()->waits; waits != nullptr) {
+    waits->add(node->confirmed);
   }
   std::weak_ptr<RRefBooks> weak = weak_from_this();
   control(owner, "tide.rref.fork", id_args(id, fork))
@@ -562,19 +574,6 @@ RRefPtr RRefBooks::read(Decoder& d, const ValueType* want) {
         }
       });
   return node;
-}
-
-std::shared_ptr<OwnerEntry> RRefBooks::on_create(
-    int caller, RRefId id, RRefId fork) {
-  std::lock_guard lock(mutex_);
-  auto it = owners_.find(id);
-  if (it == owners_.end()) {
-    it = owners_.emplace(id, std::make_shared<OwnerEntry>(id)).first;
-  }
-  if (caller != self_) {
-    it->second->forks.emplace(fork, caller);
-  }
-  return it->second;
 }
 
 // --- lost peers, reports, shutdown -------------------------------------------

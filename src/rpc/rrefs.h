@@ -21,8 +21,9 @@
 // The books of RRefs one agent keeps (torch's RRefContext), and the
 // protocol between agents (docs/rpc.md#rrefs):
 //
-//   remote()           RREF_CREATE (messages.h) to the owner, which makes
-//                      the value and registers the caller's fork
+//   remote()           tide.rref.create(id, fork, fn) + fn's arguments to
+//                      the owner, which registers the caller's fork and
+//                      keeps what fn returns as the value
 //   to_here()          tide.rref.fetch(id) to the owner; a fetch that
 //                      overtakes the creation waits for it
 //   proxies            tide.rref.invoke(id, type, method) + the arguments
@@ -43,9 +44,31 @@ namespace tide::rpc::detail {
 
 class RRefBooks;
 
-struct WireContext {
-  RRefBooks* books = nullptr;
-  int peer = -1;
+// The function remote() calls on the owner, and what its payload starts
+// with (after the autograd context): the RRef, the caller's fork, and the
+// function whose result the RRef holds, whose arguments follow.
+inline constexpr std::string_view kCreate = "tide.rref.create";
+struct Creation {
+  RRefId id;
+  RRefId fork;
+  std::string fn;
+};
+Creation read_creation(Decoder& d);
+
+// The confirmations the RRefs in a request's arguments wait for (a user's
+// fork the owner has not acknowledged yet): the function runs after them.
+// Decoding the arguments fills it, through the message's context.
+class ArgumentWaits {
+ public:
+  void add(Future<void> confirmed) {
+    waits_.push_back(std::move(confirmed));
+  }
+  std::vector<Future<void>> take() {
+    return std::move(waits_);
+  }
+
+ private:
+  std::vector<Future<void>> waits_;
 };
 
 // The owner's record of one RRef: its value, once made, and the forks
@@ -100,7 +123,8 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   std::string name_of(int worker) const {
     return name_of_(worker);
   }
-  WireContext* wire(int peer);
+  // The context of a message to or from `peer` (no autograd record).
+  MessageContext context(int peer);
   std::chrono::milliseconds rpc_timeout() const {
     return rpc_timeout_;
   }
@@ -110,8 +134,11 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   }
   RpcAgent& agent();
 
-  // The control functions ("tide.rref.*") the agent registers.
-  std::vector<std::pair<std::string, Handler>> handlers();
+  // The functions of the RRef protocol ("tide.rref.*") the agent registers;
+  // `find` gives the agent's function of a name (InvalidArgument when it
+  // has none), which tide.rref.create runs.
+  using FindHandler = std::function<Handler(const std::string&)>;
+  std::vector<std::pair<std::string, Handler>> handlers(FindHandler find);
 
   // A user's side.
   RRefPtr local(Value value);
@@ -134,27 +161,16 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   void user_gone(RRefNode& node);
   void handle_gone(RRefNode& node);
 
-  // The owner's side of RREF_CREATE: the entry the value goes to, with
-  // the caller's fork registered. On the loop.
-  std::shared_ptr<OwnerEntry> on_create(int caller, RRefId id, RRefId fork);
-
-  // Collects, on this thread, the confirmations of the RRefs the
-  // arguments being decoded create: the function runs after them.
-  class ArgumentWaits {
-   public:
-    ArgumentWaits();
-    ~ArgumentWaits();
-    ArgumentWaits(const ArgumentWaits&) = delete;
-    ArgumentWaits& operator=(const ArgumentWaits&) = delete;
-    std::vector<Future<void>> take() {
-      return std::move(waits_);
-    }
-
-   private:
-    friend class RRefBooks;
-    std::vector<Future<void>> waits_;
-    ArgumentWaits* outer_;
-  };
+  // A request came from `caller`, on the loop, in the order requests
+  // arrive: a creation (tide.rref.create) is registered now, before the
+  // calls after it (which may pass the RRef back) run, in parallel, on the
+  // pool. Throws InvalidArgument for a creation that does not decode.
+  void on_arrival(int caller, const std::string& fn, const Payload& args);
+  // The owner's side of tide.rref.create and tide.rref.fork: registers
+  // the fork `holder` holds (none when the holder is this worker, the
+  // owner) and returns the entry, made if new.
+  std::shared_ptr<OwnerEntry> add_fork(
+      const RRefId& id, const RRefId& fork, int holder);
 
   // A connection to or from `peer` was lost. On the loop.
   void peer_lost(int peer, const std::string& reason);
@@ -189,12 +205,16 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
       std::exception_ptr error, int owner, const RRefId& id);
   bool closed();
   void confirm_user(const RRefId& fork, std::exception_ptr error);
-  void add_fork(const RRefId& id, const RRefId& fork, int holder);
   // From the worker `caller`, which must be the fork's holder (its child):
   // a peer cannot give up a fork another holds (InvalidArgument).
   void del_fork(const RRefId& id, const RRefId& fork, int caller);
   void child_accepted(const RRefId& fork, int caller);
   std::shared_ptr<OwnerEntry> entry_for(const RRefId& id, bool create);
+  // The entry of `id`, made when there is none: a message that overtook
+  // the creation (calls are served in parallel) waits for the value.
+  // Under mutex_.
+  std::map<RRefId, std::shared_ptr<OwnerEntry>>::iterator entry_locked(
+      const RRefId& id);
   // Makes `node` a handle on `entry`, which stays in the books while
   // handles, forks or a creation keep it. Under mutex_.
   void own(RRefNode& node, const std::shared_ptr<OwnerEntry>& entry);
@@ -207,8 +227,8 @@ class RRefBooks : public std::enable_shared_from_this<RRefBooks> {
   Calls& calls_;
   const NameOf name_of_;
   const std::chrono::milliseconds rpc_timeout_;
+  const int world_size_;
   RpcAgent* agent_ = nullptr;
-  std::vector<WireContext> wires_;
   std::atomic<int64_t> next_local_{1};
   std::atomic<uint64_t> retries_{0};
 

@@ -16,7 +16,7 @@ struct MessageType {
     kResponse = 0x11,
     kError = 0x12,
     kCancel = 0x13,
-    kRRefCreate = 0x20,
+    // 0x20 was RREF_CREATE, now a REQUEST (tide.rref.create): not reused.
     // The torch backend's agent (layout: src/torch_rpc/wire.h).
     kTorchRequest = 0x30,
     kTorchResponse = 0x31,
@@ -30,7 +30,6 @@ inline const transport::MessageTypes& cpp_message_types() {
       {MessageType::kResponse, "RESPONSE"},
       {MessageType::kError, "ERROR"},
       {MessageType::kCancel, "CANCEL"},
-      {MessageType::kRRefCreate, "RREF_CREATE"},
   };
   return kTypes;
 }

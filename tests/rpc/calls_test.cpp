@@ -77,7 +77,7 @@ TEST(CallsTest, AThrowingContinuationLeavesTheLoopServing) {
         server.transport.local_name()}});
   std::atomic<int> ran{0};
   for (int i = 0; i < 3; ++i) {
-    calls->start(1, "hold", 10s, encode_call(nullptr, nullptr, i))
+    calls->start(1, "hold", 10s, encode_call({}, i))
         .on_complete([&](const Future<Payload>&) {
           ++ran;
           throw std::runtime_error("a careless continuation");
@@ -102,8 +102,7 @@ TEST(CallsTest, AThrowingContinuationLeavesTheLoopServing) {
     std::this_thread::yield();
   }
   Payload back =
-      calls->start(1, "echo", 10s, encode_call(nullptr, nullptr, int64_t{42}))
-          .wait(10s);
+      calls->start(1, "echo", 10s, encode_call({}, int64_t{42})).wait(10s);
   Decoder d(back.data.view(), back.buffers);
   EXPECT_EQ(std::get<0>(decode_args<std::tuple<int64_t>>(d, "echo")), 42);
   EXPECT_EQ(ran.load(), 3);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tide/common/future.h"
+#include "tide/rpc/detail/call.h"
 #include "tide/rpc/serialize.h"
 
 // tide's RPC: the counterpart of torch.distributed.rpc (tensors:
@@ -109,190 +110,6 @@ struct RpcBackendOptions {
   bool fail_on_rref_leak = false;
 };
 
-namespace detail {
-
-// An encoded value (argument pack or result) and its out-of-band buffers.
-using tide::Payload;
-
-// The type of a value a function produced: its name (the compiler's
-// spelling) and how to encode it (null when tide cannot serialize it: such
-// a value may live on an RRef's owner, and never travels).
-struct ValueType {
-  std::string_view name;
-  void (*encode)(Encoder&, const void*) = nullptr;
-};
-
-template <typename T>
-const ValueType* value_type() {
-  static const ValueType kType = [] {
-    ValueType t{type_name<T>()};
-    if constexpr (std::is_void_v<T>) {
-      t.encode = [](Encoder& e, const void*) { encode(e, std::nullopt); };
-    } else if constexpr (Encodable<T>) {
-      t.encode = [](Encoder& e, const void* v) {
-        encode(e, *static_cast<const T*>(v));
-      };
-    }
-    return t;
-  }();
-  return &kType;
-}
-
-// A value a function produced, type-erased: a call encodes it into its
-// reply; remote() keeps it on the owner. A function without a result
-// gives an empty object of value_type<void>().
-struct Value {
-  std::shared_ptr<void> object;
-  const ValueType* type = nullptr;
-};
-
-template <typename T>
-Value make_value(T v) {
-  return {std::make_shared<T>(std::move(v)), value_type<T>()};
-}
-
-// A registered function, type-erased: decodes its arguments (on the thread
-// that reads the message) and returns what runs it (on a worker thread).
-using Invocation = std::function<Future<Value>()>;
-using Handler = std::function<Invocation(Decoder&, std::string_view)>;
-
-template <typename T>
-struct IsFuture : std::false_type {};
-template <typename T>
-struct IsFuture<Future<T>> : std::true_type {
-  using Value = T;
-};
-
-// Runs `thunk`, which returns an R (a value, void or a Future), and gives
-// its result as a Value.
-template <typename R, typename F>
-Future<Value> run_to_value(F&& thunk) {
-  if constexpr (IsFuture<R>::value) {
-    using T = typename IsFuture<R>::Value;
-    R result = thunk();
-    if constexpr (std::is_void_v<T>) {
-      return result.then([] { return Value{nullptr, value_type<void>()}; });
-    } else {
-      return result.then([](const T& v) { return make_value<T>(v); });
-    }
-  } else if constexpr (std::is_void_v<R>) {
-    thunk();
-    return Future<Value>::make_ready(Value{nullptr, value_type<void>()});
-  } else {
-    return Future<Value>::make_ready(make_value<R>(thunk()));
-  }
-}
-
-template <typename R, typename... A>
-Handler make_handler(std::function<R(A...)> raw) {
-  auto fn = std::make_shared<std::function<R(A...)>>(std::move(raw));
-  return [fn](Decoder& d, std::string_view name) -> Invocation {
-    auto args = std::make_shared<std::tuple<std::remove_cvref_t<A>...>>(
-        decode_args<std::tuple<A...>>(d, name));
-    return [fn, args]() {
-      return run_to_value<R>([&] { return std::apply(*fn, std::move(*args)); });
-    };
-  };
-}
-
-template <typename F>
-Handler make_handler(F fn) {
-  return make_handler(std::function{std::move(fn)});
-}
-
-using GradsPtr = std::shared_ptr<GradRecorder>;
-
-// What distributed autograd (tide/autograd/dist_autograd.h) adds to the
-// rpc agent: it records the calls made inside a context and the calls
-// that carry one. Installed once per process; none until then.
-struct AutogradHooks {
-  virtual ~AutogradHooks() = default;
-  // A call `agent` makes to worker `to` on this thread: its record, or null
-  // when the thread is in no context of that agent.
-  virtual GradsPtr call(RpcAgent& agent, int to) = 0;
-  // A call worker `from` made to `agent` inside `context_id`: its record
-  // (the context is made on this worker if new).
-  virtual GradsPtr serve(
-      RpcAgent& agent, int from, uint64_t context_id, uint64_t message_id) = 0;
-};
-void set_autograd_hooks(AutogradHooks* hooks);
-// The record of a call `agent` makes to `to` now; null outside a context.
-GradsPtr autograd_call(RpcAgent& agent, int to);
-
-// Per-agent state of an extension (distributed autograd's contexts): made
-// on first use (AgentAccess::extension), closed when the agent stops, freed
-// with it.
-struct AgentExtension {
-  virtual ~AgentExtension() = default;
-  virtual void close() = 0;
-};
-
-// Starts a call's payload: inside a distributed autograd context
-// (`grads`), the context's ids come before the arguments.
-inline void begin_call(Encoder& e, WireContext* context, GradRecorder* grads) {
-  e.set_context(context);
-  if (grads != nullptr) {
-    e.write_tag(Tag::kAutograd);
-    e.write_varint(grads->context_id());
-    e.write_varint(grads->message_id());
-    e.set_grads(grads);
-  }
-}
-
-template <typename... A>
-Payload encode_call(
-    WireContext* context, GradRecorder* grads, const A&... args) {
-  Payload p;
-  std::string data;
-  Encoder e(data, &p.buffers);
-  begin_call(e, context, grads);
-  encode_args(e, args...);
-  p.data = Buffer(std::move(data));
-  return p;
-}
-
-// Reads what begin_call put before the arguments: the autograd context's
-// and message's ids, if any.
-std::optional<std::pair<uint64_t, uint64_t>> read_autograd_ids(Decoder& d);
-
-// Where the continuations of the futures below run (RpcAgent's threading
-// note).
-const std::shared_ptr<Executor>& continuation_executor(RpcAgent& agent);
-
-// The future a user gets for a call of `agent`: the reply decoded as an R,
-// continuations off the loop.
-template <typename R>
-Future<R> decode_reply(
-    RpcAgent& agent,
-    Future<Payload> reply,
-    std::string fn,
-    WireContext* context,
-    GradsPtr grads = nullptr) {
-  return reply
-      .then(
-          [fn = std::move(fn), context, grads = std::move(grads)](
-              const Payload& p) -> R {
-            if constexpr (!std::is_void_v<R>) {
-              Decoder d(p.data.view(), p.buffers);
-              d.set_context(context);
-              d.set_grads(grads.get());
-              return decode_result<R>(d, fn);
-            }
-          })
-      .via(continuation_executor(agent));
-}
-
-// The process-wide registry TIDE_RPC_FUNCTION fills; every agent consults it
-// after its own functions. Thread safe.
-bool register_global_handler(const std::string& name, Handler handler);
-
-template <typename F>
-bool register_global_function(const std::string& name, F fn) {
-  return register_global_handler(name, make_handler(std::move(fn)));
-}
-
-}  // namespace detail
-
 // One worker of an RPC group. Normally one per process; several may live in
 // one process (tests do), each with its own port and threads.
 // Thread safety: every member is thread safe.
@@ -348,14 +165,15 @@ class RpcAgent {
       std::chrono::milliseconds timeout,
       const A&... args) {
     int id = get_worker_info(to).id;
-    detail::WireContext* wire = wire_context(id);
     detail::GradsPtr grads = detail::autograd_call(*this, id);
+    detail::MessageContext context = message_context(id);
+    context.grads = grads.get();
     return detail::decode_reply<R>(
         *this,
-        call(id, fn, timeout, detail::encode_call(wire, grads.get(), args...)),
+        call(id, fn, timeout, detail::encode_call(context, args...)),
         fn,
-        wire,
-        grads);
+        context,
+        std::move(grads));
   }
   template <typename R, typename... A>
   Future<R> rpc_async(
@@ -446,7 +264,8 @@ class RpcAgent {
       const std::string& fn,
       std::chrono::milliseconds timeout,
       detail::Payload args);
-  detail::WireContext* wire_context(int peer) const;
+  // The context of a message to or from worker `peer`.
+  detail::MessageContext message_context(int peer) const;
   std::chrono::milliseconds effective_timeout(
       std::chrono::milliseconds timeout) const;
   // While a reply is near, this thread reads it itself (the transport's

@@ -98,6 +98,9 @@ struct RRefReport {
 
 namespace detail {
 
+// Per-agent state of another part (src/rpc/extensions.h).
+struct AgentExtension;
+
 // One RRef as this process holds it: an owner's handle on its value, or a
 // user's fork (src/rpc/rrefs.h).
 struct RRefNode;
@@ -130,8 +133,8 @@ RRefPtr rref_invoke_remote(
     std::chrono::milliseconds timeout,
     Payload call,
     const ValueType* result);
-// The wire to the RRef's owner: what its replies decode with.
-WireContext* rref_wire(const RRefNode& n);
+// The context of a message to the RRef's owner.
+MessageContext rref_context(const RRefNode& n);
 // The codec of RRef<T> (tag kRRef): forks the RRef for the message's peer.
 void rref_write(Encoder& e, const RRefPtr& n);
 RRefPtr rref_read(Decoder& d, const ValueType* want);
@@ -146,7 +149,7 @@ struct AgentAccess {
       Payload args,
       const ValueType* type);
   static RRefPtr local(RpcAgent& agent, Value value);
-  static WireContext* wire(RpcAgent& agent, const std::string& to);
+  static MessageContext context(RpcAgent& agent, const std::string& to);
   // Calls fn(args) on worker `to`, an idempotent control function, with the
   // rpc layers' one retry: again after a timeout or a broken connection to
   // a worker that lives, pausing 0.5 s, 0.75 s, ... (5 tries).
@@ -218,8 +221,7 @@ bool register_method_of(const std::string& name, F fn) {
 // method; then the method's arguments.
 template <typename... A>
 Payload encode_invoke(
-    WireContext* wire,
-    GradRecorder* grads,
+    const MessageContext& context,
     const RRefId& id,
     std::string_view type,
     const std::string& method,
@@ -227,7 +229,7 @@ Payload encode_invoke(
   Payload p;
   std::string data;
   Encoder e(data, &p.buffers);
-  begin_call(e, wire, grads);
+  begin_call(e, context);
   encode_args(e, id.worker, id.local, type, method);
   encode_args(e, args...);
   p.data = Buffer(std::move(data));
@@ -269,7 +271,7 @@ class RRef {
         agent(),
         detail::rref_fetch(node_, timeout, grads.get()),
         "to_here",
-        detail::rref_wire(*node_),
+        detail::rref_context(*node_),
         grads);
   }
 
@@ -332,13 +334,10 @@ class RRef {
       detail::GradRecorder* grads,
       const std::string& method,
       const A&... args) const {
+    detail::MessageContext context = detail::rref_context(*node_);
+    context.grads = grads;
     return detail::encode_invoke(
-        detail::rref_wire(*node_),
-        grads,
-        id(),
-        detail::type_name<T>(),
-        method,
-        args...);
+        context, id(), detail::type_name<T>(), method, args...);
   }
 
   detail::RRefPtr node_;
@@ -361,7 +360,7 @@ class RRef<T>::AsyncProxy {
             timeout_,
             rref_.invoke_payload(grads.get(), method, args...)),
         method,
-        detail::rref_wire(*rref_.node_),
+        detail::rref_context(*rref_.node_),
         grads);
   }
 
@@ -428,15 +427,15 @@ RRef<R> RpcAgent::remote(
     const std::string& fn,
     std::chrono::milliseconds timeout,
     const A&... args) {
+  detail::GradsPtr grads = detail::autograd_call(*this, get_worker_info(to).id);
+  detail::MessageContext context = detail::AgentAccess::context(*this, to);
+  context.grads = grads.get();
   return RRef<R>(detail::AgentAccess::remote(
       *this,
       to,
       fn,
       timeout,
-      detail::encode_call(
-          detail::AgentAccess::wire(*this, to),
-          detail::autograd_call(*this, get_worker_info(to).id).get(),
-          args...),
+      detail::encode_call(context, args...),
       detail::value_type<R>()));
 }
 

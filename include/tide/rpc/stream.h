@@ -74,9 +74,23 @@ class Decoder;
 class Encoder;
 
 namespace detail {
-// What the rpc agent tells the codecs of one message: its RRef books and
-// the worker at the other end (src/rpc/rrefs.h). Null outside an agent.
-struct WireContext;
+class RRefBooks;      // src/rpc/rrefs.h
+class ArgumentWaits;  // src/rpc/rrefs.h
+class GradRecorder;
+
+// What the codecs of one message need besides its bytes: the rpc agent
+// makes one for each message it encodes or decodes, and the Encoder or
+// Decoder points to it. Outside an agent there is none (null).
+struct MessageContext {
+  // The agent's RRef books, and the worker at the other end (RRefs).
+  RRefBooks* books = nullptr;
+  int peer = -1;
+  // Distributed autograd's record of the call, inside a context (tensors).
+  GradRecorder* grads = nullptr;
+  // A request being served: where the RRefs its arguments bring leave the
+  // confirmations the function waits for.
+  ArgumentWaits* waits = nullptr;
+};
 
 // Distributed autograd's record of one call, on the caller's side or the
 // callee's (made by tide/autograd/dist_autograd.h, through the hooks of
@@ -140,20 +154,17 @@ class Encoder {
     return buffers_->size() - 1;
   }
 
-  // The message's context, set by the rpc agent (RRefs need it).
-  detail::WireContext* context() const {
+  // The message's context, set by the rpc agent; it must outlive the
+  // coder. Null outside an agent.
+  const detail::MessageContext* context() const {
     return context_;
   }
-  void set_context(detail::WireContext* context) {
+  void set_context(const detail::MessageContext* context) {
     context_ = context;
   }
-  // The call's distributed autograd record, set by the rpc agent inside a
-  // context (tensors need it).
+  // The call's distributed autograd record (the context's), or null.
   detail::GradRecorder* grads() const {
-    return grads_;
-  }
-  void set_grads(detail::GradRecorder* grads) {
-    grads_ = grads;
+    return context_ != nullptr ? context_->grads : nullptr;
   }
 
   // The wire primitives, for codecs.
@@ -205,8 +216,7 @@ class Encoder {
  private:
   std::string& out_;
   std::vector<Buffer>* buffers_;
-  detail::WireContext* context_ = nullptr;
-  detail::GradRecorder* grads_ = nullptr;
+  const detail::MessageContext* context_ = nullptr;
   int depth_ = 0;
 };
 
@@ -304,23 +314,22 @@ class Decoder {
   explicit Decoder(std::string_view in, std::span<const Buffer> buffers = {})
       : in_(in), buffers_(buffers) {}
 
-  // The message's context, set by the rpc agent (RRefs need it).
-  detail::WireContext* context() const {
+  // The message's context, set by the rpc agent; it must outlive the
+  // coder. Null outside an agent.
+  const detail::MessageContext* context() const {
     return context_;
   }
-  void set_context(detail::WireContext* context) {
+  void set_context(const detail::MessageContext* context) {
     context_ = context;
   }
   // The worker whose message this is (its authenticated connection's),
   // -1 outside one.
-  int caller() const;
-  // The call's distributed autograd record, set by the rpc agent inside a
-  // context (tensors need it).
-  detail::GradRecorder* grads() const {
-    return grads_;
+  int caller() const {
+    return context_ != nullptr ? context_->peer : -1;
   }
-  void set_grads(detail::GradRecorder* grads) {
-    grads_ = grads;
+  // The call's distributed autograd record (the context's), or null.
+  detail::GradRecorder* grads() const {
+    return context_ != nullptr ? context_->grads : nullptr;
   }
 
   size_t offset() const {
@@ -553,8 +562,7 @@ class Decoder {
 
   std::string_view in_;
   std::span<const Buffer> buffers_;
-  detail::WireContext* context_ = nullptr;
-  detail::GradRecorder* grads_ = nullptr;
+  const detail::MessageContext* context_ = nullptr;
   size_t pos_ = 0;
   // Nesting levels and at most one kCall and one kResult.
   std::array<PathEntry, kMaxDepth + 2> path_;
