@@ -18,6 +18,8 @@
 #include "tide/common/logging.h"
 
 #include "transport/control.h"
+#include "transport/shm/shm_path.h"
+#include "transport/tcp/lane_path.h"
 #include "transport/transport_impl.h"
 
 namespace tide::transport {
@@ -305,7 +307,7 @@ void Connection::on_frame(Frame frame) {
       expect_handshake(frame);
       return;
     case State::kLane:
-      on_part(frame);
+      LanePath::on_lane_frame(*this, frame);
       return;
     case State::kOpen:
       break;
@@ -313,39 +315,36 @@ void Connection::on_frame(Frame frame) {
     case State::kClosed:
       return;
   }
-  if (frame.type == ControlType::kBufferRelease) {
-    on_release(frame);
-    return;
-  }
   if (frame.type < kFirstUpperType) {
+    if (path->on_control(frame)) {
+      return;
+    }
     throw ProtocolError(
         std::string("unexpected ") + owner.types.name(frame.type) +
         " on an open connection");
   }
-  if ((frame.flags & kFlagLanes) != 0 && !parts_in(frame)) {
-    constexpr size_t kMaxParked = 4096;
-    if (parked.size() >= kMaxParked) {
-      throw ProtocolError(
-          "more than " + std::to_string(kMaxParked) +
-          " frames waiting for their parts");
-    }
-    parked.push_back(std::move(frame));
-    return;
+  if (!path->park(frame)) {
+    dispatch(frame);
   }
-  dispatch(frame);
 }
 
 void Connection::dispatch(Frame& frame) {
-  if (outgoing &&
-      std::any_of(
-          frame.buffers.begin(), frame.buffers.end(), [](const Buffer& b) {
-            return b.size() >= kLaneThreshold;
-          })) {
-    want_lanes();
-  }
   Message m{frame.type, frame.id, std::move(frame.metadata), {}};
-  m.buffers = take_buffers(frame);
+  m.buffers = path->take(frame);
   owner.handlers.on_message(handle, std::move(m));
+}
+
+void Connection::choose_path(bool shm) {
+  std::unique_ptr<BufferPath> chosen;
+  if (shm) {
+    chosen = std::make_unique<ShmPath>(*this);
+  } else if (!local) {
+    chosen = std::make_unique<LanePath>(*this);
+  } else {
+    return;  // Inline, as it is.
+  }
+  std::lock_guard lock(wmutex);
+  path = std::move(chosen);
 }
 
 size_t Connection::message_bytes(const Message& m) {
@@ -423,33 +422,7 @@ void Connection::cancel(uint64_t id) {
 
 OutFrame Connection::encode_frame(Message m) {
   OutFrame out;
-  uint16_t flags = 0;
-  auto past_first = [&](size_t threshold) {
-    return std::any_of(
-        m.buffers.begin() + std::min<size_t>(1, m.buffers.size()),
-        m.buffers.end(),
-        [threshold](const Buffer& b) { return b.size() >= threshold; });
-  };
-  // With room for the table.
-  bool room = m.buffers.size() < FrameLimits{}.max_buffers;
-  if (shm && room && past_first(kShmThreshold)) {
-    // Checked against the limits as it is first (encode_head throws): a
-    // frame the limits refuse must not take segments.
-    (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
-    std::string table = place_in_segments(m, out.fds);
-    if (!table.empty()) {
-      flags |= kFlagSharedMemory;
-      m.buffers.emplace_back(std::move(table));
-    }
-  } else if (!shm && room && past_first(kLaneThreshold)) {
-    if (lanes.empty()) {
-      want_lanes();
-    } else {
-      (void)encode_head({m.type, 0, m.id, m.metadata, m.buffers});
-      flags |= kFlagLanes;
-      m.buffers.emplace_back(place_on_lanes(m));
-    }
-  }
+  uint16_t flags = path->place(m, out.fds);
   for (const auto& b : m.buffers) {
     out.total += b.size();
   }
@@ -612,7 +585,6 @@ void Connection::fail(const std::string& reason) {
   close_reason = reason;
   set_state(State::kClosed);
   handshake_timer.cancel();
-  std::vector<std::shared_ptr<Connection>> own_lanes;
   {
     std::lock_guard lock(wmutex);
     held.clear();
@@ -620,15 +592,9 @@ void Connection::fail(const std::string& reason) {
     if (writer != Writer::kClosing) {
       writer = writer == Writer::kWriting ? Writer::kClosing : Writer::kClosed;
     }
-    own_lanes.swap(lanes);
   }
   close_socket();
-  for (const auto& lane : own_lanes) {
-    lane->fail("its connection closed");
-  }
-  for (const auto& lane : std::exchange(opened_lanes, {})) {
-    lane->fail("its connection closed");
-  }
+  path->close();
   owner.connection_failed(*this, reason);
 }
 

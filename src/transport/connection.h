@@ -4,10 +4,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <asio/generic/stream_protocol.hpp>
@@ -16,14 +13,16 @@
 #include "tide/common/fd.h"
 
 #include "transport/auth.h"
+#include "transport/buffer_path.h"
 #include "transport/frame.h"
-#include "transport/shm/segments.h"
 #include "transport/transport.h"
 
-// One connection, either way, over TCP or a Unix socket, and the state of
-// its life. Its member functions live by concern: the life, reading and
-// writing here (connection.cpp), the handshake (handshake.cpp), shared
-// memory (shm/shm_buffers.cpp), lanes (tcp/lanes.cpp).
+// One connection, either way, over TCP or a Unix socket: its socket's I/O,
+// its handshake and the state of its life. Its member functions live by
+// concern: the life, reading and writing here (connection.cpp), the
+// handshake (handshake.cpp). Where its large buffers travel is its buffer
+// path's (buffer_path.h: inline, shared memory or lanes), chosen at the
+// handshake.
 //
 // Life (State; loop only):
 //
@@ -72,8 +71,6 @@
 namespace tide::transport {
 
 using Socket = asio::generic::stream_protocol::socket;
-
-struct ShmRef;  // shm/shm_buffers.cpp
 
 // A frame on its way out: the head, then the buffers, straight from where
 // they live (sendmsg); descriptors go with its first byte.
@@ -148,7 +145,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Drops the connection unless it is handshaken in time. Loop.
   void start_handshake_deadline();
   void on_frame(Frame frame);
-  // A frame of a connection that is open: to the layer above.
+  // A frame of a connection that is open, its buffers all in: to the layer
+  // above.
   void dispatch(Frame& frame);
 
   // --- writing (connection.cpp) -----------------------------------------
@@ -182,47 +180,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // The callee's side: LANE_HELLO makes this a lane of the caller's
   // connection.
   void attach_as_lane(Frame& frame);
-
-  // --- shared memory (shm/shm_buffers.cpp) ------------------------------
-  // The frame's buffers, those in shared memory placed (leased) per its
-  // table; those its lane table names taken from their transfers.
-  std::vector<Buffer> take_buffers(Frame& frame);
-  Buffer own_segment(const ShmRef& ref);
-  std::optional<std::pair<uint64_t, size_t>> returned_segment(const Buffer& b);
-  std::string place_in_segments(Message& m, std::vector<int>& fds);
-  void on_release(Frame& frame);
-  // A buffer in segment `id` died (SegmentUse). Loop.
-  void segment_done(uint64_t id, bool own);
-  // Tells the peer it may reuse its segment `id`, batched. Loop.
-  void release_later(uint64_t id);
-
-  // --- lanes (tcp/lanes.cpp) --------------------------------------------
-  // A buffer coming in parts over lanes: its bytes, allocated whole at the
-  // first part, and which parts are in.
-  struct Transfer {
-    Buffer buffer;
-    uint32_t parts = 0;
-    uint32_t have = 0;
-    std::vector<bool> got;  // Claimed: read into place, or copied there.
-  };
-  struct PartPlace {
-    uint32_t index = 0;
-    uint32_t parts = 0;
-    uint64_t total = 0;
-    uint64_t at = 0;
-  };
-  // The caller's side of a TCP connection opens its lanes when the first
-  // large buffer crosses it, either way. Any thread.
-  void want_lanes();
-  bool parts_in(const Frame& frame) const;
-  void on_part(Frame& frame);
-  Transfer& transfer_for(uint64_t id, const PartPlace& part);
-  Buffer place_part(const Frame& frame, size_t index, uint64_t length);
-  void take_part(Frame& frame);
-  void dispatch_parked();
-  void read_parts_in_place();
-  std::vector<Buffer> take_lane_buffers(Frame& frame);
-  std::string place_on_lanes(Message& m);
+  // The path the handshake agreed on: shared memory (`shm`), lanes (any
+  // TCP connection) or inline. Loop.
+  void choose_path(bool shm);
 
   // --- members ----------------------------------------------------------
   Transport::Impl& owner;
@@ -237,8 +197,10 @@ struct Connection : std::enable_shared_from_this<Connection> {
   std::string peer_name;
   int peer_pid = 0;
   // Its role: a lane of another connection (the caller's lanes from their
-  // creation, the callee's from LANE_HELLO). Loop only.
+  // creation, the callee's from LANE_HELLO), and that connection. Loop
+  // only.
   bool lane = false;
+  std::weak_ptr<Connection> parent;
 
   // Loop only.
   State state;
@@ -262,15 +224,16 @@ struct Connection : std::enable_shared_from_this<Connection> {
   size_t read_cap = 0;
   // Descriptors received, not yet claimed by a frame's table.
   std::deque<Fd> received_fds;
-  uint64_t mapped_bytes = 0;
 
   // The sending side: any thread writes under wmutex (a reply goes out
   // from the worker thread that made it), the loop waits for a full socket.
   std::mutex wmutex;
   Writer writer = Writer::kNotConnected;  // Guarded by wmutex.
   bool close_when_drained = false;        // Guarded by wmutex.
-  // Shared-memory buffers agreed in the handshake. Guarded by wmutex.
-  bool shm = false;
+  // Where its large buffers go: inline until the handshake chooses
+  // (choose_path, on the loop, under wmutex); senders use it under wmutex,
+  // the loop without.
+  std::unique_ptr<BufferPath> path = std::make_unique<InlinePath>(*this);
   std::deque<OutFrame> queue;  // Guarded by wmutex.
   size_t front_sent = 0;       // Bytes of queue.front() written.
   // The layer above's messages held until the callee proved itself (the
@@ -280,33 +243,6 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // Bytes in queue and held, for max_queued_bytes. Guarded by wmutex.
   size_t queued_bytes = 0;
   size_t held_bytes = 0;
-  shm::SendSegments segments;  // Guarded by wmutex.
-  // The peer's segments mapped here, and those leased to buffers here (a
-  // sender looks for the buffers it sends back among them). Guarded by
-  // wmutex.
-  shm::Mappings mappings;
-  std::unordered_set<uint64_t> leased;
-  // Releases to send (loop only).
-  std::vector<uint64_t> releases;
-
-  // Lanes (TCP): more connections beside this one, each carrying parts of
-  // its large buffers (BUFFER_PART), both ways. Guarded by wmutex.
-  std::vector<std::shared_ptr<Connection>> lanes;
-  uint32_t lane_indices = 0;   // The callee's: attached so far, a bit each.
-  uint64_t next_transfer = 1;  // Guarded by wmutex.
-  // The caller's side: lanes asked for (any thread) and opened (loop: at
-  // the ack, or when asked after it). Each happens once.
-  std::atomic<bool> lanes_wanted{false};
-  bool lanes_opened = false;
-  // Every lane it opened, connected or not (loop only): closed with it.
-  std::vector<std::shared_ptr<Connection>> opened_lanes;
-  // A lane's connection.
-  std::weak_ptr<Connection> parent;
-  // Buffers coming in parts (loop only), by transfer id, and frames that
-  // wait for theirs.
-  std::unordered_map<uint64_t, Transfer> transfers;
-  uint64_t transfer_bytes = 0;
-  std::deque<Frame> parked;
 };
 
 }  // namespace tide::transport

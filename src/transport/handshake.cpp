@@ -17,6 +17,7 @@
 #include "transport/connection.h"
 #include "transport/control.h"
 #include "transport/fields.h"
+#include "transport/tcp/lane_path.h"
 #include "transport/transport_impl.h"
 
 namespace tide::transport {
@@ -156,10 +157,7 @@ void Connection::accept_proof(Frame& frame) {
   }
   handshake_seq = ++owner.handshakes;
   handle.peer_ = peer_id;
-  {
-    std::lock_guard lock(wmutex);
-    shm = offered_shm;
-  }
+  choose_path(offered_shm);
   authenticated();
 }
 
@@ -191,9 +189,9 @@ void Connection::accept_ack(Frame& frame) {
     return;
   }
   authenticated();
+  choose_path(local && (features & kFeatureSharedMemory) != 0);
   {
     std::unique_lock lock(wmutex);
-    shm = local && (features & kFeatureSharedMemory) != 0;
     queue_locked(Message{
         ControlType::kProof,
         0,
@@ -217,9 +215,6 @@ void Connection::accept_ack(Frame& frame) {
       }
     }
     flush(lock);
-  }
-  if (lanes_wanted.load()) {
-    owner.open_lanes(shared_from_this());
   }
 }
 
@@ -287,16 +282,7 @@ void Connection::attach_as_lane(Frame& frame) {
         "lane " + std::to_string(index) + " of worker " + std::to_string(id) +
         ", whose proof matches no TCP connection of that worker here");
   }
-  {
-    std::lock_guard lock(p->wmutex);
-    if ((p->lane_indices & (1u << index)) != 0) {
-      throw ProtocolError(
-          "a second lane " + std::to_string(index) + " of worker " +
-          std::to_string(id));
-    }
-    p->lane_indices |= 1u << index;
-    p->lanes.push_back(shared_from_this());
-  }
+  LanePath::of(*p).attach(shared_from_this(), index);
   parent = p;
   peer_id = id;
   lane = true;
@@ -304,7 +290,7 @@ void Connection::attach_as_lane(Frame& frame) {
   owner.left_handshake(*this);
   set_state(State::kLane);
   // Placed before the bytes that came with the hello are parsed.
-  read_parts_in_place();
+  LanePath::read_in_place(*this);
   decoder.open();
   grow_read_buffer();
 }

@@ -24,6 +24,7 @@
 #include "net/address.h"
 #include "transport/auth.h"
 #include "transport/control.h"
+#include "transport/tcp/lane_path.h"
 #include "transport/transport_impl.h"
 
 namespace tide::transport {
@@ -289,13 +290,8 @@ void Transport::Impl::connection_failed(
         reason);
     // Its parts are lost: so are the messages of its connection.
     auto p = conn.parent.lock();
-    bool attached = false;
-    if (p) {
-      std::lock_guard lock(p->wmutex);
-      attached =
-          std::find(p->lanes.begin(), p->lanes.end(), self) != p->lanes.end();
-    }
-    if (attached && p->state != Connection::State::kClosed) {
+    if (p && p->state != Connection::State::kClosed &&
+        LanePath::of(*p).has(self)) {
       p->fail("one of its lanes failed: " + reason);
     }
     return;

@@ -59,10 +59,6 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   void connect_tcp(
       const std::shared_ptr<Connection>& conn,
       std::function<void()> connected = {});
-  // Opens options.lanes lanes beside `parent`, a TCP connection whose
-  // handshake is done; once (nothing for a local or closed one). Loop.
-  // (tcp/lanes.cpp)
-  void open_lanes(const std::shared_ptr<Connection>& parent);
   // A connection closed: forget it, tell the layer above about one this
   // side opened. Loop.
   void connection_failed(Connection& conn, const std::string& reason);
@@ -135,7 +131,7 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
 // A received buffer that lives in a shared-memory segment, which is the
 // peer's (a lease: when the buffer dies, the peer may reuse the segment) or
 // this side's own, sent back by the peer (reused here once the peer's
-// release has come too). (shm/shm_buffers.cpp)
+// release has come too). (shm/shm_path.cpp)
 struct SegmentUse {
   SegmentUse(
       std::shared_ptr<void> memory,

@@ -1,9 +1,6 @@
-// Lanes: a TCP connection's large buffers cut into parts and sent over
-// several more TCP connections at once (BUFFER_PART), put together by the
-// receiver in place. The caller's side opens them when the first buffer of
-// kLaneThreshold bytes or more crosses, either way; a frame whose buffers
-// went over lanes carries a lane table and waits for its parts
-// (docs/rpc-protocol.md#lanes).
+#include "transport/tcp/lane_path.h"
+
+#include <algorithm>
 #include <cstring>
 
 #include <asio/post.hpp>
@@ -67,7 +64,7 @@ std::vector<LaneRef> lane_table(const Frame& frame) {
 
 // A part's place in its transfer, from its metadata, checked against what
 // a sender can make.
-Connection::PartPlace check_part(const Frame& frame, uint64_t length) {
+LanePath::PartPlace check_part(const Frame& frame, uint64_t length) {
   FieldReader r(frame.metadata, "a part");
   uint32_t index = r.u32();
   uint32_t parts = r.u32();
@@ -86,7 +83,7 @@ Connection::PartPlace check_part(const Frame& frame, uint64_t length) {
 }
 
 void claim(
-    Connection::Transfer& t, const Connection::PartPlace& part, uint64_t id) {
+    LanePath::Transfer& t, const LanePath::PartPlace& part, uint64_t id) {
   if (t.got[part.index]) {
     throw ProtocolError(
         "part " + std::to_string(part.index) + " of transfer " +
@@ -97,47 +94,109 @@ void claim(
 
 }  // namespace
 
-void Connection::want_lanes() {
-  if (!outgoing || lane || owner.options.lanes == 0 ||
-      lanes_wanted.exchange(true)) {
+LanePath& LanePath::of(Connection& parent) {
+  // Lanes attach only to a TCP connection that is open, whose path is this.
+  return static_cast<LanePath&>(*parent.path);
+}
+
+uint16_t LanePath::place(Message& m, std::vector<int>& /*fds*/) {
+  if (!worth_placing(m, kLaneThreshold)) {
+    return 0;
+  }
+  if (lanes_.empty()) {
+    want();
+    return 0;
+  }
+  check_limits(m);
+  m.buffers.emplace_back(place_on_lanes(m));
+  return kFlagLanes;
+}
+
+bool LanePath::park(Frame& frame) {
+  if ((frame.flags & kFlagLanes) == 0 || parts_in(frame)) {
+    return false;
+  }
+  constexpr size_t kMaxParked = 4096;
+  if (parked_.size() >= kMaxParked) {
+    throw ProtocolError(
+        "more than " + std::to_string(kMaxParked) +
+        " frames waiting for their parts");
+  }
+  parked_.push_back(std::move(frame));
+  return true;
+}
+
+void LanePath::want() {
+  if (!conn_.outgoing || conn_.owner.options.lanes == 0 ||
+      wanted_.exchange(true)) {
     return;
   }
-  asio::post(owner.loop.io(), [self = shared_from_this()] {
-    if (self->state == State::kOpen) {
-      self->owner.open_lanes(self);
+  // The path lives as long as its connection.
+  asio::post(conn_.owner.loop.io(), [this, conn = conn_.shared_from_this()] {
+    if (conn->state == Connection::State::kOpen) {
+      open();
     }
   });
 }
 
-bool Connection::parts_in(const Frame& frame) const {
+void LanePath::attach(const std::shared_ptr<Connection>& lane, uint32_t index) {
+  std::lock_guard lock(conn_.wmutex);
+  if ((indices_ & (1u << index)) != 0) {
+    throw ProtocolError(
+        "a second lane " + std::to_string(index) + " of worker " +
+        std::to_string(conn_.peer_id));
+  }
+  indices_ |= 1u << index;
+  lanes_.push_back(lane);
+}
+
+bool LanePath::has(const std::shared_ptr<Connection>& lane) {
+  std::lock_guard lock(conn_.wmutex);
+  return std::find(lanes_.begin(), lanes_.end(), lane) != lanes_.end();
+}
+
+void LanePath::close() {
+  std::vector<std::shared_ptr<Connection>> up;
+  {
+    std::lock_guard lock(conn_.wmutex);
+    up.swap(lanes_);
+  }
+  for (const auto& lane : up) {
+    lane->fail("its connection closed");
+  }
+  for (const auto& lane : std::exchange(opened_lanes_, {})) {
+    lane->fail("its connection closed");
+  }
+}
+
+bool LanePath::parts_in(const Frame& frame) const {
   for (const LaneRef& ref : lane_table(frame)) {
-    auto it = transfers.find(ref.transfer);
-    if (it == transfers.end() || it->second.have < it->second.parts) {
+    auto it = transfers_.find(ref.transfer);
+    if (it == transfers_.end() || it->second.have < it->second.parts) {
       return false;
     }
   }
   return true;
 }
 
-void Connection::on_part(Frame& frame) {
+void LanePath::on_lane_frame(Connection& lane, Frame& frame) {
   if (frame.type != ControlType::kBufferPart) {
     throw ProtocolError(
-        std::string("unexpected ") + owner.types.name(frame.type) +
+        std::string("unexpected ") + lane.owner.types.name(frame.type) +
         " on a lane");
   }
-  auto p = parent.lock();
-  if (p && p->state != State::kClosed) {
-    p->take_part(frame);
+  auto p = lane.parent.lock();
+  if (p && p->state != Connection::State::kClosed) {
+    of(*p).take_part(frame);
   }
 }
 
-Connection::Transfer& Connection::transfer_for(
-    uint64_t id, const PartPlace& part) {
-  auto [it, fresh] = transfers.try_emplace(id);
+LanePath::Transfer& LanePath::transfer_for(uint64_t id, const PartPlace& part) {
+  auto [it, fresh] = transfers_.try_emplace(id);
   Transfer& t = it->second;
   if (fresh) {
-    if (transfer_bytes + part.total > kMaxTransferBytes) {
-      transfers.erase(it);
+    if (transfer_bytes_ + part.total > kMaxTransferBytes) {
+      transfers_.erase(it);
       throw ProtocolError(
           "the peer's unfinished transfers would pass " +
           std::to_string(kMaxTransferBytes >> 30) + " GiB");
@@ -145,7 +204,7 @@ Connection::Transfer& Connection::transfer_for(
     t.buffer = allocate_buffer(part.total);
     t.parts = part.parts;
     t.got.assign(part.parts, false);
-    transfer_bytes += part.total;
+    transfer_bytes_ += part.total;
   } else if (t.parts != part.parts || t.buffer.size() != part.total) {
     throw ProtocolError(
         "a part of transfer " + std::to_string(id) +
@@ -155,23 +214,17 @@ Connection::Transfer& Connection::transfer_for(
 }
 
 // Where a lane's decoder reads a part: straight into its place in the
-// transfer (empty: the decoder's own buffer, for what on_part rejects).
-Buffer Connection::place_part(
-    const Frame& frame, size_t index, uint64_t length) {
-  auto p = parent.lock();
-  if (frame.type != ControlType::kBufferPart || index != 0 || !p ||
-      p->state == State::kClosed) {
-    return {};
-  }
+// transfer.
+Buffer LanePath::place_part(const Frame& frame, uint64_t length) {
   PartPlace part = check_part(frame, length);
-  Transfer& t = p->transfer_for(frame.id, part);
+  Transfer& t = transfer_for(frame.id, part);
   claim(t, part, frame.id);
   return Buffer(t.buffer.owner(), t.buffer.data() + part.at, length);
 }
 
 // A part is in: copied to its place unless it was read there; frames whose
 // parts are all in go on.
-void Connection::take_part(Frame& frame) {
+void LanePath::take_part(Frame& frame) {
   if (frame.buffers.size() != 1) {
     throw ProtocolError(
         "a part with " + std::to_string(frame.buffers.size()) + " buffers");
@@ -188,39 +241,60 @@ void Connection::take_part(Frame& frame) {
   }
 }
 
-void Connection::dispatch_parked() {
-  for (size_t i = 0; i < parked.size();) {
-    if (!parts_in(parked[i])) {
+void LanePath::dispatch_parked() {
+  for (size_t i = 0; i < parked_.size();) {
+    if (!parts_in(parked_[i])) {
       ++i;
       continue;
     }
-    Frame f = std::move(parked[i]);
-    parked.erase(parked.begin() + static_cast<std::ptrdiff_t>(i));
-    dispatch(f);
-    if (state == State::kClosed) {
+    Frame f = std::move(parked_[i]);
+    parked_.erase(parked_.begin() + static_cast<std::ptrdiff_t>(i));
+    conn_.dispatch(f);
+    if (conn_.state == Connection::State::kClosed) {
       return;
     }
   }
 }
 
-void Connection::read_parts_in_place() {
-  decoder.trust_lengths();
-  decoder.set_placement(
-      [this](const Frame& frame, size_t index, uint64_t length) {
-        return place_part(frame, index, length);
+void LanePath::read_in_place(Connection& lane) {
+  lane.decoder.trust_lengths();
+  // Empty: the decoder's own buffer, for what on_lane_frame rejects.
+  lane.decoder.set_placement(
+      [&lane](const Frame& frame, size_t index, uint64_t length) {
+        auto p = lane.parent.lock();
+        if (frame.type != ControlType::kBufferPart || index != 0 || !p ||
+            p->state == Connection::State::kClosed) {
+          return Buffer();
+        }
+        return of(*p).place_part(frame, length);
       });
 }
 
-std::vector<Buffer> Connection::take_lane_buffers(Frame& frame) {
+std::vector<Buffer> LanePath::take(Frame& frame) {
   if ((frame.flags & kFlagSharedMemory) != 0) {
-    throw ProtocolError("a frame with both a shared-memory and a lane table");
+    refuse_tables(frame, "over lanes");
   }
+  std::vector<Buffer> out;
+  if ((frame.flags & kFlagLanes) == 0) {
+    out = std::move(frame.buffers);
+  } else {
+    out = take_lane_buffers(frame);
+  }
+  if (std::any_of(out.begin(), out.end(), [](const Buffer& b) {
+        return b.size() >= kLaneThreshold;
+      })) {
+    want();
+  }
+  return out;
+}
+
+std::vector<Buffer> LanePath::take_lane_buffers(Frame& frame) {
   std::vector<LaneRef> refs = lane_table(frame);
   frame.buffers.pop_back();
   std::vector<Buffer> out = std::move(frame.buffers);
   for (const LaneRef& ref : refs) {
-    auto it = transfers.find(ref.transfer);
-    if (it == transfers.end() || it->second.have < it->second.parts ||
+    auto it = transfers_.find(ref.transfer);
+    if (it == transfers_.end() || it->second.have < it->second.parts ||
         it->second.parts != ref.parts ||
         it->second.buffer.size() != ref.length) {
       throw ProtocolError(
@@ -228,8 +302,8 @@ std::vector<Buffer> Connection::take_lane_buffers(Frame& frame) {
           std::to_string(ref.transfer) + ", whose parts do not make it");
     }
     out[ref.index] = std::move(it->second.buffer);
-    transfer_bytes -= ref.length;
-    transfers.erase(it);
+    transfer_bytes_ -= ref.length;
+    transfers_.erase(it);
   }
   return out;
 }
@@ -237,15 +311,15 @@ std::vector<Buffer> Connection::take_lane_buffers(Frame& frame) {
 // Cuts the buffers of m that are large enough into one part per lane and
 // sends the parts; returns their table. Holds wmutex (a lane's is taken
 // under it, never the other way).
-std::string Connection::place_on_lanes(Message& m) {
+std::string LanePath::place_on_lanes(Message& m) {
   std::string table;
-  auto parts = static_cast<uint32_t>(lanes.size());
+  auto parts = static_cast<uint32_t>(lanes_.size());
   for (size_t i = 1; i < m.buffers.size(); ++i) {
     const Buffer& b = m.buffers[i];
     if (b.size() < kLaneThreshold) {
       continue;
     }
-    LaneRef ref{static_cast<uint32_t>(i), parts, next_transfer++, b.size()};
+    LaneRef ref{static_cast<uint32_t>(i), parts, next_transfer_++, b.size()};
     uint64_t chunk = part_size(b.size(), parts);
     for (uint32_t j = 0; j < parts; ++j) {
       uint64_t at = uint64_t{j} * chunk;
@@ -256,52 +330,53 @@ std::string Connection::place_on_lanes(Message& m) {
           {}};
       part.buffers.emplace_back(
           b.owner(), b.data() + at, std::min(chunk, b.size() - at));
-      lanes[j]->send(std::move(part));
+      lanes_[j]->send(std::move(part));
     }
     table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
-    owner.buffers_via_lanes.fetch_add(1, std::memory_order_relaxed);
-    owner.bytes_via_lanes.fetch_add(b.size(), std::memory_order_relaxed);
+    conn_.owner.buffers_via_lanes.fetch_add(1, std::memory_order_relaxed);
+    conn_.owner.bytes_via_lanes.fetch_add(b.size(), std::memory_order_relaxed);
     m.buffers[i] = Buffer();
   }
   return table;
 }
 
-void Transport::Impl::open_lanes(const std::shared_ptr<Connection>& parent) {
+void LanePath::open() {
   // Once, for a TCP connection that is up (asked for from another thread,
-  // want_lanes() may meet the ack here).
-  if (parent->lanes_opened || parent->state != Connection::State::kOpen ||
-      parent->local) {
+  // want() may meet the ack here).
+  if (opened_ || conn_.state != Connection::State::kOpen) {
     return;
   }
-  parent->lanes_opened = true;
-  for (uint32_t j = 0; j < options.lanes; ++j) {
-    auto lane =
-        std::make_shared<Connection>(*this, Socket(loop.io()), true, false);
-    parent->opened_lanes.push_back(lane);
-    lane->peer_id = parent->peer_id;
+  opened_ = true;
+  Transport::Impl& owner = conn_.owner;
+  auto parent = conn_.shared_from_this();
+  for (uint32_t j = 0; j < owner.options.lanes; ++j) {
+    auto lane = std::make_shared<Connection>(
+        owner, Socket(owner.loop.io()), true, false);
+    opened_lanes_.push_back(lane);
+    lane->peer_id = conn_.peer_id;
     lane->lane = true;
     lane->parent = parent;
     // Parts come from the first frame on: no handshake limits.
-    lane->decoder = FrameDecoder(types, FrameLimits{});
-    lane->read_parts_in_place();
+    lane->decoder = FrameDecoder(owner.types, FrameLimits{});
+    read_in_place(*lane);
     lane->send(Message{
         ControlType::kLaneHello,
         0,
         FieldWriter()
-            .i32(options.self_id)
+            .i32(owner.options.self_id)
             .u32(j)
             .str(auth::proof(
-                options.token, auth::Role::kLane, parent->session, j))
+                owner.options.token, auth::Role::kLane, conn_.session, j))
             .take(),
         {}});
     // Used once connected: a lane that cannot connect is left out.
-    connect_tcp(lane, [parent, lane] {
+    owner.connect_tcp(lane, [this, parent, lane] {
       if (parent->state == Connection::State::kClosed) {
         lane->fail("its connection closed");
         return;
       }
       std::lock_guard lock(parent->wmutex);
-      parent->lanes.push_back(lane);
+      lanes_.push_back(lane);
     });
   }
 }

@@ -1,8 +1,5 @@
-// Buffers through shared memory on a Unix-socket connection: a frame with
-// kFlagSharedMemory carries, as its last buffer, a table saying which of
-// its (empty) buffers live where; the sender copied them into segments it
-// passes once; the receiver leases them and gives each segment back
-// (BUFFER_RELEASE) when the last buffer in it dies (docs/rpc-protocol.md).
+#include "transport/shm/shm_path.h"
+
 #include <cstring>
 #include <thread>
 
@@ -58,16 +55,25 @@ void copy_in_parallel(char* to, const char* from, size_t n) {
 
 }  // namespace
 
-std::vector<Buffer> Connection::take_buffers(Frame& frame) {
+uint16_t ShmPath::place(Message& m, std::vector<int>& fds) {
+  if (!worth_placing(m, kShmThreshold)) {
+    return 0;
+  }
+  check_limits(m);
+  std::string table = place_in_segments(m, fds);
+  if (table.empty()) {
+    return 0;
+  }
+  m.buffers.emplace_back(std::move(table));
+  return kFlagSharedMemory;
+}
+
+std::vector<Buffer> ShmPath::take(Frame& frame) {
   if ((frame.flags & kFlagLanes) != 0) {
-    return take_lane_buffers(frame);
+    refuse_tables(frame, "through shared memory");
   }
   std::string table;
   if ((frame.flags & kFlagSharedMemory) != 0) {
-    if (!shm) {
-      throw ProtocolError(
-          "a shared-memory frame on a connection without shared memory");
-    }
     if (frame.buffers.empty()) {
       throw ProtocolError("a shared-memory frame without its table");
     }
@@ -104,28 +110,28 @@ std::vector<Buffer> Connection::take_buffers(Frame& frame) {
           std::to_string(ref.length) +
           " (segments are the power of two that fits, 1 MiB at least)");
     }
-    std::lock_guard lock(wmutex);
+    std::lock_guard lock(conn_.wmutex);
     if (ref.kind == kSendersWithFd) {
-      if (mapped_bytes + ref.segment_size > kMaxMappedBytes) {
+      if (mapped_bytes_ + ref.segment_size > kMaxMappedBytes) {
         throw ProtocolError(
             "the peer's shared-memory segments would pass " +
             std::to_string(kMaxMappedBytes >> 30) + " GiB");
       }
-      if (received_fds.empty()) {
+      if (conn_.received_fds.empty()) {
         throw ProtocolError(
             "a shared-memory reference whose descriptor did not come");
       }
-      Fd fd = std::move(received_fds.front());
-      received_fds.pop_front();
+      Fd fd = std::move(conn_.received_fds.front());
+      conn_.received_fds.pop_front();
       mapping = std::make_shared<shm::Mapping>(std::move(fd), ref.segment_size);
-      if (!mappings.emplace(ref.segment, mapping).second) {
+      if (!mappings_.emplace(ref.segment, mapping).second) {
         throw ProtocolError(
             "the peer passed shared-memory segment " +
             std::to_string(ref.segment) + " twice");
       }
-      mapped_bytes += ref.segment_size;
-    } else if (auto it = mappings.find(ref.segment);
-               ref.kind == kSendersKnown && it != mappings.end()) {
+      mapped_bytes_ += ref.segment_size;
+    } else if (auto it = mappings_.find(ref.segment);
+               ref.kind == kSendersKnown && it != mappings_.end()) {
       mapping = it->second;
     } else {
       throw ProtocolError(
@@ -133,42 +139,49 @@ std::vector<Buffer> Connection::take_buffers(Frame& frame) {
           std::to_string(ref.segment) + ", which the peer never passed");
     }
     if (ref.length > mapping->size() || ref.segment_size != mapping->size() ||
-        !leased.insert(ref.segment).second) {
+        !leased_.insert(ref.segment).second) {
       throw ProtocolError(
           "a reference to shared-memory segment " +
           std::to_string(ref.segment) +
           " that does not fit it or that is still in use");
     }
     auto lease = std::make_shared<SegmentUse>(
-        mapping, owner.weak_from_this(), weak_from_this(), ref.segment, false);
+        mapping,
+        conn_.owner.weak_from_this(),
+        conn_.weak_from_this(),
+        ref.segment,
+        false);
     out[ref.index] = Buffer(lease, mapping->base(), ref.length);
     placed[ref.index] = true;
   }
   return out;
 }
 
-Buffer Connection::own_segment(const ShmRef& ref) {
-  std::lock_guard lock(wmutex);
-  shm::Segment* seg = segments.hold_local(ref.segment);
+Buffer ShmPath::own_segment(const ShmRef& ref) {
+  std::lock_guard lock(conn_.wmutex);
+  shm::Segment* seg = segments_.hold_local(ref.segment);
   if (seg == nullptr || ref.segment_size != seg->size ||
       ref.length > seg->size) {
     if (seg != nullptr) {
-      segments.drop_local(ref.segment);
+      segments_.drop_local(ref.segment);
     }
     throw ProtocolError(
         "a reference to shared-memory segment " + std::to_string(ref.segment) +
         " of this side's, which the peer does not hold or that does not fit");
   }
   auto hold = std::make_shared<SegmentUse>(
-      seg->memory, owner.weak_from_this(), weak_from_this(), ref.segment, true);
+      seg->memory,
+      conn_.owner.weak_from_this(),
+      conn_.weak_from_this(),
+      ref.segment,
+      true);
   return Buffer(hold, seg->base, ref.length);
 }
 
-// Holds wmutex.
-std::optional<std::pair<uint64_t, size_t>> Connection::returned_segment(
+std::optional<std::pair<uint64_t, size_t>> ShmPath::returned_segment(
     const Buffer& b) {
-  for (uint64_t id : leased) {
-    const auto& m = mappings.at(id);
+  for (uint64_t id : leased_) {
+    const auto& m = mappings_.at(id);
     if (b.data() == m->base() && b.size() <= m->size()) {
       return std::pair{id, m->size()};
     }
@@ -176,8 +189,7 @@ std::optional<std::pair<uint64_t, size_t>> Connection::returned_segment(
   return std::nullopt;
 }
 
-// Holds wmutex.
-std::string Connection::place_in_segments(Message& m, std::vector<int>& fds) {
+std::string ShmPath::place_in_segments(Message& m, std::vector<int>& fds) {
   std::string table;
   for (size_t i = 1; i < m.buffers.size(); ++i) {
     Buffer& b = m.buffers[i];
@@ -193,24 +205,24 @@ std::string Connection::place_in_segments(Message& m, std::vector<int>& fds) {
           back->second,
           b.size()};
       table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
-      owner.buffers_returned += 1;
+      conn_.owner.buffers_returned += 1;
       b = Buffer();
       continue;
     }
     shm::Segment* seg = nullptr;
-    size_t before = segments.count();
+    size_t before = segments_.count();
     try {
-      seg = &segments.acquire(b.size());
+      seg = &segments_.acquire(b.size());
     } catch (const NetworkError& e) {
       TIDE_LOG_WARN(
           "[{}] sending {} bytes to worker {} through the socket: {}",
-          owner.options.self_name,
+          conn_.owner.options.self_name,
           b.size(),
-          peer_id,
+          conn_.peer_id,
           e.what());
       continue;
     }
-    owner.segments += segments.count() - before;
+    conn_.owner.segments += segments_.count() - before;
     copy_in_parallel(seg->base, b.data(), b.size());
     ShmRef ref{
         static_cast<uint32_t>(i),
@@ -223,49 +235,55 @@ std::string Connection::place_in_segments(Message& m, std::vector<int>& fds) {
       seg->peer_has_fd = true;
     }
     table.append(reinterpret_cast<const char*>(&ref), sizeof ref);
-    owner.buffers_via_shm += 1;
-    owner.bytes_via_shm += b.size();
+    conn_.owner.buffers_via_shm += 1;
+    conn_.owner.bytes_via_shm += b.size();
     b = Buffer();
   }
   return table;
 }
 
-void Connection::on_release(Frame& frame) {
+bool ShmPath::on_control(Frame& frame) {
+  if (frame.type != ControlType::kBufferRelease) {
+    return false;
+  }
   FieldReader r(frame.metadata, "a release");
   std::vector<uint64_t> ids = r.u64s();
   r.end();
-  std::lock_guard lock(wmutex);
+  std::lock_guard lock(conn_.wmutex);
   for (uint64_t id : ids) {
-    if (!segments.release(id)) {
+    if (!segments_.release(id)) {
       throw ProtocolError(
           "the peer released shared-memory segment " + std::to_string(id) +
           ", which it did not hold");
     }
   }
+  return true;
 }
 
-void Connection::segment_done(uint64_t id, bool own) {
-  std::lock_guard lock(wmutex);
+void ShmPath::segment_done(uint64_t id, bool own) {
+  std::lock_guard lock(conn_.wmutex);
   if (own) {
-    segments.drop_local(id);
-  } else if (state != State::kClosed && leased.erase(id) > 0) {
+    segments_.drop_local(id);
+  } else if (
+      conn_.state != Connection::State::kClosed && leased_.erase(id) > 0) {
     release_later(id);
   }
 }
 
-void Connection::release_later(uint64_t id) {
-  releases.push_back(id);
-  if (releases.size() > 1) {
+void ShmPath::release_later(uint64_t id) {
+  releases_.push_back(id);
+  if (releases_.size() > 1) {
     return;  // A send is scheduled already.
   }
-  asio::post(owner.loop.io(), [self = shared_from_this()] {
-    if (self->state == State::kClosed) {
+  // The path lives as long as its connection.
+  asio::post(conn_.owner.loop.io(), [this, conn = conn_.shared_from_this()] {
+    if (conn->state == Connection::State::kClosed) {
       return;
     }
-    self->send(Message{
+    conn->send(Message{
         ControlType::kBufferRelease,
         0,
-        FieldWriter().u64s(std::exchange(self->releases, {})).take(),
+        FieldWriter().u64s(std::exchange(releases_, {})).take(),
         {}});
   });
 }
@@ -276,7 +294,8 @@ SegmentUse::~SegmentUse() {
   if (auto t = transport.lock()) {
     asio::post(t->loop.io(), [conn = conn, segment = segment, own = own] {
       if (auto c = conn.lock()) {
-        c->segment_done(segment, own);
+        // A lease exists only on a connection whose path is shared memory.
+        static_cast<ShmPath&>(*c->path).segment_done(segment, own);
       }
     });
   }
