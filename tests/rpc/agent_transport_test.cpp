@@ -290,7 +290,9 @@ class RawLocalPeer {
 // A request whose one 1 MiB buffer is said to be in a segment: `table`
 // bytes of references follow the (empty) buffer.
 std::string shm_request(
-    const std::string& table, const std::string& fn = "echo_blob") {
+    const std::string& table,
+    const std::string& fn = "echo_blob",
+    uint16_t flags = transport::kFlagSharedMemory) {
   std::string meta = transport::FieldWriter().str(fn).i64(10'000).take();
   std::string args;
   std::vector<Buffer> buffers;
@@ -298,7 +300,7 @@ std::string shm_request(
   encode_args(a, Blob{});  // refers to buffer 1
   transport::Frame f{
       .type = detail::MessageType::kRequest,
-      .flags = transport::kFlagSharedMemory,
+      .flags = flags,
       .id = 1,
       .metadata = meta,
       .buffers = {args, "", table}};
@@ -359,6 +361,22 @@ TEST_F(AgentTransportTest, MalformedSharedMemoryFramesDropOnlyThatConnection) {
         shm_ref(0, 1 << 20).substr(0, 31)}) {
     RawLocalPeer peer(local_name);
     peer.send(shm_request(table));
+    EXPECT_TRUE(peer.closed_within(10s));
+  }
+  // Another path's table: lanes (a whole one: 2 parts of transfer 9, of
+  // 2 MiB, for buffer 1) on a connection whose buffers travel through
+  // shared memory, which has no lanes to wait for.
+  {
+    std::string lanes;
+    auto put = [&](auto v) {
+      lanes.append(reinterpret_cast<const char*>(&v), sizeof v);
+    };
+    put(uint32_t{1});
+    put(uint32_t{2});
+    put(uint64_t{9});
+    put(uint64_t{2} << 20);
+    RawLocalPeer peer(local_name);
+    peer.send(shm_request(lanes, "echo_blob", transport::kFlagLanes));
     EXPECT_TRUE(peer.closed_within(10s));
   }
   Blob large = make_blob(2 << 20, 4);
@@ -610,7 +628,9 @@ TEST_F(AgentTransportTest, MalformedLanesDropTheirConnection) {
        {request(ref(1).substr(0, 23), ""),
         request(ref(1), "x"),
         request(ref(0), ""),
-        request(ref(2), "")}) {
+        request(ref(2), ""),
+        // Another path's table: shared memory on TCP.
+        shm_request(shm_ref(0, 1 << 20))}) {
     auto parent = raw_tcp_peer(port, "s3cret");
     ASSERT_TRUE(parent->send(frame));
     EXPECT_TRUE(parent->closed_within(10s));
