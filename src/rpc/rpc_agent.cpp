@@ -158,6 +158,14 @@ struct RpcAgent::Impl {
   std::mutex shutdown_mutex;
   bool shut_down = false;  // Guarded by shutdown_mutex.
 
+  // Whether this worker knows the group yet (rendezvous()), and the
+  // requests that came before: a caller may meet the group first. Set
+  // under early_mutex, after the early requests are served, so that
+  // later ones never overtake them.
+  std::atomic<bool> met{false};
+  std::mutex early_mutex;
+  std::vector<std::pair<transport::Pipe, transport::Message>> early;
+
   // Last, so that it goes first: its threads use everything above until
   // they are joined.
   std::unique_ptr<rpc_core::Endpoint<transport::Message>> endpoint;
@@ -307,6 +315,18 @@ struct RpcAgent::Impl {
       infos.push_back(WorkerInfo{p.name, p.id});
       ids[p.name] = p.id;
     }
+    std::lock_guard lock(early_mutex);
+    for (auto& [pipe, m] : std::exchange(early, {})) {
+      try {
+        serve(pipe, std::move(m));
+      } catch (const std::exception& e) {
+        TIDE_LOG_WARN(
+            "[{}] a request that came before the group met was dropped: {}",
+            self.name,
+            e.what());
+      }
+    }
+    met.store(true, std::memory_order_release);
   }
 
   size_t outstanding() const {
@@ -350,6 +370,20 @@ struct RpcAgent::Impl {
 
   // A request, on the transport's loop: to the pool.
   void on_request(const transport::Pipe& pipe, transport::Message m) {
+    if (!met.load(std::memory_order_acquire)) {
+      std::lock_guard lock(early_mutex);
+      if (!met.load(std::memory_order_relaxed)) {
+        // Served once this worker knows the group too (the names its RRefs
+        // and autograd contexts need), in the order they came.
+        early.emplace_back(pipe, std::move(m));
+        return;
+      }
+    }
+    serve(pipe, std::move(m));
+  }
+
+  // A request of a worker that knows the group.
+  void serve(const transport::Pipe& pipe, transport::Message m) {
     if (m.type == detail::MessageType::kCancel) {
       return;  // Best effort: a running function is not interrupted.
     }
