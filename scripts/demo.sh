@@ -6,8 +6,11 @@
 #     tiderun, with the same injected failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh"
-"$root/scripts/build.sh" build
+"$root/scripts/setup.sh" demo
+# Only what the job runs: tiderun and the C++ worker (no tests, benchmarks
+# or libtorch parts).
+"$root/scripts/build.sh" build -DTIDE_BUILD_TESTS=OFF -DTIDE_BUILD_BENCH=OFF \
+  -- tiderun store_worker
 tiderun="$root/build/apps/tiderun"
 
 echo

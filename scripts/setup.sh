@@ -1,32 +1,56 @@
 #!/usr/bin/env bash
-# Installs every Debian package tide's build, tests and benchmarks need.
-# Idempotent: when everything is already installed it only checks and returns.
-# Usage: scripts/setup.sh   (as root, or with sudo available)
+# Installs the Debian packages tide needs. Idempotent: when everything is
+# already installed it only checks and returns.
+#
+#   scripts/setup.sh        everything the build, the tests and the
+#                           benchmarks need
+#   scripts/setup.sh demo   what scripts/demo.sh needs: the compiler and the
+#                           elastic half's libraries (no libtorch, clang or
+#                           test tools), and Debian's PyTorch for its DDP
+#                           script
+#
+# As root, or with sudo available.
 set -euo pipefail
+profile=${1:-all}
 
+# The elastic half (tiderun, tide-store, tide's rpc) and its build.
 packages=(
-  # toolchain
   build-essential cmake ninja-build ccache mold pkg-config git
-  clang libclang-rt-14-dev clang-format clang-tidy
-  # libraries
   libasio-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev libcivetweb-dev libcurl4-openssl-dev
   # the rpc transport's handshake (HMAC-SHA256, random nonces)
   libssl-dev
-  # the etcd rendezvous backend's tests and benchmark start their own etcd
-  etcd-server etcd-client
-  # the peer: PyTorch 1.13.1 for interop tests and benchmarks
-  python3 python3-torch
-  # libtorch for tide's rpc tensors (tide/rpc/tensor.h users, their tests)
-  libtorch-dev
-  # the torch.distributed.rpc backend (python/tide/torch_rpc): pybind11 2.10, as torch was built with
-  pybind11-dev python3-dev
-  # tools the tests use
-  procps iproute2 curl
-  # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
-  elfutils gdb
 )
+case $profile in
+demo)
+  # the DDP script the demo runs under tiderun
+  packages+=(python3 python3-torch)
+  ;;
+all)
+  packages+=(
+    clang libclang-rt-14-dev clang-format clang-tidy
+    libgtest-dev libgmock-dev libbenchmark-dev
+    # the etcd rendezvous backend's tests and benchmark start their own etcd
+    etcd-server etcd-client
+    # the peer: PyTorch 1.13.1 for interop tests and benchmarks
+    python3 python3-torch
+    # libtorch for tide's rpc tensors (tide/rpc/tensor.h users, their tests)
+    libtorch-dev
+    # the torch.distributed.rpc backend (python/tide/torch_rpc): pybind11 2.10, as torch was built with
+    pybind11-dev python3-dev
+    # tools the tests use
+    procps iproute2 curl
+    # scripts/portable.sh (tiderun for other distributions) and its test
+    patchelf
+    # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
+    elfutils gdb
+  )
+  ;;
+*)
+  echo "setup.sh: unknown profile '$profile' (demo, or nothing for all)" >&2
+  exit 2
+  ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -102,6 +102,33 @@ TEST_F(TiderunTest, BadFlagsExitTwoWithUsage) {
   EXPECT_NE(out.find("tiderun "), std::string::npos);
 }
 
+// TIDE_LOG_LEVEL (else torchrun's LOGLEVEL) in any case; a value that is no
+// level is said, and logging stays at info instead of going silent.
+TEST_F(TiderunTest, TheLogLevelIsReadInAnyCaseAndABadOneIsReported) {
+  auto s = script("w.sh", "true");
+  auto with = [&](const char* var, const char* value) {
+    return run(
+        {"--standalone", s}, {.env = {{var, value}}, .merge_stderr = true});
+  };
+  for (const char* var : {"TIDE_LOG_LEVEL", "LOGLEVEL"}) {
+    auto [status, out] = with(var, "DEBUG");
+    EXPECT_EQ(exit_code(status), 0) << out;
+    EXPECT_NE(
+        out.find("[debug] [default] rendezvous through"), std::string::npos)
+        << var << "\n"
+        << out;
+  }
+  auto [status, out] = with("TIDE_LOG_LEVEL", "WARNING");
+  EXPECT_EQ(exit_code(status), 0) << out;
+  EXPECT_EQ(out.find("[info]"), std::string::npos) << out;
+  auto [status2, out2] = with("TIDE_LOG_LEVEL", "loud");
+  EXPECT_EQ(exit_code(status2), 0) << out2;
+  EXPECT_NE(
+      out2.find("TIDE_LOG_LEVEL=loud is not a log level"), std::string::npos)
+      << out2;
+  EXPECT_NE(out2.find("[info]"), std::string::npos) << out2;
+}
+
 TEST_F(TiderunTest, AFailurePrintsTorchsSummaryAndExitsOne) {
   auto s = script("w.sh", "[ \"$LOCAL_RANK\" = 1 ] && exit 3; sleep 100");
   fs::path error_file = dir_ / "launcher_error.json";
@@ -406,6 +433,9 @@ TEST_F(TiderunTest, TheRRefEmbeddingServerExampleTrainsThroughProxies) {
   EXPECT_EQ(out.find("leak"), std::string::npos) << out;
 }
 
+// The examples with tensors, where the build has them (not the sanitizer
+// builds, nor one without libtorch).
+#ifdef MODEL_PARALLEL_EXAMPLE
 TEST_F(TiderunTest, TheRemoteModulePipelineMatchesTheLocalComputation) {
   // examples/remote_module_pipeline.cpp: two RemoteModule stages on two
   // workers, one passed to the other in an rpc; rank 0 exits 1 unless the
@@ -450,6 +480,7 @@ TEST_F(TiderunTest, TheRpcParameterServerExampleTrainsUnderTiderun) {
   EXPECT_NE(out.find("100 async calls answered"), std::string::npos) << out;
   EXPECT_NE(out.find("100 updates from 2 trainers"), std::string::npos) << out;
 }
+#endif  // MODEL_PARALLEL_EXAMPLE
 
 }  // namespace
 }  // namespace tide
