@@ -73,9 +73,40 @@ foreach(dependency IN LISTS TIDE_LIBRARY_DEPENDENCIES)
   endif()
 endforeach()
 
+# Each package's /usr/share/doc/<package>/copyright, in Debian's
+# machine-readable form, from LICENSE (BSD-3-Clause).
+file(READ ${PROJECT_SOURCE_DIR}/LICENSE tide_license)
+string(REGEX REPLACE "^BSD 3-Clause License\n\n" "" tide_license "${tide_license}")
+string(REGEX REPLACE "\n\n" "\n.\n" tide_license "${tide_license}")
+string(REGEX REPLACE "\n([^\n])" "\n \\1" tide_license "${tide_license}")
+file(WRITE ${PROJECT_BINARY_DIR}/copyright
+  "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
+  "Upstream-Name: tide\n\n"
+  "Files: *\nCopyright: 2026 the tide developers\nLicense: BSD-3-Clause\n"
+  " ${tide_license}")
+set(tide_packages runtime tide dev tide-dev)
+if(TIDE_PYTHON AND NOT TIDE_SANITIZE)
+  list(APPEND tide_packages python python3-tide)
+endif()
+while(tide_packages)
+  list(POP_FRONT tide_packages component package)
+  install(FILES ${PROJECT_BINARY_DIR}/copyright
+    DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${package} COMPONENT ${component})
+endwhile()
+
+# The Maintainer field: whoever builds the packages, named as Debian's own
+# tools take it (DEBFULLNAME and DEBEMAIL), or -DTIDE_PACKAGE_MAINTAINER.
+set(tide_default_maintainer "tide developers <tide@localhost>")
+if(DEFINED ENV{DEBEMAIL} AND NOT "$ENV{DEBEMAIL}" STREQUAL "")
+  set(tide_default_maintainer "$ENV{DEBFULLNAME} <$ENV{DEBEMAIL}>")
+  string(STRIP "${tide_default_maintainer}" tide_default_maintainer)
+endif()
+set(TIDE_PACKAGE_MAINTAINER "${tide_default_maintainer}" CACHE STRING
+  "the Debian packages' Maintainer field (default: DEBFULLNAME <DEBEMAIL>)")
+
 set(CPACK_PACKAGE_NAME tide)
 set(CPACK_PACKAGE_VENDOR tide)
-set(CPACK_PACKAGE_CONTACT "tide developers <tide@localhost>")
+set(CPACK_PACKAGE_CONTACT "${TIDE_PACKAGE_MAINTAINER}")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
   "native runtime for fault-tolerant and elastic distributed training")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
@@ -84,7 +115,7 @@ set(CPACK_STRIP_FILES ON)
 set(CPACK_GENERATOR DEB)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL runtime dev)
-if(NOT TIDE_SANITIZE)
+if(TIDE_PYTHON AND NOT TIDE_SANITIZE)
   list(APPEND CPACK_COMPONENTS_ALL python)
 endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)

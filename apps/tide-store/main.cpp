@@ -1,6 +1,7 @@
 // tide-store: a standalone TCP store server, wire compatible with torch's
 // TCPStore. Prints "tide-store listening on HOST:PORT" once it accepts
-// connections; exits 0 on SIGTERM or SIGINT.
+// connections; exits 0 on SIGTERM or SIGINT, 2 on a bad command line, 1 when
+// it cannot listen.
 #include <pthread.h>
 #include <signal.h>
 
@@ -21,7 +22,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "tide-store: a TCP key-value store server that speaks torch's c10d "
-      "TCPStore protocol (1.13 and 2.x dialects)"};
+      "TCPStore protocol (1.13 and 2.x dialects)",
+      "tide-store"};
   app.add_option("--host", options.host, "address to listen on")
       ->capture_default_str();
   app.add_option(
@@ -49,7 +51,23 @@ int main(int argc, char** argv) {
   app.add_option(
          "--max-pending-reply-bytes", options.limits.max_pending_reply_bytes)
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.set_version_flag("--version", std::string("tide-store ") + TIDE_VERSION);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::printf("%s\n", e.what());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    // tiderun's form: one line naming the problem, exit status 2.
+    std::fprintf(
+        stderr,
+        "tide-store: error: %s\nRun tide-store --help for usage.\n",
+        e.what());
+    return 2;
+  }
   options.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(request_timeout_s * 1000));
 

@@ -120,6 +120,11 @@ void LocalElasticAgent::Impl::rendezvous() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("SimpleElasticAgent._rendezvous");
   check_health();
+  TIDE_LOG_DEBUG(
+      "[{}] rendezvous through {} (run {})",
+      spec.role,
+      spec.rdzv_handler->get_backend(),
+      spec.rdzv_handler->get_run_id());
   auto start = Clock::now();
   try {
     rdzv = spec.rdzv_handler->next_rendezvous();

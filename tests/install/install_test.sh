@@ -146,7 +146,18 @@ packages)
   done
   files=$(dpkg-deb --contents "$deb" | awk '{print $NF}' | grep -v '/$')
   echo "$files"
-  [[ $(grep -vc '^\./usr/bin/' <<<"$files") == 0 ]] || fail "tide holds more than programs"
+  [[ $(grep -vEc '^\./usr/(bin/|share/doc/tide/copyright$)' <<<"$files") == 0 ]] ||
+    fail "tide holds more than programs and its copyright file"
+  # Each package names its licence as Debian's policy asks.
+  for p in "$deb" "$dev" "$packages"/python3-tide_*.deb; do
+    name=$(dpkg-deb --field "$p" Package)
+    rm -rf "$work/doc" && dpkg-deb -x "$p" "$work/doc"
+    copyright=$work/doc/usr/share/doc/$name/copyright
+    [[ -f $copyright ]] || fail "$name has no /usr/share/doc/$name/copyright"
+    grep -q '^License: BSD-3-Clause$' "$copyright" || fail "$name's copyright names no BSD-3-Clause"
+    grep -q '^ Redistribution and use in source and binary forms' "$copyright" ||
+      fail "$name's copyright lacks the licence text"
+  done
   dev_files=$(dpkg-deb --contents "$dev")
   for f in usr/lib/cmake/tide/tideConfig.cmake usr/lib/libtide_rpc.a \
       usr/lib/pkgconfig/tide-elastic.pc usr/include/tide/rpc/rpc.h; do

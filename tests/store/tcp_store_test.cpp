@@ -516,12 +516,38 @@ TEST(TideStoreAppTest, ServesUntilSigtermThenExitsZero) {
   EXPECT_EQ(WEXITSTATUS(*status), 0);
 }
 
-TEST(TideStoreAppTest, RejectsABadFlagWithAnError) {
-  test::Subprocess app({TIDE_STORE_BIN, "--port", "not-a-number"});
+// A bad command line: exit status 2 and one line naming the problem, as
+// tiderun's (CLI11's own codes, 104-109, and its raw text before).
+TEST(TideStoreAppTest, RejectsABadFlagWithAClearErrorAndStatusTwo) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--port", "not-a-number"}, "--port"},
+      {{"--port=abc"}, "--port"},
+      {{"--bogus"}, "--bogus"},
+      {{"--request-timeout", "-1"}, "--request-timeout"},
+  };
+  for (const auto& [args, names] : cases) {
+    std::vector<std::string> argv = {TIDE_STORE_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    test::Subprocess app(argv, {.merge_stderr = true});
+    std::string out = app.read_all(10s);
+    auto status = app.wait(10s);
+    ASSERT_TRUE(status.has_value());
+    ASSERT_TRUE(WIFEXITED(*status)) << out;
+    EXPECT_EQ(WEXITSTATUS(*status), 2) << args[0] << ": " << out;
+    EXPECT_EQ(out.rfind("tide-store: error: ", 0), 0u) << out;
+    EXPECT_NE(out.find(names), std::string::npos) << out;
+    EXPECT_NE(out.find("Run tide-store --help for usage."), std::string::npos)
+        << out;
+  }
+}
+
+TEST(TideStoreAppTest, PrintsItsVersion) {
+  test::Subprocess app({TIDE_STORE_BIN, "--version"});
+  std::string out = app.read_all(10s);
   auto status = app.wait(10s);
   ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status));
-  EXPECT_NE(WEXITSTATUS(*status), 0);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << out;
+  EXPECT_EQ(out, std::string("tide-store ") + TIDE_VERSION + "\n");
 }
 
 }  // namespace

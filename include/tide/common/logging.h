@@ -6,8 +6,10 @@
 #endif
 #include <spdlog/spdlog.h>
 
-// Logging through spdlog. The level comes from TIDE_LOG_LEVEL (trace, debug,
-// info, warn, error, critical, off; default info), read once on first use.
+// Logging through spdlog. The level comes from TIDE_LOG_LEVEL, else from
+// torchrun's LOGLEVEL (trace, debug, info, warn or warning, error, critical,
+// off, in any case; default info), read once on first use. A value that is
+// no level is reported on stderr and logging stays at info.
 namespace tide {
 
 // The process-wide tide logger (stderr, "[tide] level" prefix).
