@@ -10,6 +10,8 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "tide/agent/numa.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
@@ -48,15 +50,11 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   return {lo, hi};
 }
 
+// NVIDIA GPUs, without CUDA libraries: what the driver lists, narrowed by
+// CUDA_VISIBLE_DEVICES when that is set.
 int count_gpus() {
-  // Without CUDA libraries: what the NVIDIA driver lists, narrowed by
-  // CUDA_VISIBLE_DEVICES when that is set.
   if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES"); vis != nullptr) {
-    std::string v = vis;
-    if (v.empty()) {
-      return 0;
-    }
-    return static_cast<int>(std::count(v.begin(), v.end(), ',')) + 1;
+    return static_cast<int>(tide::split(vis, ',').size());
   }
   int n = 0;
   std::error_code ec;
@@ -68,28 +66,83 @@ int count_gpus() {
   return n;
 }
 
+// Intel GPUs (torch's xpu): render nodes of vendor 0x8086, narrowed by
+// ZE_AFFINITY_MASK when that is set.
+int count_xpus() {
+  if (const char* mask = std::getenv("ZE_AFFINITY_MASK"); mask != nullptr) {
+    return static_cast<int>(tide::split(mask, ',').size());
+  }
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/sys/class/drm", ec)) {
+    std::string name = e.path().filename().string();
+    std::string vendor;
+    if (name.rfind("renderD", 0) == 0 &&
+        std::ifstream(e.path() / "device/vendor") >> vendor &&
+        vendor == "0x8086") {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// torch's determine_local_world_size, with its error texts.
 int parse_nproc(const std::string& text) {
   int cpus =
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (text == "cpu") {
     return cpus;
   }
-  if (text == "gpu") {
-    int gpus = count_gpus();
-    if (gpus == 0) {
-      throw InvalidArgument("--nproc-per-node=gpu: no GPU found on this node");
+  if (text == "gpu" || text == "xpu") {
+    int n = text == "gpu" ? count_gpus() : count_xpus();
+    if (n == 0) {
+      throw InvalidArgument(
+          std::string(text == "gpu" ? "Cuda" : "Xpu") + " is not available.");
     }
-    return gpus;
+    return n;
   }
   if (text == "auto") {
     int gpus = count_gpus();
-    return gpus > 0 ? gpus : cpus;
+    int xpus = gpus > 0 ? 0 : count_xpus();
+    return gpus > 0 ? gpus : xpus > 0 ? xpus : cpus;
   }
-  int n = parse_int(text, "--nproc-per-node");
+  int n = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    // Another device backend's name (torch: a PrivateUse1 plugin) needs that
+    // plugin's device count, which only torch can ask.
+    throw InvalidArgument(
+        "Unsupported nproc_per_node value: " + text +
+        " (tiderun counts cpu, gpu and xpu devices itself, or takes a number)");
+  }
   if (n < 1) {
     throw InvalidArgument("--nproc-per-node must be at least 1");
   }
   return n;
+}
+
+// torch's comma_separated_list: ",," is a comma inside an item; items are
+// kept as given (an empty one matches every line).
+std::vector<std::string> parse_filters(const std::string& text) {
+  std::vector<std::string> out;
+  if (text.empty()) {
+    return out;
+  }
+  std::string item;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',' && i + 1 < text.size() && text[i + 1] == ',') {
+      item += ',';
+      ++i;
+    } else if (text[i] == ',') {
+      out.push_back(std::move(item));
+      item.clear();
+    } else {
+      item += text[i];
+    }
+  }
+  out.push_back(std::move(item));
+  return out;
 }
 
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
@@ -109,7 +162,15 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
 std::set<int> parse_ranks(const std::string& text) {
   std::set<int> out;
   for (std::string_view item : tide::split(text, ',')) {
-    out.insert(parse_int(std::string(item), "--local-ranks-filter"));
+    int rank = 0;
+    std::string_view t = tide::trim(item);
+    auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), rank);
+    if (t.empty() || ec != std::errc() || ptr != t.data() + t.size()) {
+      throw InvalidArgument(
+          "--local_ranks_filter must be a comma-separated list of integers "
+          "e.g. --local_ranks_filter=0,1,2");
+    }
+    out.insert(rank);
   }
   return out;
 }
@@ -225,10 +286,16 @@ void add_flags(CLI::App& app, Flags& f) {
       f.master_addr,
       "PET_MASTER_ADDR",
       "node 0's address (static backend)");
-  opt("--master-port,--master_port",
-      f.master_port,
-      "PET_MASTER_PORT",
-      "node 0's store port (static backend)")
+  // A function option, so that "not given" is known (torch's None).
+  app.add_option_function<int>(
+         "--master-port,--master_port",
+         [&f](int port) {
+           f.master_port = port;
+           f.master_port_given = true;
+         },
+         "node 0's store port (static backend; default 29500, and a free "
+         "port of this machine for a one-node job without an endpoint)")
+      ->envname("PET_MASTER_PORT")
       ->check(CLI::Range(0, 65535));
   opt("--max-restarts,--max_restarts",
       f.max_restarts,
@@ -311,21 +378,49 @@ void add_flags(CLI::App& app, Flags& f) {
       f.numa_binding,
       "PET_NUMA_BINDING",
       "bind each worker to CPUs and memory: none, node (a NUMA node's), "
-      "socket (its socket's) or exclusive (its own share of a node's CPUs). "
+      "socket (its socket's), exclusive (its own share of a node's CPUs) or "
+      "core-complex (one of a node's last-level-cache groups). "
       "The topology is read from the sysfs root in TIDE_TOPOLOGY_ROOT "
       "(default /sys; for tests and unusual machines)");
   opt("--shutdown-timeout,--shutdown_timeout",
       f.shutdown_timeout,
-      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-      "seconds between a stop signal to the workers and SIGKILL");
+      "PET_SHUTDOWN_TIMEOUT",
+      "seconds between a stop signal to the workers and SIGKILL (else "
+      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT)");
   opt("--exit-barrier-timeout,--exit_barrier_timeout",
       f.exit_barrier_timeout,
       "PET_EXIT_BARRIER_TIMEOUT",
       "seconds a finished node waits for the others");
   opt("--signals-to-handle,--signals_to_handle",
       f.signals_to_handle,
-      "TORCHELASTIC_SIGNALS_TO_HANDLE",
-      "signals forwarded to the workers");
+      "PET_SIGNALS_TO_HANDLE",
+      "signals forwarded to the workers (which get the list as "
+      "TORCHELASTIC_SIGNALS_TO_HANDLE)");
+  opt("--duplicate-stdout-filters,--duplicate_stdout_filters",
+      f.duplicate_stdout_filters,
+      "PET_DUPLICATE_STDOUT_FILTERS",
+      "tee'd stdout lines containing any of these comma-separated strings "
+      "(,, for a comma) also go to attempt_<n>/filtered_stdout.log");
+  opt("--duplicate-stderr-filters,--duplicate_stderr_filters",
+      f.duplicate_stderr_filters,
+      "PET_DUPLICATE_STDERR_FILTERS",
+      "the same for stderr, to filtered_stderr.log");
+  app.add_flag(
+         "--virtual-local-rank,--virtual_local_rank",
+         f.virtual_local_rank,
+         "LOCAL_RANK=0 for every worker, each with CUDA_VISIBLE_DEVICES of its "
+         "own device")
+      ->envname("PET_VIRTUAL_LOCAL_RANK");
+  opt("--event-log-handler,--event_log_handler",
+      f.event_log_handler,
+      "PET_EVENT_LOG_HANDLER",
+      "torch's event handler: null, console (events as JSON lines on "
+      "stderr) or dynamic_rendezvous (nothing); see also --events");
+  app.add_option(
+      "--logs-specs,--logs_specs",
+      f.logs_specs,
+      "torch's logs specs plugin: only its built-in default (tiderun's "
+      "logs are that layout: --log-dir, -r, -t, --local-ranks-filter)");
   app.add_flag(
          "--file-timer,--file_timer",
          f.file_timer,
@@ -450,10 +545,29 @@ LaunchConfig make_config(const Flags& f) {
   if (!f.local_ranks_filter.empty()) {
     c.local_ranks_filter = parse_ranks(f.local_ranks_filter);
   }
+  c.duplicate_stdout_filters = parse_filters(f.duplicate_stdout_filters);
+  c.duplicate_stderr_filters = parse_filters(f.duplicate_stderr_filters);
+  c.virtual_local_rank = f.virtual_local_rank;
+  if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) {
+    c.log_line_prefix_template = t;
+  }
+  if (!f.logs_specs.empty() && f.logs_specs != "default") {
+    throw InvalidArgument(
+        "Could not find entrypoint under 'torchrun.logs_specs[" +
+        f.logs_specs +
+        "]' key: torch's logs specs are Python plugins; tiderun writes "
+        "torch's default layout (--log-dir, -r, -t, --local-ranks-filter, "
+        "--duplicate-stdout-filters)");
+  }
   c.rdzv_configs = parse_rdzv_conf(f.rdzv_conf);
   c.job_secret = job_secret(c);
   c.local_addr = f.local_addr;
-  c.shutdown_grace = seconds_flag(f.shutdown_timeout, "--shutdown-timeout");
+  if (f.shutdown_timeout < 0) {
+    throw InvalidArgument(
+        fmt::format("shutdown_timeout must be non-negative, got {}", f.shutdown_timeout));
+  }
+  c.shutdown_grace = std::chrono::milliseconds(
+      static_cast<int64_t>(f.shutdown_timeout * 1000 + 0.5));
   c.exit_barrier_timeout =
       seconds_flag(f.exit_barrier_timeout, "--exit-barrier-timeout");
   if (f.file_timer) {
@@ -504,6 +618,15 @@ LaunchConfig make_config(const Flags& f) {
     c.rdzv_backend = "static";
     c.rdzv_endpoint = "127.0.0.1:0";
     c.run_id = tide::uuid4();
+    return c;
+  }
+  if (f.rdzv_backend == "static" && f.rdzv_endpoint.empty() &&
+      !f.master_port_given && c.max_nodes == 1) {
+    // torchrun 2.x: a one-node job given no port is standalone, on a free
+    // port, instead of taking 29500 from another job on this machine.
+    c.rdzv_backend = "static";
+    c.rdzv_endpoint = "127.0.0.1:0";
+    c.run_id = f.rdzv_id == "none" ? tide::uuid4() : f.rdzv_id;
     return c;
   }
   c.rdzv_backend = f.rdzv_backend;
@@ -611,6 +734,41 @@ void apply_slurm(const CLI::App& app, Flags& f) {
       step->num_nodes,
       derived.empty() ? std::string("nothing derived, every flag given")
                       : "derived " + tide::join(derived, " "));
+}
+
+void apply_environment(const CLI::App& app, Flags& f) {
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  // torch's LaunchConfig: --shutdown-timeout, PET_SHUTDOWN_TIMEOUT, then
+  // this legacy variable, then 30 s.
+  const char* legacy = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (!given("--shutdown-timeout") && legacy != nullptr && *legacy != '\0') {
+    char* end = nullptr;
+    double s = std::strtod(legacy, &end);
+    if (end == legacy || *end != '\0') {
+      throw InvalidArgument(
+          std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + legacy +
+          " is not a number of seconds");
+    }
+    f.shutdown_timeout = s;
+  }
+  // torch reads TORCHELASTIC_HEALTH_CHECK_PORT for a health server that
+  // does nothing in its open-source build; tiderun serves /health there
+  // unless --health-port (PET_HEALTH_PORT) says where.
+  const char* port = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
+  if (!given("--health-port") && port != nullptr && *port != '\0') {
+    int p = 0;
+    std::string_view text(port);
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), p);
+    if (ec != std::errc() || ptr != text.data() + text.size() || p < 0 ||
+        p > 65535) {
+      TIDE_LOG_WARN(
+          "Invalid healthcheck port value: '{}', expecting integer. Not "
+          "starting healthcheck server.",
+          port);
+    } else {
+      f.health_port = text;
+    }
+  }
 }
 
 }  // namespace tiderun

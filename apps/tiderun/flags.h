@@ -33,6 +33,12 @@ struct Flags {
   std::string redirects = "0";
   std::string tee = "0";
   std::string local_ranks_filter;
+  std::string duplicate_stdout_filters;  // torch's comma list, ",," a comma
+  std::string duplicate_stderr_filters;
+  bool virtual_local_rank = false;
+  std::string event_log_handler = "null";
+  std::string logs_specs;
+  bool master_port_given = false;  // flag or PET_MASTER_PORT
   bool standalone = false;
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
@@ -71,6 +77,12 @@ tide::agent::Entrypoint make_entrypoint(
 // The launcher's configuration. Throws tide::InvalidArgument, naming the
 // flag, for a bad value.
 tide::launcher::LaunchConfig make_config(const Flags& f);
+
+// The variables torchrun 2.x reads besides PET_*, where no flag (or its
+// PET_* variable) gave the setting: TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+// TORCHELASTIC_HEALTH_CHECK_PORT (a bad value is warned about and
+// ignored, as torch does). Throws InvalidArgument for a malformed value.
+void apply_environment(const CLI::App& app, Flags& f);
 
 // Under srun (docs/clusters.md): what torchrun users spell out, derived from
 // Slurm's variables where neither a flag nor its PET_* variable gives it

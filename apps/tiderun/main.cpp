@@ -85,6 +85,24 @@ void configure_sinks(const Flags& f) {
     throw InvalidArgument(
         "--events=" + f.events + ": expected log or jsonl:PATH");
   }
+  // torch's --event-log-handler names its Python handlers: "console"
+  // prints each event's JSON on stderr, the other two drop them.
+  if (f.event_log_handler == "console") {
+    if (!f.events.empty()) {
+      throw InvalidArgument(
+          "--event-log-handler=console and --events=" + f.events +
+          " both say where events go; give one");
+    }
+    tide::events::configure(
+        std::make_shared<tide::events::JsonLinesEventHandler>("/dev/stderr"));
+  } else if (
+      f.event_log_handler != "null" &&
+      f.event_log_handler != "dynamic_rendezvous") {
+    throw InvalidArgument(
+        "--event-log-handler=" + f.event_log_handler +
+        ": torch's event handlers are Python plugins; tiderun has null, "
+        "console and dynamic_rendezvous, and --events log|jsonl:PATH");
+  }
 }
 
 void write_own_error_file(
@@ -127,8 +145,22 @@ int main(int argc, char** argv) {
   std::vector<int> signals;
   try {
     entrypoint = tiderun::make_entrypoint(flags, app.remaining());
+    tiderun::apply_environment(app, flags);
     tiderun::apply_slurm(app, flags);
     config = tiderun::make_config(flags);
+    TIDE_LOG_DEBUG(
+        "configuration: --nnodes={}:{} --nproc-per-node={} --rdzv-backend={} "
+        "--rdzv-endpoint={} --rdzv-id={} --max-restarts={} "
+        "--shutdown-timeout={:g} --signals-to-handle={}",
+        config.min_nodes,
+        config.max_nodes,
+        config.nproc_per_node,
+        config.rdzv_backend,
+        config.rdzv_endpoint,
+        config.run_id,
+        config.max_restarts,
+        static_cast<double>(config.shutdown_grace.count()) / 1000,
+        flags.signals_to_handle);
     for (std::string_view plugin : tide::split(flags.rdzv_plugins, ':')) {
       tide::rendezvous::load_handler_plugin(std::string(plugin));
     }
@@ -149,6 +181,8 @@ int main(int argc, char** argv) {
   for (int sig : signals) {
     sigaction(sig, &sa, nullptr);
   }
+  // As torchrun does: the workers learn which signals their agent handles.
+  ::setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", flags.signals_to_handle.c_str(), 1);
   ::signal(SIGPIPE, SIG_IGN);
 
   // Never destroyed: stopping civetweb's threads takes up to its 2 s poll

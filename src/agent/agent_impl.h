@@ -127,6 +127,10 @@ struct LocalElasticAgent::Impl {
   std::optional<detail::PythonCommand> prestart_cmd;
   std::vector<std::string> result_files;
   std::vector<std::string> error_files;
+  // This attempt's filtered_stdout.log and filtered_stderr.log (null: no
+  // --duplicate-*-filters).
+  std::shared_ptr<const detail::DuplicateSink> duplicate_out;
+  std::shared_ptr<const detail::DuplicateSink> duplicate_err;
   std::map<std::string, std::string> base_env;
   bool warned_omp = false;
 

@@ -250,6 +250,17 @@ void LocalElasticAgent::Impl::start_workers() {
     error_files[static_cast<size_t>(i)] = rank_dir + "/error.json";
   }
 
+  auto sink = [&](const std::vector<std::string>& filters, const char* file) {
+    std::shared_ptr<detail::DuplicateSink> s;
+    if (!filters.empty()) {
+      s = std::make_shared<detail::DuplicateSink>(detail::DuplicateSink{
+          .fd = detail::open_log(dir + "/" + file), .filters = filters});
+    }
+    return s;
+  };
+  duplicate_out = sink(spec.duplicate_stdout_filters, "filtered_stdout.log");
+  duplicate_err = sink(spec.duplicate_stderr_filters, "filtered_stderr.log");
+
   std::string exe = resolve_exe();
   std::vector<RankBinding> numa = plan_numa();
 

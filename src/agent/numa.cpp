@@ -136,6 +136,55 @@ std::vector<std::vector<int>> read_cores(
   return cores;
 }
 
+// cpus grouped by the last-level cache they share (a core complex: an
+// L3 slice), each group sorted; ordered largest first, then by first CPU.
+// Empty when no CPU names its caches.
+std::vector<std::vector<int>> read_complexes(
+    const fs::path& cpu_dir, const std::vector<int>& cpus) {
+  std::map<int, std::vector<int>> by_cache;  // first sharer -> CPUs
+  bool known = false;
+  for (int cpu : cpus) {
+    // The highest-level unified or data cache this CPU has.
+    int best_level = -1;
+    std::vector<int> sharers;
+    std::error_code ec;
+    fs::path cache_dir = cpu_dir / ("cpu" + std::to_string(cpu)) / "cache";
+    for (const auto& entry : fs::directory_iterator(cache_dir, ec)) {
+      if (entry.path().filename().string().rfind("index", 0) != 0) {
+        continue;
+      }
+      std::ifstream type_in(entry.path() / "type");
+      std::ifstream level_in(entry.path() / "level");
+      std::string type;
+      int level = -1;
+      if (!(type_in >> type) || !(level_in >> level) ||
+          (type != "Unified" && type != "Data") || level <= best_level) {
+        continue;
+      }
+      if (auto list = read_optional_cpulist(entry.path() / "shared_cpu_list")) {
+        best_level = level;
+        sharers = std::move(*list);
+      }
+    }
+    int key = cpu;
+    if (best_level >= 0 && std::ranges::binary_search(sharers, cpu)) {
+      known = true;
+      key = sharers.front();
+    }
+    by_cache[key].push_back(cpu);
+  }
+  if (!known) {
+    return {};
+  }
+  std::vector<std::vector<int>> out;
+  for (auto& [first, members] : by_cache) {
+    out.push_back(std::move(members));
+  }
+  std::ranges::stable_sort(
+      out, [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  return out;
+}
+
 // a's members that are in sorted_b, sorted.
 std::vector<int> intersect(
     std::vector<int> a, const std::vector<int>& sorted_b) {
@@ -156,13 +205,15 @@ NumaBinding parse_numa_binding(const std::string& text) {
        {NumaBinding::kNone,
         NumaBinding::kNode,
         NumaBinding::kSocket,
-        NumaBinding::kExclusive}) {
+        NumaBinding::kExclusive,
+        NumaBinding::kCoreComplex}) {
     if (text == to_string(b)) {
       return b;
     }
   }
   throw InvalidArgument(
-      "--numa-binding=" + text + ": expected none, node, socket or exclusive");
+      "--numa-binding=" + text +
+      ": expected none, node, socket, exclusive or core-complex");
 }
 
 const char* to_string(NumaBinding binding) {
@@ -175,6 +226,8 @@ const char* to_string(NumaBinding binding) {
       return "socket";
     case NumaBinding::kExclusive:
       return "exclusive";
+    case NumaBinding::kCoreComplex:
+      return "core-complex";
   }
   return "?";
 }
@@ -268,6 +321,7 @@ Topology read_topology(const std::string& sysfs_root) {
     if (!node.cpus.empty()) {
       node.socket = read_socket(cpu_dir, node.cpus.front());
       node.cores = read_cores(cpu_dir, node.cpus);
+      node.complexes = read_complexes(cpu_dir, node.cpus);
     }
   }
   return topology;
@@ -333,6 +387,26 @@ std::vector<RankBinding> plan_numa_binding(
       b.cpus = intersect(node.cpus, allowed);
     }
     b.mem_nodes = b.nodes;
+  }
+  if (binding == NumaBinding::kCoreComplex) {
+    // The j-th rank on a node gets its j-th core complex (round robin when
+    // the node has fewer complexes than ranks); the whole node without
+    // cache information.
+    std::vector<size_t> on_node(usable.size(), 0);
+    for (size_t rank = 0; rank < n; ++rank) {
+      const Topology::Node& node = *usable[node_of[rank]];
+      std::vector<std::vector<int>> complexes;
+      for (const auto& c : node.complexes) {
+        if (auto mine = intersect(c, allowed); !mine.empty()) {
+          complexes.push_back(std::move(mine));
+        }
+      }
+      size_t j = on_node[node_of[rank]]++;
+      if (!complexes.empty()) {
+        plan[rank].cpus = complexes[j % complexes.size()];
+      }
+    }
+    return plan;
   }
   if (binding != NumaBinding::kExclusive) {
     return plan;

@@ -1,10 +1,14 @@
 // How the agent starts a worker: its environment (torchrun's variables), its
 // launch (the program or function, binding, output), cold or handed to a
 // prestarted interpreter (--prestart, agent/prestart.h).
+#include <cctype>
+
 #include <fmt/ranges.h>
 
 #include "tide/agent/local_elastic_agent.h"
+#include "tide/common/error.h"
 #include "tide/common/logging.h"
+#include "tide/common/strings.h"
 #include "tide/timer/file_timer.h"
 #include "tide/timer/heartbeat.h"
 #include "tide/timer/local_timer.h"
@@ -21,6 +25,58 @@ const char* py_bool(bool b) {
   return b ? "True" : "False";
 }
 
+// Python's string.Template.safe_substitute over `values`: $name and
+// ${name} replaced, $$ a $, anything else left as it is.
+std::string substitute(
+    const std::string& text,
+    const std::map<std::string, std::string>& values) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '$' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    if (text[i + 1] == '$') {
+      out += '$';
+      ++i;
+      continue;
+    }
+    bool braced = text[i + 1] == '{';
+    size_t start = i + (braced ? 2 : 1);
+    size_t end = start;
+    while (end < text.size() &&
+           (std::isalnum(static_cast<unsigned char>(text[end])) != 0 ||
+            text[end] == '_')) {
+      ++end;
+    }
+    auto it = values.find(text.substr(start, end - start));
+    if (it == values.end() || (braced && (end == text.size() || text[end] != '}'))) {
+      out += text[i];
+      continue;
+    }
+    out += it->second;
+    i = braced ? end : end - 1;
+  }
+  return out;
+}
+
+// --virtual-local-rank's CUDA_VISIBLE_DEVICES: the agent's entry for this
+// local rank, or the local rank itself when the agent has no list.
+std::string own_device(
+    const std::map<std::string, std::string>& env, int local_rank) {
+  auto it = env.find("CUDA_VISIBLE_DEVICES");
+  if (it == env.end()) {
+    return std::to_string(local_rank);
+  }
+  auto devices = split(it->second, ',');
+  if (static_cast<size_t>(local_rank) >= devices.size()) {
+    throw InvalidArgument(
+        "local_rank " + std::to_string(local_rank) +
+        " exceeds available GPUs in CUDA_VISIBLE_DEVICES=" + it->second);
+  }
+  return std::string(trim(devices[static_cast<size_t>(local_rank)]));
+}
+
 }  // namespace
 
 std::vector<std::string> LocalElasticAgent::Impl::worker_env(
@@ -31,7 +87,12 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
     env[k] = v;
   }
   auto set = [&](const char* k, const std::string& v) { env[k] = v; };
-  set("LOCAL_RANK", std::to_string(w.local_rank));
+  if (spec.virtual_local_rank) {
+    set("CUDA_VISIBLE_DEVICES", own_device(env, w.local_rank));
+    set("LOCAL_RANK", "0");
+  } else {
+    set("LOCAL_RANK", std::to_string(w.local_rank));
+  }
   set("RANK", std::to_string(w.global_rank));
   set("GROUP_RANK", std::to_string(group.group_rank));
   set("ROLE_RANK", std::to_string(w.role_rank));
@@ -150,7 +211,20 @@ detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
   };
   ls.out = target(Std::kOut, "stdout.log");
   ls.err = target(Std::kErr, "stderr.log");
-  ls.console_prefix = "[" + spec.role + std::to_string(w.local_rank) + "]:";
+  if (ls.out.mode == detail::StreamTarget::Mode::kTee) {
+    ls.out.duplicate = duplicate_out;
+  }
+  if (ls.err.mode == detail::StreamTarget::Mode::kTee) {
+    ls.err.duplicate = duplicate_err;
+  }
+  ls.console_prefix =
+      spec.log_line_prefix_template.empty()
+          ? "[" + spec.role + std::to_string(w.local_rank) + "]:"
+          : substitute(
+                spec.log_line_prefix_template,
+                {{"role_name", spec.role},
+                 {"rank", std::to_string(w.global_rank)},
+                 {"local_rank", std::to_string(w.local_rank)}});
   return ls;
 }
 

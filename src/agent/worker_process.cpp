@@ -47,14 +47,6 @@ void write_all(int fd, const char* data, size_t len) {
   }
 }
 
-Fd open_log(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  if (!fd) {
-    throw Error("cannot open log file " + path + ": " + std::strerror(errno));
-  }
-  return fd;
-}
-
 // Bit id of word id / bits-per-word set, for each id.
 std::vector<unsigned long> bit_mask(const std::vector<int>& ids) {
   constexpr size_t kWordBits = sizeof(unsigned long) * CHAR_BIT;
@@ -170,6 +162,14 @@ void apply_binding_in_child(const Binding& b) {
 
 }  // namespace
 
+Fd open_log(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!fd) {
+    throw Error("cannot open log file " + path + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
 Binding Binding::make(
     const std::vector<int>& cpus, const std::vector<int>& mem_nodes) {
   if (cpus.empty()) {
@@ -212,11 +212,24 @@ std::string find_executable(
   }
 }
 
-TeePump::TeePump(Fd read_fd, Fd file_fd, int console_fd, std::string prefix)
+bool DuplicateSink::matches(std::string_view line) const {
+  // torch's test: a plain substring, case-sensitive ("" matches all).
+  return std::any_of(filters.begin(), filters.end(), [&](const auto& f) {
+    return line.find(f) != std::string_view::npos;
+  });
+}
+
+TeePump::TeePump(
+    Fd read_fd,
+    Fd file_fd,
+    int console_fd,
+    std::string prefix,
+    std::shared_ptr<const DuplicateSink> duplicate)
     : read_fd_(std::move(read_fd)),
       file_fd_(std::move(file_fd)),
       console_fd_(console_fd),
-      prefix_(std::move(prefix)) {
+      prefix_(std::move(prefix)),
+      duplicate_(std::move(duplicate)) {
   ::fcntl(
       read_fd_.get(), F_SETFL, ::fcntl(read_fd_.get(), F_GETFL) | O_NONBLOCK);
 }
@@ -259,6 +272,16 @@ void TeePump::finish() {
   }
 }
 
+void TeePump::emit(std::string_view text) {
+  std::string line = prefix_;
+  line += text;
+  write_all(console_fd_, line.data(), line.size());
+  if (duplicate_ && duplicate_->matches(text)) {
+    // One write per line: the ranks' lines never interleave inside one.
+    write_all(duplicate_->fd.get(), line.data(), line.size());
+  }
+}
+
 void TeePump::emit_lines(bool flush_partial) {
   size_t start = 0;
   for (;;) {
@@ -266,14 +289,13 @@ void TeePump::emit_lines(bool flush_partial) {
     if (nl == std::string::npos) {
       break;
     }
-    std::string line = prefix_ + partial_.substr(start, nl - start + 1);
-    write_all(console_fd_, line.data(), line.size());
+    emit(std::string_view(partial_).substr(start, nl - start + 1));
     start = nl + 1;
   }
   partial_.erase(0, start);
   if (flush_partial && !partial_.empty()) {
-    std::string line = prefix_ + partial_ + "\n";
-    write_all(console_fd_, line.data(), line.size());
+    partial_ += '\n';
+    emit(partial_);
     partial_.clear();
   }
 }
@@ -296,7 +318,7 @@ std::pair<Fd, Fd> WorkerProcess::open_targets(const LaunchSpec& spec) {
     }
     child_fds[index].reset(p[1]);
     pumps_.emplace_back(
-        Fd(p[0]), std::move(file), console, spec.console_prefix);
+        Fd(p[0]), std::move(file), console, spec.console_prefix, t.duplicate);
   };
   setup(spec.out, 0, STDOUT_FILENO);
   setup(spec.err, 1, STDERR_FILENO);

@@ -3,8 +3,10 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,17 @@ namespace tide::agent::detail {
 class Janitor;
 
 // Where one of a worker's standard streams goes.
+// Opens (creates) a log file for appending; Error naming it when it cannot.
+Fd open_log(const std::string& path);
+
+// Where a stream's tee'd lines that contain one of `filters` are copied
+// too (--duplicate-stdout-filters): one file for every local rank.
+struct DuplicateSink {
+  Fd fd;
+  std::vector<std::string> filters;
+  bool matches(std::string_view line) const;
+};
+
 struct StreamTarget {
   enum class Mode {
     kInherit,  // the agent's own stream
@@ -25,6 +38,8 @@ struct StreamTarget {
   };
   Mode mode = Mode::kInherit;
   std::string path;
+  // kTee: where matching lines are copied too (null: nowhere).
+  std::shared_ptr<const DuplicateSink> duplicate;
 };
 
 // A NUMA binding (--numa-binding), built before fork() so that the child
@@ -72,7 +87,12 @@ struct LaunchSpec {
 // with a prefix, to the console.
 class TeePump {
  public:
-  TeePump(Fd read_fd, Fd file_fd, int console_fd, std::string prefix);
+  TeePump(
+      Fd read_fd,
+      Fd file_fd,
+      int console_fd,
+      std::string prefix,
+      std::shared_ptr<const DuplicateSink> duplicate = nullptr);
   TeePump(TeePump&& other) noexcept = default;
   TeePump& operator=(TeePump&&) = delete;
 
@@ -88,10 +108,12 @@ class TeePump {
 
  private:
   void emit_lines(bool flush_partial);
+  void emit(std::string_view text);
   Fd read_fd_;
   Fd file_fd_;
   int console_fd_ = -1;  // not ours
   std::string prefix_;
+  std::shared_ptr<const DuplicateSink> duplicate_;
   std::string partial_;
 };
 

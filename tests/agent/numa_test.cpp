@@ -56,6 +56,21 @@ class FakeSysfs {
     }
     return *this;
   }
+  // CPU `id`'s cache `index`: its type ("Unified", "Data", ...), level
+  // and the CPUs sharing it.
+  FakeSysfs& cache(
+      int id,
+      int index,
+      const std::string& type,
+      int level,
+      const std::string& shared) {
+    fs::path dir = root_ / "devices/system/cpu" / ("cpu" + std::to_string(id)) /
+                   "cache" / ("index" + std::to_string(index));
+    write_file(dir / "type", type + "\n");
+    write_file(dir / "level", std::to_string(level) + "\n");
+    write_file(dir / "shared_cpu_list", shared + "\n");
+    return *this;
+  }
   FakeSysfs& online(const std::string& cpulist) {
     write_file(root_ / "devices/system/cpu/online", cpulist + "\n");
     return *this;
@@ -146,11 +161,13 @@ TEST(NumaBindingTest, ParsesTheModesAndNamesThemOnABadOne) {
   EXPECT_EQ(parse_numa_binding("node"), NumaBinding::kNode);
   EXPECT_EQ(parse_numa_binding("socket"), NumaBinding::kSocket);
   EXPECT_EQ(parse_numa_binding("exclusive"), NumaBinding::kExclusive);
+  EXPECT_EQ(parse_numa_binding("core-complex"), NumaBinding::kCoreComplex);
   EXPECT_STREQ(to_string(NumaBinding::kExclusive), "exclusive");
-  EXPECT_THROW(parse_numa_binding("core-complex"), InvalidArgument);
+  EXPECT_STREQ(to_string(NumaBinding::kCoreComplex), "core-complex");
   EXPECT_EQ(
       error_of([] { parse_numa_binding("bogus"); }),
-      "--numa-binding=bogus: expected none, node, socket or exclusive");
+      "--numa-binding=bogus: expected none, node, socket, exclusive or "
+      "core-complex");
 }
 
 TEST(NumaTopologyTest, ReadsTwoSocketsWithTheirHyperthreads) {
@@ -288,6 +305,47 @@ TEST_F(NumaPlanTest, NodeGivesNeighbouringRanksTheSameNode) {
   EXPECT_EQ(
       nodes_of(plan_numa_binding(four_nodes_, NumaBinding::kNode, 5, all_)),
       (Ints{0, 0, 1, 2, 3}));
+}
+
+// One node of 12 CPUs in three core complexes: CPUs 0-3 and 4-7 share an
+// L3 each, 8-11 another one but only 8-9 are described as sharing (so the
+// complexes are 0-3, 4-7, 8-9 and the lone 10 and 11). L1 data and L2
+// caches are private and must not decide.
+TEST(NumaCoreComplexTest, EachRankOnANodeGetsOneLastLevelCacheGroup) {
+  FakeSysfs sys;
+  sys.online("0-11").node(0, "0-11");
+  for (int c = 0; c < 12; ++c) {
+    std::string l3 = c < 4 ? "0-3" : c < 8 ? "4-7" : c < 10 ? "8-9" : "";
+    sys.cpu(c, 0)
+        .cache(c, 0, "Data", 1, std::to_string(c))
+        .cache(c, 1, "Instruction", 1, std::to_string(c))
+        .cache(c, 2, "Unified", 2, std::to_string(c));
+    if (!l3.empty()) {
+      sys.cache(c, 3, "Unified", 3, l3);
+    }
+  }
+  Topology t = read_topology(sys.root().string());
+  ASSERT_EQ(t.nodes.size(), 1u);
+  EXPECT_EQ(
+      t.nodes[0].complexes,
+      (std::vector<Ints>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}, {10}, {11}}));
+  auto plan =
+      plan_numa_binding(t, NumaBinding::kCoreComplex, 3, range(0, 11));
+  EXPECT_EQ(cpus_of(plan), (Strings{"0-3", "4-7", "8-9"}));
+  EXPECT_EQ(plan[2].mem_nodes, Ints{0});
+  // More ranks than complexes: round robin.
+  plan = plan_numa_binding(t, NumaBinding::kCoreComplex, 6, range(0, 11));
+  EXPECT_EQ(cpus_of(plan), (Strings{"0-3", "4-7", "8-9", "10", "11", "0-3"}));
+  // Only the allowed CPUs of a complex; a complex with none is skipped.
+  plan = plan_numa_binding(
+      t, NumaBinding::kCoreComplex, 2, Ints{2, 3, 8, 9, 10});
+  EXPECT_EQ(cpus_of(plan), (Strings{"2-3", "8-9"}));
+}
+
+TEST_F(NumaPlanTest, CoreComplexWithoutCacheInformationIsTheNode) {
+  auto plan =
+      plan_numa_binding(two_sockets_, NumaBinding::kCoreComplex, 2, all_);
+  EXPECT_EQ(cpus_of(plan), (Strings{"0-3,8-11", "4-7,12-15"}));
 }
 
 TEST_F(NumaPlanTest, SocketGivesEveryNodeOfTheRanksSocket) {
@@ -672,7 +730,7 @@ TEST_F(NumaTiderunTest, ABadModeOrTopologyStopsTiderunBeforeAnyWorker) {
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(
       out.find(
-          "--numa-binding=bogus: expected none, node, socket or exclusive"),
+          "--numa-binding=bogus: expected none, node, socket, exclusive or core-complex"),
       std::string::npos)
       << out;
   std::tie(code, out) =

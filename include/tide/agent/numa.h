@@ -18,9 +18,11 @@ enum class NumaBinding {
   kNode,       // each to the CPUs and memory of one NUMA node
   kSocket,     // each to the CPUs and memory of every node on one socket
   kExclusive,  // each to its own share of one node's CPUs; that node's memory
+  kCoreComplex,  // each to one last-level-cache group (a core complex, an L3
+                 // slice) of one node; that node's memory
 };
 
-// "none", "node", "socket", "exclusive". Throws InvalidArgument for anything
+// "none", "node", "socket", "exclusive", "core-complex". Throws InvalidArgument for anything
 // else, naming the allowed values.
 NumaBinding parse_numa_binding(const std::string& text);
 const char* to_string(NumaBinding binding);
@@ -44,6 +46,9 @@ struct Topology {
     // cpus grouped by physical core (hyperthread siblings), ordered by each
     // core's first CPU. Empty when unknown: each CPU is then its own core.
     std::vector<std::vector<int>> cores;
+    // cpus grouped by the last-level cache they share (core complexes),
+    // largest first, then by first CPU. Empty when unknown.
+    std::vector<std::vector<int>> complexes;
   };
   // Ordered by id.
   std::vector<Node> nodes;
@@ -56,6 +61,8 @@ struct Topology {
 //   devices/system/cpu/cpu<C>/topology/physical_package_id   its socket
 //   devices/system/cpu/cpu<C>/topology/thread_siblings_list  its core, if
 //                                                             present
+//   devices/system/cpu/cpu<C>/cache/index<I>/{type,level,shared_cpu_list}
+//       its highest-level unified or data cache's sharers (core-complex)
 // Without devices/system/node (a kernel without NUMA) the machine is one
 // node 0 holding every online CPU. Throws Error naming the file when a file
 // it needs is missing or malformed.
@@ -84,6 +91,9 @@ struct RankBinding {
 //               shares of the other ranks on the node, whole cores (all
 //               hyperthreads of one) unless there are fewer cores than
 //               ranks; memory on the node.
+//   kCoreComplex: the j-th rank on a node gets the node's j-th core
+//               complex (modulo their number; the whole node when the
+//               caches are unknown); memory on the node.
 // kNone gives an empty plan. Throws InvalidArgument when local_world_size is
 // below 1, when no node has an allowed CPU, or (kExclusive) when a node has
 // fewer allowed CPUs than ranks.

@@ -74,6 +74,21 @@ struct WorkerSpec {
   StdSpec tee;
   // Local ranks whose output is shown on the console; empty: all.
   std::set<int> local_ranks_filter;
+  // torchrun's --duplicate-stdout-filters / --duplicate-stderr-filters:
+  // a tee'd line containing any of these strings also goes to
+  // attempt_<n>/filtered_stdout.log (filtered_stderr.log), one file per
+  // stream for all local ranks, with its console prefix. Empty: no file.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+  // The console prefix of tee'd lines, torch's
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: ${role_name}, ${rank} and
+  // ${local_rank} (or $role_name, ...) are replaced, $$ is a $, anything
+  // else stays. Empty: "[<role><local_rank>]:".
+  std::string log_line_prefix_template;
+  // torchrun's --virtual-local-rank: every worker gets LOCAL_RANK=0 and a
+  // CUDA_VISIBLE_DEVICES of its own device alone (its entry of the agent's
+  // list, or its local rank when the agent has none).
+  bool virtual_local_rank = false;
   // Base directory for logs and error files; empty: a new directory under
   // $TMPDIR named tide_<random>. The run goes in <log_dir>/<run_id>_<random>.
   std::string log_dir;

@@ -53,6 +53,13 @@ struct LaunchConfig {
   agent::StdSpec tee;
   // The local ranks whose console output is shown (empty: all).
   std::set<int> local_ranks_filter;
+  // --duplicate-stdout-filters, --duplicate-stderr-filters,
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE and --virtual-local-rank
+  // (agent::WorkerSpec has what each does).
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+  std::string log_line_prefix_template;
+  bool virtual_local_rank = false;
   // From a stop signal to the workers to SIGKILL (--shutdown-timeout).
   std::chrono::milliseconds shutdown_grace{30'000};
   // How long a node whose workers succeeded waits for the other nodes
