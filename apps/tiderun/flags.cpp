@@ -266,7 +266,7 @@ void add_flags(CLI::App& app, Flags& f) {
   opt("--nproc-per-node,--nproc_per_node",
       f.nproc_per_node,
       "PET_NPROC_PER_NODE",
-      "workers per node: a number, cpu, gpu or auto");
+      "workers per node: a number, cpu, gpu, xpu or auto");
   // A function option, so that "not given" differs from 0.
   app.add_option_function<int>(
          "--node-rank,--node_rank",
@@ -553,8 +553,7 @@ LaunchConfig make_config(const Flags& f) {
   }
   if (!f.logs_specs.empty() && f.logs_specs != "default") {
     throw InvalidArgument(
-        "Could not find entrypoint under 'torchrun.logs_specs[" +
-        f.logs_specs +
+        "Could not find entrypoint under 'torchrun.logs_specs[" + f.logs_specs +
         "]' key: torch's logs specs are Python plugins; tiderun writes "
         "torch's default layout (--log-dir, -r, -t, --local-ranks-filter, "
         "--duplicate-stdout-filters)");
@@ -563,8 +562,8 @@ LaunchConfig make_config(const Flags& f) {
   c.job_secret = job_secret(c);
   c.local_addr = f.local_addr;
   if (f.shutdown_timeout < 0) {
-    throw InvalidArgument(
-        fmt::format("shutdown_timeout must be non-negative, got {}", f.shutdown_timeout));
+    throw InvalidArgument(fmt::format(
+        "shutdown_timeout must be non-negative, got {}", f.shutdown_timeout));
   }
   c.shutdown_grace = std::chrono::milliseconds(
       static_cast<int64_t>(f.shutdown_timeout * 1000 + 0.5));

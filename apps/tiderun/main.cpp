@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
     sigaction(sig, &sa, nullptr);
   }
   // As torchrun does: the workers learn which signals their agent handles.
-  ::setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", flags.signals_to_handle.c_str(), 1);
+  ::setenv(
+      "TORCHELASTIC_SIGNALS_TO_HANDLE", flags.signals_to_handle.c_str(), 1);
   ::signal(SIGPIPE, SIG_IGN);
 
   // Never destroyed: stopping civetweb's threads takes up to its 2 s poll

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -194,7 +195,14 @@ void LocalElasticAgent::Impl::assign_ranks() {
   int n = rdzv.world_size;
   int first_rank = 0;
   int world = spec.local_world_size;
-  if (n > 1) {
+  // torch's TORCH_ELASTIC_WORKER_IDENTICAL=1: every node runs as many
+  // workers of the one role, so the ranks follow from the node's rank
+  // alone, without the store's round trips.
+  const char* identical = std::getenv("TORCH_ELASTIC_WORKER_IDENTICAL");
+  if (n > 1 && identical != nullptr && std::string_view(identical) == "1") {
+    first_rank = rdzv.rank * spec.local_world_size;
+    world = n * spec.local_world_size;
+  } else if (n > 1) {
     st.set(
         base + "role_info/" + std::to_string(rdzv.rank),
         std::to_string(spec.local_world_size));

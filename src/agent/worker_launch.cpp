@@ -28,8 +28,7 @@ const char* py_bool(bool b) {
 // Python's string.Template.safe_substitute over `values`: $name and
 // ${name} replaced, $$ a $, anything else left as it is.
 std::string substitute(
-    const std::string& text,
-    const std::map<std::string, std::string>& values) {
+    const std::string& text, const std::map<std::string, std::string>& values) {
   std::string out;
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] != '$' || i + 1 == text.size()) {
@@ -50,7 +49,8 @@ std::string substitute(
       ++end;
     }
     auto it = values.find(text.substr(start, end - start));
-    if (it == values.end() || (braced && (end == text.size() || text[end] != '}'))) {
+    if (it == values.end() ||
+        (braced && (end == text.size() || text[end] != '}'))) {
       out += text[i];
       continue;
     }

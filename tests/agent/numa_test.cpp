@@ -329,16 +329,15 @@ TEST(NumaCoreComplexTest, EachRankOnANodeGetsOneLastLevelCacheGroup) {
   EXPECT_EQ(
       t.nodes[0].complexes,
       (std::vector<Ints>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}, {10}, {11}}));
-  auto plan =
-      plan_numa_binding(t, NumaBinding::kCoreComplex, 3, range(0, 11));
+  auto plan = plan_numa_binding(t, NumaBinding::kCoreComplex, 3, range(0, 11));
   EXPECT_EQ(cpus_of(plan), (Strings{"0-3", "4-7", "8-9"}));
   EXPECT_EQ(plan[2].mem_nodes, Ints{0});
   // More ranks than complexes: round robin.
   plan = plan_numa_binding(t, NumaBinding::kCoreComplex, 6, range(0, 11));
   EXPECT_EQ(cpus_of(plan), (Strings{"0-3", "4-7", "8-9", "10", "11", "0-3"}));
   // Only the allowed CPUs of a complex; a complex with none is skipped.
-  plan = plan_numa_binding(
-      t, NumaBinding::kCoreComplex, 2, Ints{2, 3, 8, 9, 10});
+  plan =
+      plan_numa_binding(t, NumaBinding::kCoreComplex, 2, Ints{2, 3, 8, 9, 10});
   EXPECT_EQ(cpus_of(plan), (Strings{"2-3", "8-9"}));
 }
 
@@ -729,8 +728,8 @@ TEST_F(NumaTiderunTest, ABadModeOrTopologyStopsTiderunBeforeAnyWorker) {
   auto [code, out] = run({"--standalone", "--numa-binding=bogus", script_});
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(
-      out.find(
-          "--numa-binding=bogus: expected none, node, socket, exclusive or core-complex"),
+      out.find("--numa-binding=bogus: expected none, node, socket, exclusive "
+               "or core-complex"),
       std::string::npos)
       << out;
   std::tie(code, out) =

@@ -4,6 +4,8 @@
 // the job's nodes are 127.0.0.1 and 127.0.0.2, both this machine.
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -142,6 +144,42 @@ TEST_F(SlurmTest, ManyTasksPerNodeAreRefusedAndTideSlurmZeroIgnoresSlurm) {
   EXPECT_EQ(exit_code(*status), 0) << c.log();
   EXPECT_TRUE(c.wait_line("off| placed RANK=0 GROUP_RANK=0 RUN=none", 1s))
       << c.log();
+}
+
+// TORCH_ELASTIC_WORKER_IDENTICAL=1: ranks from the node rank alone, no
+// store round trip; the same ranks as torch's store scheme gives.
+TEST_F(SlurmTest, IdenticalWorkersTakeTheirRanksFromTheNodeRank) {
+  Cluster c(dir_);
+  auto w = worker();
+  for (const char* n : {"a", "b"}) {
+    c.start(
+        n,
+        {"--nnodes=2",
+         "--nproc-per-node=2",
+         "--rdzv-backend=c10d",
+         "--rdzv-endpoint=127.0.0.1:" + std::to_string(port_),
+         "--rdzv-id=same",
+         "--local-addr=127.0.0.1",
+         w},
+        {"/usr/bin/env", "TORCH_ELASTIC_WORKER_IDENTICAL=1"});
+  }
+  for (const char* n : {"a", "b"}) {
+    auto status = c.agent(n).wait(60s);
+    ASSERT_TRUE(status.has_value()) << c.log();
+    EXPECT_EQ(exit_code(*status), 0) << c.log();
+  }
+  auto starts = c.wait_starts(0, 4, 4, 5s);
+  test::expect_ranks(starts, 4);
+  // Each node holds two neighbouring ranks, from an even one.
+  std::map<std::string, std::set<int>> by_node;
+  for (const auto& s : starts) {
+    by_node[s.agent].insert(s.rank);
+  }
+  for (const auto& [node, ranks] : by_node) {
+    ASSERT_EQ(ranks.size(), 2u) << node << "\n" << c.log();
+    EXPECT_EQ(*ranks.begin() % 2, 0) << node;
+    EXPECT_EQ(*ranks.rbegin(), *ranks.begin() + 1) << node;
+  }
 }
 
 }  // namespace

@@ -25,13 +25,13 @@ class TorchrunParityTest : public ::testing::Test {
  protected:
   TorchrunParityTest() {
     worker_ = (dir_ / "w.sh").string();
-    std::ofstream(worker_)
-        << "#!/bin/sh\n"
-        << "echo \"rank $RANK LOCAL_RANK=$LOCAL_RANK "
-           "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES MASTER_PORT=$MASTER_PORT "
-           "SIGNALS=$TORCHELASTIC_SIGNALS_TO_HANDLE\"\n"
-        << "echo \"loss 0.5, step $RANK\"\n"
-        << "echo \"warn: disk, slow\" >&2\n";
+    std::ofstream(worker_) << "#!/bin/sh\n"
+                           << "echo \"rank $RANK LOCAL_RANK=$LOCAL_RANK "
+                              "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES "
+                              "MASTER_PORT=$MASTER_PORT "
+                              "SIGNALS=$TORCHELASTIC_SIGNALS_TO_HANDLE\"\n"
+                           << "echo \"loss 0.5, step $RANK\"\n"
+                           << "echo \"warn: disk, slow\" >&2\n";
     fs::permissions(worker_, fs::perms::owner_all);
   }
 
@@ -75,9 +75,9 @@ class TorchrunParityTest : public ::testing::Test {
 };
 
 TEST_F(TorchrunParityTest, VirtualLocalRankGivesEachWorkerItsOwnDevice) {
-  auto [code, out] = run(
-      {"--nproc-per-node=2", "--virtual-local-rank"},
-      {{"CUDA_VISIBLE_DEVICES", "3, 5"}});
+  auto [code, out] =
+      run({"--nproc-per-node=2", "--virtual-local-rank"},
+          {{"CUDA_VISIBLE_DEVICES", "3, 5"}});
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(has(out, "rank 0 LOCAL_RANK=0 CUDA_VISIBLE_DEVICES=3 ")) << out;
   EXPECT_TRUE(has(out, "rank 1 LOCAL_RANK=0 CUDA_VISIBLE_DEVICES=5 ")) << out;
@@ -91,12 +91,12 @@ TEST_F(TorchrunParityTest, VirtualLocalRankGivesEachWorkerItsOwnDevice) {
       run({"--nproc-per-node=2"}, {{"CUDA_VISIBLE_DEVICES", "3,5"}});
   EXPECT_TRUE(has(out, "rank 1 LOCAL_RANK=1 CUDA_VISIBLE_DEVICES=3,5 ")) << out;
   // Too short a list: torch's error, naming both, and no worker runs.
-  std::tie(code, out) = run(
-      {"--nproc-per-node=2", "--virtual-local-rank"},
-      {{"CUDA_VISIBLE_DEVICES", "7"}});
+  std::tie(code, out) =
+      run({"--nproc-per-node=2", "--virtual-local-rank"},
+          {{"CUDA_VISIBLE_DEVICES", "7"}});
   EXPECT_NE(code, 0) << out;
-  EXPECT_TRUE(has(
-      out, "local_rank 1 exceeds available GPUs in CUDA_VISIBLE_DEVICES=7"))
+  EXPECT_TRUE(
+      has(out, "local_rank 1 exceeds available GPUs in CUDA_VISIBLE_DEVICES=7"))
       << out;
 }
 
@@ -123,10 +123,10 @@ TEST_F(TorchrunParityTest, DuplicateFiltersCopyMatchingTeedLinesToOneFile) {
 }
 
 TEST_F(TorchrunParityTest, TheLinePrefixTemplateNamesRoleRankAndLocalRank) {
-  auto [code, out] = run(
-      {"--nproc-per-node=2", "--tee=1", "--role=trainer"},
-      {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
-        "[${role_name} r${rank} l$local_rank $$ $unknown] "}});
+  auto [code, out] =
+      run({"--nproc-per-node=2", "--tee=1", "--role=trainer"},
+          {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+            "[${role_name} r${rank} l$local_rank $$ $unknown] "}});
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(has(out, "[trainer r1 l1 $ $unknown] loss 0.5, step 1")) << out;
   EXPECT_FALSE(has(out, "[trainer1]:")) << out;
@@ -160,8 +160,9 @@ TEST_F(TorchrunParityTest, ACommandLineBeatsPetWhichBeatsTheLegacyVariable) {
   // Signals: PET_SIGNALS_TO_HANDLE is read; TORCHELASTIC_SIGNALS_TO_HANDLE
   // is what the workers are told (torch overwrites it, never reads it).
   std::tie(code, out) =
-      run({}, {{"PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"},
-               {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGINT"}});
+      run({},
+          {{"PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"},
+           {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGINT"}});
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(has(out, "SIGNALS=SIGTERM,SIGUSR1\n")) << out;
   std::tie(code, out) = run({"--signals-to-handle=SIGHUP"});
@@ -177,8 +178,7 @@ TEST_F(TorchrunParityTest, AOneNodeJobWithoutAPortTakesAFreeOne) {
   // A port that is given is used.
   std::tie(code, out) = run({"--master-port=0"});
   EXPECT_EQ(code, 0) << out;
-  std::tie(code, out) =
-      run({"--nproc-per-node=1"}, {{"PET_MASTER_PORT", "0"}});
+  std::tie(code, out) = run({"--nproc-per-node=1"}, {{"PET_MASTER_PORT", "0"}});
   EXPECT_EQ(code, 0) << out;
 }
 

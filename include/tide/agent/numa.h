@@ -14,16 +14,16 @@ namespace tide::agent {
 
 // How workers are bound.
 enum class NumaBinding {
-  kNone,       // not at all: the workers inherit the agent's affinity
-  kNode,       // each to the CPUs and memory of one NUMA node
-  kSocket,     // each to the CPUs and memory of every node on one socket
-  kExclusive,  // each to its own share of one node's CPUs; that node's memory
+  kNone,         // not at all: the workers inherit the agent's affinity
+  kNode,         // each to the CPUs and memory of one NUMA node
+  kSocket,       // each to the CPUs and memory of every node on one socket
+  kExclusive,    // each to its own share of one node's CPUs; that node's memory
   kCoreComplex,  // each to one last-level-cache group (a core complex, an L3
                  // slice) of one node; that node's memory
 };
 
-// "none", "node", "socket", "exclusive", "core-complex". Throws InvalidArgument for anything
-// else, naming the allowed values.
+// "none", "node", "socket", "exclusive", "core-complex". Throws InvalidArgument
+// for anything else, naming the allowed values.
 NumaBinding parse_numa_binding(const std::string& text);
 const char* to_string(NumaBinding binding);
 
