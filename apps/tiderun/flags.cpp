@@ -4,7 +4,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +14,7 @@
 #include "tide/agent/numa.h"
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+#include "tide/common/numbers.h"
 #include "tide/common/strings.h"
 #include "tide/launcher/slurm.h"
 
@@ -28,13 +28,12 @@ using tide::launcher::LaunchConfig;
 namespace {
 
 int parse_int(const std::string& text, const char* what) {
-  int v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+  auto v = tide::to_integer<int>(text);
+  if (!v) {
     throw InvalidArgument(
         std::string(what) + ": \"" + text + "\" is not an integer");
   }
-  return v;
+  return *v;
 }
 
 std::pair<int, int> parse_nnodes(const std::string& text) {
@@ -107,19 +106,18 @@ int parse_nproc(const std::string& text) {
     int xpus = gpus > 0 ? 0 : count_xpus();
     return gpus > 0 ? gpus : xpus > 0 ? xpus : cpus;
   }
-  int n = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+  auto n = tide::to_integer<int>(text);
+  if (!n) {
     // Another device backend's name (torch: a PrivateUse1 plugin) needs that
     // plugin's device count, which only torch can ask.
     throw InvalidArgument(
         "Unsupported nproc_per_node value: " + text +
         " (tiderun counts cpu, gpu and xpu devices itself, or takes a number)");
   }
-  if (n < 1) {
+  if (*n < 1) {
     throw InvalidArgument("--nproc-per-node must be at least 1");
   }
-  return n;
+  return *n;
 }
 
 // torch's comma_separated_list: ",," is a comma inside an item; items are
@@ -162,15 +160,13 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
 std::set<int> parse_ranks(const std::string& text) {
   std::set<int> out;
   for (std::string_view item : tide::split(text, ',')) {
-    int rank = 0;
-    std::string_view t = tide::trim(item);
-    auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), rank);
-    if (t.empty() || ec != std::errc() || ptr != t.data() + t.size()) {
+    auto rank = tide::to_integer<int>(tide::trim(item));
+    if (!rank) {
       throw InvalidArgument(
           "--local_ranks_filter must be a comma-separated list of integers "
           "e.g. --local_ranks_filter=0,1,2");
     }
-    out.insert(rank);
+    out.insert(*rank);
   }
   return out;
 }
@@ -755,17 +751,14 @@ void apply_environment(const CLI::App& app, Flags& f) {
   // unless --health-port (PET_HEALTH_PORT) says where.
   const char* port = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
   if (!given("--health-port") && port != nullptr && *port != '\0') {
-    int p = 0;
-    std::string_view text(port);
-    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), p);
-    if (ec != std::errc() || ptr != text.data() + text.size() || p < 0 ||
-        p > 65535) {
+    auto p = tide::to_integer<int>(port);
+    if (!p || *p < 0 || *p > 65535) {
       TIDE_LOG_WARN(
           "Invalid healthcheck port value: '{}', expecting integer. Not "
           "starting healthcheck server.",
           port);
     } else {
-      f.health_port = text;
+      f.health_port = port;
     }
   }
 }

@@ -1,9 +1,9 @@
 #include "tide/launcher/slurm.h"
 
-#include <charconv>
 #include <cstdlib>
 
 #include "tide/common/error.h"
+#include "tide/common/numbers.h"
 #include "tide/common/strings.h"
 
 namespace tide::launcher {
@@ -17,9 +17,9 @@ constexpr size_t kMaxHosts = 1'000'000;
 }
 
 bool parse_number(std::string_view text, long& out) {
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return !text.empty() && ec == std::errc() &&
-         ptr == text.data() + text.size() && out >= 0;
+  auto v = to_integer<long>(text);
+  out = v.value_or(-1);
+  return out >= 0;
 }
 
 // "01-04,07" -> 01 02 03 04 07, each padded to its range's first bound.
