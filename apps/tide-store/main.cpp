@@ -15,6 +15,8 @@
 #include "tide/common/logging.h"
 #include "tide/store/tcp_store.h"
 
+#include "cli.h"
+
 int main(int argc, char** argv) {
   tide::store::TcpStoreServerOptions options;
   options.port = tide::store::kDefaultPort;
@@ -52,21 +54,8 @@ int main(int argc, char** argv) {
          "--max-pending-reply-bytes", options.limits.max_pending_reply_bytes)
       ->capture_default_str();
   app.set_version_flag("--version", std::string("tide-store ") + TIDE_VERSION);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::CallForVersion& e) {
-    std::printf("%s\n", e.what());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    // tiderun's form: one line naming the problem, exit status 2.
-    std::fprintf(
-        stderr,
-        "tide-store: error: %s\nRun tide-store --help for usage.\n",
-        e.what());
-    return 2;
+  if (auto done = tide::apps::parse_command_line(app, argc, argv)) {
+    return *done;
   }
   options.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(request_timeout_s * 1000));

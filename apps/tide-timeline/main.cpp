@@ -26,6 +26,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli.h"
 #include "tide-timeline/events.h"
 #include "tide-timeline/model.h"
 #include "tide-timeline/render.h"
@@ -63,15 +64,8 @@ int main(int argc, char** argv) {
       "--run-id",
       run_id,
       "the run to draw when the file holds several (default: the last)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(
-        stderr, "%s\ntide-timeline: error: %s\n", app.help().c_str(), e.what());
-    return 2;
+  if (auto done = tide::apps::parse_command_line(app, argc, argv)) {
+    return *done;
   }
 
   try {

@@ -25,6 +25,7 @@
 #include "tide/metrics/metrics.h"
 #include "tide/rendezvous/registry.h"
 
+#include "cli.h"
 #include "flags.h"
 
 namespace {
@@ -126,18 +127,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("tiderun ") + TIDE_VERSION);
   Flags flags;
   tiderun::add_flags(app, flags);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::CallForVersion& e) {
-    std::printf("%s\n", e.what());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(
-        stderr, "%s\ntiderun: error: %s\n", app.help().c_str(), e.what());
-    return 2;
+  if (auto done = tide::apps::parse_command_line(app, argc, argv)) {
+    return *done;
   }
 
   tide::agent::Entrypoint entrypoint;
