@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tide/agent/numa.h"
 #include "tide/common/error.h"
@@ -49,41 +51,41 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   return {lo, hi};
 }
 
-// NVIDIA GPUs, without CUDA libraries: what the driver lists, narrowed by
-// CUDA_VISIBLE_DEVICES when that is set.
-int count_gpus() {
-  if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES"); vis != nullptr) {
-    return static_cast<int>(tide::split(vis, ',').size());
+// The devices `dir` lists that `is_device` accepts, without the device
+// libraries; as many as the comma-separated `mask` variable names when it
+// is set (it narrows what the libraries would show).
+int count_devices(
+    const char* mask,
+    const char* dir,
+    const std::function<bool(const std::filesystem::directory_entry&)>&
+        is_device) {
+  if (const char* m = std::getenv(mask); m != nullptr) {
+    return static_cast<int>(tide::split(m, ',').size());
   }
   int n = 0;
   std::error_code ec;
-  for (const auto& e :
-       std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
-    (void)e;
-    ++n;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    n += is_device(e) ? 1 : 0;
   }
   return n;
 }
 
-// Intel GPUs (torch's xpu): render nodes of vendor 0x8086, narrowed by
-// ZE_AFFINITY_MASK when that is set.
+// NVIDIA GPUs: what the driver lists.
+int count_gpus() {
+  return count_devices(
+      "CUDA_VISIBLE_DEVICES", "/proc/driver/nvidia/gpus", [](const auto&) {
+        return true;
+      });
+}
+
+// Intel GPUs (torch's xpu): render nodes of vendor 0x8086.
 int count_xpus() {
-  if (const char* mask = std::getenv("ZE_AFFINITY_MASK"); mask != nullptr) {
-    return static_cast<int>(tide::split(mask, ',').size());
-  }
-  int n = 0;
-  std::error_code ec;
-  for (const auto& e :
-       std::filesystem::directory_iterator("/sys/class/drm", ec)) {
-    std::string name = e.path().filename().string();
+  return count_devices("ZE_AFFINITY_MASK", "/sys/class/drm", [](const auto& e) {
     std::string vendor;
-    if (name.rfind("renderD", 0) == 0 &&
-        std::ifstream(e.path() / "device/vendor") >> vendor &&
-        vendor == "0x8086") {
-      ++n;
-    }
-  }
-  return n;
+    return e.path().filename().string().rfind("renderD", 0) == 0 &&
+           std::ifstream(e.path() / "device/vendor") >> vendor &&
+           vendor == "0x8086";
+  });
 }
 
 // torch's determine_local_world_size, with its error texts.
@@ -604,7 +606,13 @@ LaunchConfig make_config(const Flags& f) {
         tide::agent::disk_space_health_check(tide::agent::parse_size(
             f.health_check_min_free_disk, "--health-check-min-free-disk")));
   }
-  if (f.standalone) {
+  // torchrun 2.x: a one-node static job given no port and no endpoint runs
+  // as --standalone does, on a free port, instead of taking 29500 from
+  // another job on this machine (keeping a run id it was given).
+  bool implicit_standalone = f.rdzv_backend == "static" &&
+                             f.rdzv_endpoint.empty() && !f.master_port_given &&
+                             c.max_nodes == 1;
+  if (f.standalone || implicit_standalone) {
     if (c.max_nodes != 1) {
       TIDE_LOG_WARN(
           "--standalone runs one node; ignoring --nnodes={}", f.nnodes);
@@ -612,16 +620,7 @@ LaunchConfig make_config(const Flags& f) {
     c.min_nodes = c.max_nodes = 1;
     c.rdzv_backend = "static";
     c.rdzv_endpoint = "127.0.0.1:0";
-    c.run_id = tide::uuid4();
-    return c;
-  }
-  if (f.rdzv_backend == "static" && f.rdzv_endpoint.empty() &&
-      !f.master_port_given && c.max_nodes == 1) {
-    // torchrun 2.x: a one-node job given no port is standalone, on a free
-    // port, instead of taking 29500 from another job on this machine.
-    c.rdzv_backend = "static";
-    c.rdzv_endpoint = "127.0.0.1:0";
-    c.run_id = f.rdzv_id == "none" ? tide::uuid4() : f.rdzv_id;
+    c.run_id = f.standalone || f.rdzv_id == "none" ? tide::uuid4() : f.rdzv_id;
     return c;
   }
   c.rdzv_backend = f.rdzv_backend;
@@ -728,7 +727,7 @@ void apply_slurm(const CLI::App& app, Flags& f) {
       step->node_id,
       step->num_nodes,
       derived.empty() ? std::string("nothing derived, every flag given")
-                      : "derived " + tide::join(derived, " "));
+                      : fmt::format("derived {}", fmt::join(derived, " ")));
 }
 
 void apply_environment(const CLI::App& app, Flags& f) {

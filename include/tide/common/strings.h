@@ -19,19 +19,6 @@ inline std::vector<std::string_view> split(std::string_view text, char sep) {
   return out;
 }
 
-// The pieces with `sep` between them ({"a", "b"}, ", " -> "a, b").
-inline std::string join(
-    const std::vector<std::string>& pieces, std::string_view sep) {
-  std::string out;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (i > 0) {
-      out += sep;
-    }
-    out += pieces[i];
-  }
-  return out;
-}
-
 // `text` without the blanks (spaces, tabs, CR, LF) at either end.
 inline std::string_view trim(std::string_view text) {
   constexpr std::string_view kBlank = " \t\r\n";
