@@ -40,6 +40,9 @@ class ServerProcess {
   uint16_t port() const {
     return port_;
   }
+  pid_t pid() const {
+    return child_.pid();
+  }
 
   // False once the child has exited (it is then reaped). Never blocks.
   bool alive();

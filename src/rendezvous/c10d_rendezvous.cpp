@@ -23,6 +23,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The c10d store is always a tide server (an agent hosts it, or tide-store):
+// the modern dialect lets a wait that times out be cancelled instead of
+// costing a reconnect, which the keep-alive would pay every interval.
+constexpr store::Dialect kDialect = store::Dialect::kModern;
+
 // Keys, all under "tide.rdzv/<run_id>/":
 //   state                the job record (JSON, compare-and-set)
 //   r<R>/count           arrivals of round R (add)
@@ -337,6 +342,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
         .host = host,
         .port = port,
         .is_server = true,
+        .dialect = kDialect,
         .token = params.token,
         .timeout = read_timeout};
     if (host.rfind("127.", 0) != 0 && host != "localhost" && host != "::1") {
@@ -371,6 +377,7 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
       main = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
           .host = host,
           .port = port,
+          .dialect = kDialect,
           .token = params.token,
           .timeout = read_timeout});
     } catch (const Error& e) {
@@ -386,7 +393,11 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
                   timeout = settings.keep_alive_interval,
                   token = params.token] {
     return std::make_shared<store::TcpStore>(store::TcpStoreOptions{
-        .host = host, .port = port, .token = token, .timeout = timeout});
+        .host = host,
+        .port = port,
+        .dialect = kDialect,
+        .token = token,
+        .timeout = timeout});
   };
   std::string addr = params.local_addr.empty() ? fqdn() : params.local_addr;
   return std::make_unique<DynamicRendezvousHandler>(

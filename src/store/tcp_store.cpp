@@ -355,9 +355,10 @@ std::vector<std::string> TcpStore::missing_keys(
 
 void TcpStore::wait(
     const std::vector<std::string>& keys, milliseconds timeout) {
+  bool met = false;
   try {
     std::lock_guard lock(mutex_);
-    with_connection([&](Connection& c) {
+    met = with_connection([&](Connection& c) {
       std::string req = c.request(Op::kWait);
       wire::Writer w(req);
       w.u64(keys.size());
@@ -366,16 +367,50 @@ void TcpStore::wait(
       }
       auto deadline = Clock::now() + timeout;
       c.send(req, deadline, "wait");
-      auto reply = c.read<uint8_t>(deadline, "wait");
+      uint8_t reply = 0;
+      try {
+        reply = c.read<uint8_t>(deadline, "wait");
+      } catch (const TimeoutError&) {
+        if (c.dialect != Dialect::kModern) {
+          throw;  // torch 1.13 cannot cancel: the connection is dropped
+        }
+        return cancel_wait(c);
+      }
       if (reply != wire::kStopWaiting) {
         throw ProtocolError(
             "wait: the store at " + c.where + " answered " +
             std::to_string(reply) + " instead of STOP_WAITING");
       }
+      return true;
     });
   } catch (const TimeoutError&) {
-    detail::throw_wait_timeout("wait", timeout, missing_keys(keys));
   }
+  if (!met) {
+    // One key was missing for sure; for several, ask which (best effort).
+    detail::throw_wait_timeout(
+        "wait", timeout, keys.size() == 1 ? keys : missing_keys(keys));
+  }
+}
+
+bool TcpStore::cancel_wait(Connection& c) {
+  // CANCEL_WAIT keeps the connection: a client that waits with a timeout
+  // again and again (the rendezvous' keep-alive, every interval) would
+  // otherwise reconnect each time. The server answers WAIT_CANCELED, after
+  // STOP_WAITING if the wait was met just before the cancel arrived.
+  auto deadline =
+      Clock::now() + std::min(timeout(), milliseconds(kCancelTimeoutMs));
+  c.send(c.request(Op::kCancelWait), deadline, "cancel_wait");
+  auto reply = c.read<uint8_t>(deadline, "cancel_wait");
+  bool met = reply == wire::kStopWaiting;
+  if (met) {
+    reply = c.read<uint8_t>(deadline, "cancel_wait");
+  }
+  if (reply != wire::kWaitCanceled) {
+    throw ProtocolError(
+        "cancel_wait: the store at " + c.where + " answered " +
+        std::to_string(reply) + " instead of WAIT_CANCELED");
+  }
+  return met;
 }
 
 bool TcpStore::delete_key(std::string_view key) {

@@ -35,8 +35,11 @@ struct Waiter {
 };
 
 // Bytes read per read: at least one chunk, more for a request known to be
-// long, at most the maximum before other clients get their turn.
-constexpr size_t kReadChunk = 4096;
+// long, at most the maximum before other clients get their turn. The chunk
+// is small because every idle connection holds one (a job's clients mostly
+// wait); a connection whose reads fill it gets a bigger one.
+constexpr size_t kReadChunk = 512;
+constexpr size_t kBusyReadChunk = 16 * 1024;
 constexpr size_t kMaxReadChunk = 1024 * 1024;
 // A buffer over this is freed when it empties rather than kept for an idle
 // connection.
@@ -90,12 +93,22 @@ struct TcpStoreServer::Impl {
       std::equal_to<>>
       queues;
   uint64_t queue_bytes = 0;
+  // WAITs by missing key. A cancelled one stays in its lists, marked done,
+  // until they are mostly dead: removing it at once would cost O(waiters)
+  // per CANCEL_WAIT, and thousands of agents cancel a wait on one key each
+  // keep-alive interval.
+  struct WaiterList {
+    std::vector<std::shared_ptr<Waiter>> list;
+    size_t dead = 0;
+  };
   std::unordered_map<
       std::string,
-      std::vector<std::shared_ptr<Waiter>>,
+      WaiterList,
       detail::StringHash,
       std::equal_to<>>
       waiters;
+  // The peer of the connection being accepted.
+  tcp::endpoint accepting_peer;
 };
 
 namespace {
@@ -104,16 +117,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   using Impl = TcpStoreServer::Impl;
 
-  Connection(Impl& server, tcp::socket socket, uint64_t id)
+  // TCP_NODELAY comes from the listening socket (Linux copies it).
+  Connection(
+      Impl& server, tcp::socket socket, const tcp::endpoint& peer, uint64_t id)
       : server_(server),
         socket_(std::move(socket)),
         request_timer_(server.io),
         id_(id) {
+    peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
     asio::error_code ec;
-    auto ep = socket_.remote_endpoint(ec);
-    peer_ = ec ? std::string("?")
-               : ep.address().to_string() + ":" + std::to_string(ep.port());
-    socket_.set_option(tcp::no_delay(true), ec);
     socket_.non_blocking(true, ec);
     authed_ = server_.options.token.empty();
   }
@@ -194,14 +206,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // pieces. Nothing else touches in_ while the read is pending.
     size_t avail = in_.size() - in_pos_;
     size_t want = std::clamp(
-        need_ > avail ? need_ - avail : 0, kReadChunk, kMaxReadChunk);
+        need_ > avail ? need_ - avail : 0,
+        busy_ ? kBusyReadChunk : kReadChunk,
+        kMaxReadChunk);
     size_t old = in_.size();
     filled_ = old;
     in_.resize(old + want);
     socket_.async_read_some(
         asio::buffer(in_.data() + old, want),
-        [self = shared_from_this(), old](const asio::error_code& ec, size_t n) {
+        [self = shared_from_this(), old, want](
+            const asio::error_code& ec, size_t n) {
           self->reading_ = false;
+          self->busy_ = !ec && n == want;
           self->in_.resize(old + (ec ? 0 : n));
           self->filled_ = self->in_.size();
           if (ec) {
@@ -269,8 +285,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (in_pos_ == in_.size()) {
       in_.clear();
-      if (in_.capacity() > kKeepBuffer) {
-        in_.shrink_to_fit();  // A big request's buffer is not kept idle.
+      // A big request's buffer is not kept idle, nor a busy spell's once
+      // the connection is quiet again.
+      if (in_.capacity() > kKeepBuffer ||
+          (!busy_ && in_.capacity() > 4 * kReadChunk)) {
+        in_.shrink_to_fit();
       }
       in_pos_ = 0;
       disarm_request_timer();
@@ -453,6 +472,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer request_timer_;
   const uint64_t id_;
   std::string peer_;
+  // The last read filled its buffer: more is likely queued.
+  bool busy_ = false;
   bool closed_ = false;
   bool reading_ = false;
   bool authed_ = false;
@@ -511,6 +532,11 @@ void TcpStoreServer::Impl::open() {
       acceptor.set_option(tcp::acceptor::reuse_address(true), e);
     }
     if (!e) {
+      // Accepted sockets inherit it: one system call instead of one per
+      // client.
+      acceptor.set_option(tcp::no_delay(true), e);
+    }
+    if (!e) {
       acceptor.bind(ep, e);
     }
     if (!e) {
@@ -532,9 +558,10 @@ void TcpStoreServer::Impl::open() {
 }
 
 void TcpStoreServer::Impl::accept() {
-  acceptor.async_accept([this](const asio::error_code& ec, tcp::socket socket) {
-    on_accept(ec, std::move(socket));
-  });
+  acceptor.async_accept(
+      accepting_peer, [this](const asio::error_code& ec, tcp::socket socket) {
+        on_accept(ec, std::move(socket));
+      });
 }
 
 void TcpStoreServer::Impl::on_accept(
@@ -562,8 +589,8 @@ void TcpStoreServer::Impl::on_accept(
     asio::error_code ignored;
     socket.close(ignored);
   } else {
-    auto conn =
-        std::make_shared<Connection>(*this, std::move(socket), next_conn_id++);
+    auto conn = std::make_shared<Connection>(
+        *this, std::move(socket), accepting_peer, next_conn_id++);
     connections.insert(conn);
     conn->start();
   }
@@ -594,12 +621,14 @@ void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
   if (it == waiters.end()) {
     return;
   }
-  auto& list = it->second;
+  auto& list = it->second.list;
   size_t i = 0;
+  size_t dead_passed = 0;
   std::vector<std::shared_ptr<Waiter>> woken;
   for (; i < list.size(); ++i) {
     auto& w = list[i];
     if (w->done) {
+      ++dead_passed;
       continue;
     }
     if (--w->missing == 0) {
@@ -611,7 +640,10 @@ void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
       break;
     }
   }
+  // Entries before i are gone: dead ones, woken ones, and ones that no
+  // longer wait for this key. wake_one may stop early.
   list.erase(list.begin(), list.begin() + static_cast<ptrdiff_t>(i));
+  it->second.dead -= std::min(it->second.dead, dead_passed);
   if (list.empty()) {
     waiters.erase(it);
   }
@@ -645,7 +677,7 @@ void TcpStoreServer::Impl::add_waiter(
   w->conn = conn;
   w->missing = keys.size();
   for (const auto& k : keys) {
-    waiters[k].push_back(w);
+    waiters[k].list.push_back(w);
   }
   w->keys = std::move(keys);
   conn->wait_keys += w->keys.size();
@@ -660,8 +692,12 @@ void TcpStoreServer::Impl::drop_waiters(Connection& conn) {
       if (it == waiters.end()) {
         continue;
       }
-      std::erase(it->second, w);
-      if (it->second.empty()) {
+      WaiterList& l = it->second;
+      if (++l.dead * 2 > l.list.size()) {
+        std::erase_if(l.list, [](const auto& x) { return x->done; });
+        l.dead = 0;
+      }
+      if (l.list.empty()) {
         waiters.erase(it);
       }
     }

@@ -6,8 +6,10 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -394,6 +396,100 @@ TEST_F(TcpStoreServerTest, ModernClientsHandshakeAndCanCancelAWait) {
   Writer(ping).u32(77);
   ASSERT_TRUE(raw.send(ping));
   EXPECT_EQ(wire::load<uint32_t>(raw.read(4).data()), 77u);
+}
+
+TEST_F(TcpStoreServerTest, WaitsCancelledOverAndOverLeaveOnlyTheLiveOnesToWake) {
+  // The keep-alive pattern: many clients wait for one key and cancel, again
+  // and again; then some wait for real. Only those are woken, once each, and
+  // no cancelled client gets a stray byte.
+  start();
+  constexpr int kClients = 40;
+  constexpr int kLive = 10;
+  std::string wait = encode(Dialect::kModern, Op::kWait);
+  Writer(wait).u64(1).str("/next");
+  std::string cancel = encode(Dialect::kModern, Op::kCancelWait);
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < kClients; ++i) {
+    raws.push_back(std::make_unique<RawClient>(server_->port()));
+    ASSERT_TRUE(raws.back()->send(modern_hello()));
+  }
+  for (int round = 0; round < 5; ++round) {
+    for (auto& raw : raws) {
+      ASSERT_TRUE(raw->send(wait));
+    }
+    for (auto& raw : raws) {
+      ASSERT_TRUE(raw->send(cancel));
+      EXPECT_EQ(raw->read(1)[0], static_cast<char>(wire::kWaitCanceled));
+    }
+  }
+  for (int i = 0; i < kLive; ++i) {
+    ASSERT_TRUE(raws[i]->send(wait));
+  }
+  auto c = client({.dialect = Dialect::kModern});
+  c->set("next", "1");
+  std::string ping = encode(Dialect::kModern, Op::kPing);
+  Writer(ping).u32(5);
+  for (int i = 0; i < kClients; ++i) {
+    if (i < kLive) {
+      EXPECT_EQ(raws[i]->read(1)[0], static_cast<char>(wire::kStopWaiting));
+    }
+    ASSERT_TRUE(raws[i]->send(ping));
+    EXPECT_EQ(wire::load<uint32_t>(raws[i]->read(4).data()), 5u) << i;
+  }
+}
+
+// Client sockets to `port` in TIME_WAIT: each is a connection this machine
+// closed (a reconnect leaves one).
+int closed_connections_to(uint16_t port) {
+  std::ifstream f("/proc/net/tcp");
+  std::string line;
+  std::getline(f, line);
+  int n = 0;
+  char want[8];
+  std::snprintf(want, sizeof want, ":%04X", port);
+  while (std::getline(f, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (remote.size() >= 5 && remote.substr(remote.size() - 5) == want &&
+        state == "06") {
+      ++n;
+    }
+  }
+  return n;
+}
+
+TEST_F(TcpStoreServerTest, AWaitThatTimesOutKeepsItsConnectionInTheModernDialect) {
+  start();
+  // Counted from here: an earlier server on the same port may have left
+  // some, which can only expire.
+  int before = closed_connections_to(server_->port());
+  auto modern = client({.dialect = Dialect::kModern});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THROW(modern->wait({"never"}, 20ms), TimeoutError);
+  }
+  modern->set("after", "1");
+  EXPECT_EQ(modern->get("after"), "1");
+  EXPECT_LE(closed_connections_to(server_->port()), before);
+  // A wait met just as it times out still counts as met or as a timeout,
+  // and leaves the connection usable either way.
+  for (int i = 0; i < 20; ++i) {
+    std::string key = "race" + std::to_string(i);
+    auto setter_store = client();
+    std::thread setter([&, key] { setter_store->set(key, "1"); });
+    try {
+      modern->wait({key}, 1ms);
+    } catch (const TimeoutError&) {
+    }
+    setter.join();
+    EXPECT_EQ(modern->get(key), "1");
+  }
+  // torch 1.13's servers cannot cancel: there the connection is dropped.
+  auto legacy = client({.dialect = Dialect::kLegacy});
+  int modern_closed = closed_connections_to(server_->port());
+  EXPECT_THROW(legacy->wait({"never"}, 20ms), TimeoutError);
+  EXPECT_EQ(legacy->get("after"), "1");
+  EXPECT_GT(closed_connections_to(server_->port()), modern_closed);
 }
 
 TEST_F(TcpStoreServerTest, LegacyAndModernClientsShareOneServer) {

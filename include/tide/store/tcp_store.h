@@ -180,6 +180,10 @@ class TcpStore final : public Store {
   std::vector<std::string> wire_keys(
       const std::vector<std::string>& keys) const;
   std::vector<std::string> missing_keys(const std::vector<std::string>& keys);
+  // After a wait timed out (modern dialect): cancels it, keeping the
+  // connection. True when it was met just before the cancel arrived.
+  bool cancel_wait(Connection& c);
+  static constexpr int64_t kCancelTimeoutMs = 5'000;
 
   TcpStoreOptions options_;
   std::unique_ptr<TcpStoreServer> server_;

@@ -1,0 +1,370 @@
+// scale_bench: the control plane at the scale of large jobs, on one machine.
+//
+//   startup     N store clients run init_process_group's start-up against a
+//               store server in its own process: connect, publish an address,
+//               count in, wait for the last one; with --fetch-all each then
+//               reads every peer's address with batched multi_get (gloo's full
+//               mesh). tide-store against torch 1.13's TCPStore server, each
+//               cell on a fresh server, bounded by --timeout.
+//   rendezvous  N simulated agents run tide's c10d rendezvous against
+//               tide-store: one round from cold, then (--kill) one agent is
+//               killed and the survivors re-form the job; the keep-alive
+//               traffic of the idle job in between.
+//
+// The clients are coroutines on a few epoll threads (bench/scale/sim.h), not
+// a thread each, spread over 127.x source addresses so that no address runs
+// out of ephemeral ports; the bench raises its descriptor limit (children
+// inherit it). Results: a markdown table of medians and RESULT lines; the
+// figures and the command go in docs/benchmarks.md.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "bench_util.h"
+#include "rendezvous_sim.h"
+#include "server_process.h"
+#include "sim.h"
+#include "startup.h"
+
+namespace tide::bench::scale {
+namespace {
+
+constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
+
+std::vector<size_t> parse_counts(const std::string& list) {
+  std::vector<size_t> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    size_t mult = 1;
+    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
+      mult = 1024;
+      item.pop_back();
+    }
+    size_t pos = 0;
+    unsigned long v = 0;
+    try {
+      v = std::stoul(item, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    if (pos != item.size() || v == 0) {
+      throw std::invalid_argument(
+          "not a count: \"" + item + "\" (give numbers like 1000 or 16k)");
+    }
+    out.push_back(v * mult);
+  }
+  return out;
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) {
+      out.push_back(item);
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<ServerProcess> start_server(
+    const std::string& name, const std::string& tide_store,
+    const std::string& python, const std::string& torch_peer) {
+  if (name == "tide") {
+    return std::make_unique<ServerProcess>(
+        "tide-store",
+        std::vector<std::string>{
+            tide_store, "--host", "127.0.0.1", "--port", "0"},
+        kServerStartTimeout);
+  }
+  if (name == "torch") {
+    return std::make_unique<ServerProcess>(
+        "torch TCPStore",
+        std::vector<std::string>{
+            python, torch_peer, "--host", "127.0.0.1", "--port", "0",
+            "--timeout", "3600"},
+        kServerStartTimeout);
+  }
+  throw std::invalid_argument(
+      "unknown server \"" + name + "\" (tide or torch)");
+}
+
+// ---------------------------------------------------------------------------
+// startup
+
+struct StartupOptions {
+  std::string clients = "10000,32000,96000";
+  std::string fetch_clients = "2048,4096,8192";
+  std::string servers = "tide,torch";
+  int reps = 3;
+  double timeout_s = 60;
+  size_t threads = 1;
+  size_t batch = 1024;
+  size_t per_address = 1000;
+  size_t connect_window = 1024;
+  std::string tide_store = TIDE_BENCH_TIDE_STORE;
+  std::string python = "/usr/bin/python3";
+  std::string torch_peer = TIDE_BENCH_TORCH_PEER;
+};
+
+struct Row {
+  std::vector<double> time_s;
+  std::vector<double> cpu_s;
+  std::vector<double> rss_per_client_kb;
+  std::vector<double> bytes_per_client;
+  std::vector<std::string> failures;
+};
+
+std::string cell_text(const Row& row, int reps) {
+  if (row.time_s.empty()) {
+    return row.failures.empty() ? "not run"
+                                : "failed: " + row.failures.front();
+  }
+  Stats s = stats(row.time_s);
+  std::string out = s.n > 1 ? fmt::format(
+                                  "{} ({} - {})",
+                                  format_duration(s.median, 1),
+                                  format_duration(s.min, 1),
+                                  format_duration(s.max, 1))
+                            : format_duration(s.median, 1);
+  if (static_cast<int>(s.n) < reps) {
+    out += fmt::format(" ({}/{} done: {})", s.n, reps, row.failures.front());
+  }
+  return out;
+}
+
+int run_startup_bench(const StartupOptions& o) {
+  auto servers = split(o.servers);
+  struct Variant {
+    std::string name;
+    bool fetch_all;
+    std::vector<size_t> counts;
+  };
+  std::vector<Variant> variants{
+      {"barrier", false, parse_counts(o.clients)},
+      {"barrier + fetch all", true, parse_counts(o.fetch_clients)}};
+  size_t most = 0;
+  for (const auto& v : variants) {
+    for (size_t n : v.counts) {
+      most = std::max(most, n);
+    }
+  }
+  // A socket per client here, and one in the server, which inherits the
+  // limit.
+  sim::raise_fd_limit(most + 256);
+
+  // results[variant][n][server]
+  std::map<std::string, std::map<size_t, std::map<std::string, Row>>> results;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (const auto& v : variants) {
+      for (size_t n : v.counts) {
+        for (const auto& name : servers) {
+          Row& row = results[v.name][n][name];
+          if (rep > 0 && row.time_s.empty() && !row.failures.empty()) {
+            continue;  // failed once at this size: not again
+          }
+          auto server =
+              start_server(name, o.tide_store, o.python, o.torch_peer);
+          StartupConfig cfg{
+              .clients = n,
+              .fetch_all = v.fetch_all,
+              .batch = o.batch,
+              .threads = o.threads,
+              .per_address = o.per_address,
+              .connect_window = o.connect_window,
+              .dialect = name == "tide" ? store::Dialect::kModern
+                                        : store::Dialect::kLegacy,
+              .timeout_ns = static_cast<int64_t>(o.timeout_s * 1e9)};
+          std::fprintf(
+              stderr,
+              "scale_bench: %s, %zu clients, %s (rep %d)\n",
+              v.name.c_str(),
+              n,
+              server->name().c_str(),
+              rep + 1);
+          StartupResult r = run_startup(cfg, *server);
+          if (!server->alive()) {
+            r.ok = false;
+            r.error = server->name() + " exited";
+          }
+          server->stop();
+          double t = v.fetch_all ? r.fetch_s : r.barrier_s;
+          std::printf(
+              "RESULT startup variant=\"%s\" server=%s clients=%zu ok=%d "
+              "done=%zu connect_s=%.3f barrier_s=%.3f fetch_s=%.3f "
+              "server_cpu_s=%.2f rss_kb=%llu->%llu bytes=%llu error=\"%s\"\n",
+              v.name.c_str(),
+              name.c_str(),
+              n,
+              r.ok ? 1 : 0,
+              r.done,
+              r.connect_s,
+              r.barrier_s,
+              r.fetch_s,
+              r.server_cpu_s,
+              static_cast<unsigned long long>(r.rss_before_kb),
+              static_cast<unsigned long long>(r.rss_after_kb),
+              static_cast<unsigned long long>(r.bytes),
+              r.error.c_str());
+          std::fflush(stdout);
+          if (!r.ok) {
+            row.failures.push_back(fmt::format(
+                "{} of {} through in {} s: {}",
+                r.done,
+                n,
+                o.timeout_s,
+                r.error));
+            continue;
+          }
+          row.time_s.push_back(t);
+          row.cpu_s.push_back(r.server_cpu_s);
+          row.rss_per_client_kb.push_back(
+              (static_cast<double>(r.rss_after_kb) -
+               static_cast<double>(r.rss_before_kb)) /
+              static_cast<double>(n));
+          row.bytes_per_client.push_back(
+              static_cast<double>(r.bytes) / static_cast<double>(n));
+        }
+      }
+    }
+  }
+
+  std::printf(
+      "\n## Store start-up at scale (%s, %s, %zu client thread(s), %d reps, "
+      "bound %.0f s)\n\n",
+      now_utc().c_str(),
+      kernel().c_str(),
+      o.threads,
+      o.reps,
+      o.timeout_s);
+  std::printf(
+      "| pattern | clients | tide-store | server CPU | server RSS per client "
+      "| bytes per client | torch 1.13 TCPStore | torch CPU | torch / tide "
+      "|\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+  for (const auto& v : variants) {
+    for (size_t n : v.counts) {
+      Row& tide = results[v.name][n]["tide"];
+      Row& torch = results[v.name][n]["torch"];
+      std::string ratio;
+      if (!tide.time_s.empty() && !torch.time_s.empty()) {
+        ratio = fmt::format(
+            "{:.1f}x", median(torch.time_s) / median(tide.time_s));
+      }
+      std::printf(
+          "| %s | %zu | %s | %s | %s | %s | %s | %s | %s |\n",
+          v.name.c_str(),
+          n,
+          cell_text(tide, o.reps).c_str(),
+          tide.cpu_s.empty()
+              ? ""
+              : format_duration(median(tide.cpu_s), 0).c_str(),
+          tide.rss_per_client_kb.empty()
+              ? ""
+              : fmt::format("{:.1f} KiB", median(tide.rss_per_client_kb))
+                    .c_str(),
+          tide.bytes_per_client.empty()
+              ? ""
+              : fmt::format("{:.0f}", median(tide.bytes_per_client)).c_str(),
+          cell_text(torch, o.reps).c_str(),
+          torch.cpu_s.empty()
+              ? ""
+              : format_duration(median(torch.cpu_s), 0).c_str(),
+          ratio.c_str());
+    }
+  }
+  bool all_tide_ok = true;
+  for (const auto& [variant, by_n] : results) {
+    for (const auto& [n, by_server] : by_n) {
+      auto it = by_server.find("tide");
+      if (it != by_server.end() && it->second.time_s.empty()) {
+        all_tide_ok = false;
+      }
+    }
+  }
+  return all_tide_ok ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------
+
+int bench_main(int argc, char** argv) {
+  CLI::App app{
+      "the control plane at scale: store start-up with N clients, rendezvous "
+      "with N simulated agents"};
+  app.require_subcommand(1);
+
+  StartupOptions so;
+  auto* startup = app.add_subcommand(
+      "startup",
+      "init_process_group's start-up barrier (and gloo's fetch of every "
+      "peer's address) with N clients, tide-store against torch's TCPStore");
+  startup->add_option("--clients", so.clients, "client counts for the barrier")
+      ->capture_default_str();
+  startup
+      ->add_option(
+          "--fetch-clients",
+          so.fetch_clients,
+          "client counts for the barrier + fetch-all pattern (N^2 keys read)")
+      ->capture_default_str();
+  startup->add_option("--servers", so.servers, "tide,torch")
+      ->capture_default_str();
+  startup->add_option("--reps", so.reps)->capture_default_str();
+  startup->add_option("--timeout", so.timeout_s, "bound per cell, s")
+      ->capture_default_str();
+  startup->add_option("--threads", so.threads, "client epoll threads")
+      ->capture_default_str();
+  startup->add_option("--batch", so.batch, "keys per multi_get")
+      ->capture_default_str();
+  startup
+      ->add_option(
+          "--per-address", so.per_address, "clients per 127.x source address")
+      ->capture_default_str();
+  startup
+      ->add_option(
+          "--connect-window",
+          so.connect_window,
+          "connects in flight per client thread")
+      ->capture_default_str();
+  startup->add_option("--tide-store", so.tide_store)->capture_default_str();
+  startup->add_option("--python", so.python)->capture_default_str();
+  startup->add_option("--torch-peer", so.torch_peer)->capture_default_str();
+
+  RendezvousOptions ro;
+  auto* rdzv = app.add_subcommand(
+      "rendezvous",
+      "tide's c10d rendezvous with N simulated agents: a cold round, the "
+      "keep-alive traffic, and the re-rendezvous after a node is killed");
+  add_rendezvous_options(*rdzv, ro);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  install_interrupt_handlers();
+  if (startup->parsed()) {
+    return run_startup_bench(so);
+  }
+  return run_rendezvous_bench(ro);
+}
+
+}  // namespace
+}  // namespace tide::bench::scale
+
+int main(int argc, char** argv) {
+  try {
+    return tide::bench::scale::bench_main(argc, argv);
+  } catch (const tide::bench::Interrupted&) {
+    return 130;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "scale_bench: %s\n", e.what());
+    return 1;
+  }
+}
