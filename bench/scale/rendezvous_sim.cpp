@@ -1,13 +1,1034 @@
 #include "rendezvous_sim.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tide/common/error.h"
+#include "tide/rendezvous/registry.h"
+
+#include "bench_util.h"
+#include "server_process.h"
+#include "sim.h"
+
 namespace tide::bench::scale {
 
-void add_rendezvous_options(CLI::App& app, RendezvousOptions& o) {
-  app.add_option("--nodes", o.nodes)->capture_default_str();
+namespace {
+
+using nlohmann::json;
+using sim::Co;
+
+constexpr int64_t kMs = 1'000'000;
+constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
+
+// What the simulated agents share with the real ones and the controller.
+struct Settings {
+  std::string run_id;
+  int64_t min_nodes = 1;
+  int64_t max_nodes = 1;
+  int64_t keep_alive_ns = 1000 * kMs;
+  int64_t max_attempts = 3;
+  int64_t last_call_ns = 1000 * kMs;
+  int64_t join_timeout_ns = 120'000 * kMs;
+  int64_t read_timeout_ns = 120'000 * kMs;
+  int64_t monitor_interval_ns = 100 * kMs;
+  int64_t lost_after_ns() const {
+    return keep_alive_ns * max_attempts;
+  }
+};
+
+// The keys of tide's c10d backend (src/rendezvous/c10d_rendezvous.cpp).
+struct Keys {
+  std::string base;
+  std::string state() const {
+    return base + "state";
+  }
+  std::string round(int64_t r, const std::string& rest) const {
+    return base + "r" + std::to_string(r) + "/" + rest;
+  }
+  std::string count(int64_t r) const {
+    return round(r, "count");
+  }
+  std::string node(int64_t r, int64_t i) const {
+    return round(r, "node/" + std::to_string(i));
+  }
+  std::string value(int64_t r, const std::string& name) const {
+    return round(r, "v/" + name);
+  }
+  std::string heartbeat(int64_t r, int64_t i) const {
+    return round(r, "hb/" + std::to_string(i));
+  }
+  std::string left(int64_t r, int64_t i) const {
+    return round(r, "left/" + std::to_string(i));
+  }
+};
+
+// The JSON values, made outside coroutines: GCC 12 miscompiles a braced
+// list inside one.
+std::string last_call_value(int64_t arrival) {
+  return json{{"opened_by", arrival}}.dump();
+}
+std::string size_value(const struct Agent& a, int64_t size);
+std::string master_value(const struct Agent& a);
+
+std::vector<std::string> one(std::string key) {
+  std::vector<std::string> v;
+  v.push_back(std::move(key));
+  return v;
 }
 
-int run_rendezvous_bench(const RendezvousOptions&) {
-  return 1;
+// Every completed round of every agent, simulated or real; thread safe.
+class Tally {
+ public:
+  struct Round {
+    int64_t size = 0;
+    int64_t count = 0;
+    int64_t last_ns = 0;
+    std::vector<bool> ranks;
+  };
+
+  void complete(int64_t round, int64_t rank, int64_t size, int64_t at_ns) {
+    std::lock_guard lock(mutex_);
+    Round& r = rounds_[round];
+    if (r.count == 0) {
+      r.size = size;
+      r.ranks.assign(static_cast<size_t>(std::max<int64_t>(size, 1)), false);
+    }
+    if (size != r.size) {
+      error_ = fmt::format(
+          "round {}: world sizes {} and {} in one round", round, r.size, size);
+    } else if (rank < 0 || rank >= size || r.ranks[static_cast<size_t>(rank)]) {
+      error_ = fmt::format(
+          "round {}: rank {} twice or out of 0..{}", round, rank, size - 1);
+    } else {
+      r.ranks[static_cast<size_t>(rank)] = true;
+    }
+    ++r.count;
+    r.last_ns = std::max(r.last_ns, at_ns);
+  }
+  // The latest round in which `count` agents completed with that size.
+  std::optional<std::pair<int64_t, Round>> complete_round(int64_t count) {
+    std::lock_guard lock(mutex_);
+    for (auto it = rounds_.rbegin(); it != rounds_.rend(); ++it) {
+      if (it->second.count >= count && it->second.size == count) {
+        return std::pair(it->first, it->second);
+      }
+    }
+    return std::nullopt;
+  }
+  std::string error() {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+  void fail(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (error_.empty()) {
+      error_ = why;
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int64_t, Round> rounds_;
+  std::string error_;
+};
+
+struct Agent {
+  size_t id = 0;
+  std::unique_ptr<sim::Conn> main;  // the handler's connection
+  // The keep-alive's connection, kept across rounds.
+  std::unique_ptr<sim::Conn> keepalive;
+  // A keep-alive runs; next_rendezvous waits for it to end (joiner), and
+  // wakes it where it sleeps (the real thread waits on a condition
+  // variable that stop_watch notifies).
+  bool watching = false;
+  std::coroutine_handle<> joiner;
+  std::coroutine_handle<> sleeper;
+  sim::Loop::TimerId nap{};
+  std::string descriptor;
+  int64_t round = -1;
+  int64_t index = 0;
+  int64_t size = 0;
+  // The keep-alive's view, read by the agent's monitor loop.
+  int64_t waiting = 0;
+  int64_t lost = 0;
+  int64_t lost_at_ns = 0;
+  // Bumped to end the current keep-alive (stop_watch).
+  uint64_t watch = 0;
+  bool killed = false;
+};
+
+std::string size_value(const Agent& a, int64_t size) {
+  return json{{"size", size}, {"closed_by", "sim_" + std::to_string(a.id)}}
+      .dump();
+}
+std::string master_value(const Agent& a) {
+  return json{{"addr", "127.0.0.1"}, {"port", 29500 + (a.id % 1000)}}.dump();
+}
+
+struct JobState {
+  int64_t round = 0;
+  bool closed = false;
+  bool failed = false;
+};
+
+// The shared state of one simulated job on one loop.
+class Job {
+ public:
+  Job(sim::Loop& loop, Settings s, Tally& tally)
+      : loop_(loop), s_(std::move(s)), keys_{"tide.rdzv/" + s_.run_id + "/"},
+        tally_(tally) {}
+
+  // An agent's life: connect, wait for go, then rounds until stopped.
+  Co<void> agent_life(Agent& a);
+  void go() {
+    go_ = true;
+  }
+  void stop() {
+    stop_ = true;
+  }
+  bool stopping() const {
+    return stop_;
+  }
+  size_t connected() const {
+    return connected_;
+  }
+  std::vector<Agent>& agents() {
+    return agents_;
+  }
+  const Settings& settings() const {
+    return s_;
+  }
+
+ private:
+  Co<std::optional<std::string>> value_if_set(sim::Conn& c, std::string key);
+  Co<int64_t> arrivals(sim::Conn& c, int64_t r);
+  Co<JobState> read_or_create_state(Agent& a);
+  Co<std::string> set_once(
+      Agent& a, int64_t r, const std::string& name, std::string value);
+  Co<std::optional<std::string>> wait_value(
+      Agent& a, int64_t r, const std::string& name, int64_t timeout_ns);
+  Co<int64_t> close_round(Agent& a, int64_t r, int64_t size);
+  Co<int64_t> await_size(Agent& a, int64_t r, int64_t arrival, int64_t deadline);
+  Co<void> bump_round(Agent& a, int64_t completed);
+  Co<void> next_rendezvous(Agent& a);
+  Co<void> keep_alive(Agent& a, uint64_t watch);
+  Co<bool> alive(
+      Agent& a,
+      sim::Conn& conn,
+      int64_t index,
+      std::map<int64_t, std::pair<int64_t, int64_t>>& seen);
+
+  std::string encode_state(const JobState& s) const {
+    return json{
+        {"schema", "tide.rendezvous/1"},
+        {"run_id", s_.run_id},
+        {"round", s.round},
+        {"closed", s.closed},
+        {"failed", s.failed}}
+        .dump();
+  }
+  static JobState decode_state(const std::string& text) {
+    json j = json::parse(text);
+    return JobState{
+        .round = j.at("round").get<int64_t>(),
+        .closed = j.at("closed").get<bool>(),
+        .failed = j.value("failed", false)};
+  }
+
+  sim::Loop& loop_;
+  const Settings s_;
+  const Keys keys_;
+  Tally& tally_;
+  std::vector<Agent> agents_;
+  bool go_ = false;
+  bool stop_ = false;
+  size_t connected_ = 0;
+};
+
+Co<std::optional<std::string>> Job::value_if_set(
+    sim::Conn& c, std::string key) {
+  // One compare-and-set that writes nothing, as the backend reads.
+  const std::string absent = "\x01tide.absent";
+  std::string v = co_await c.compare_set(std::move(key), absent, absent);
+  if (v == absent) {
+    co_return std::nullopt;
+  }
+  co_return v;
+}
+
+Co<int64_t> Job::arrivals(sim::Conn& c, int64_t r) {
+  auto n = co_await value_if_set(c, keys_.count(r));
+  co_return n ? std::stoll(*n) : 0;
+}
+
+Co<JobState> Job::read_or_create_state(Agent& a) {
+  auto text = co_await value_if_set(*a.main, keys_.state());
+  if (!text) {
+    text = co_await a.main->compare_set(keys_.state(), "", encode_state({}));
+  }
+  co_return decode_state(*text);
+}
+
+Co<std::string> Job::set_once(
+    Agent& a, int64_t r, const std::string& name, std::string value) {
+  std::string held =
+      co_await a.main->compare_set(keys_.value(r, name), "", std::move(value));
+  co_return held;
+}
+
+Co<std::optional<std::string>> Job::wait_value(
+    Agent& a, int64_t r, const std::string& name, int64_t timeout_ns) {
+  std::string key = keys_.value(r, name);
+  bool met = co_await a.main->wait(one(key), std::max<int64_t>(timeout_ns, kMs));
+  if (!met) {
+    co_return std::nullopt;
+  }
+  std::string value = co_await a.main->get(key);
+  co_return value;
+}
+
+Co<int64_t> Job::close_round(Agent& a, int64_t r, int64_t size) {
+  std::string held = co_await set_once(a, r, "size", size_value(a, size));
+  co_return json::parse(held).at("size").get<int64_t>();
+}
+
+Co<int64_t> Job::await_size(
+    Agent& a, int64_t r, int64_t arrival, int64_t deadline) {
+  std::optional<int64_t> close_at;
+  const int64_t slice = std::max<int64_t>(s_.keep_alive_ns, 100 * kMs);
+  for (;;) {
+    int64_t now = mono_ns();
+    if (now >= deadline || stop_) {
+      throw TimeoutError(fmt::format("round {} did not complete", r));
+    }
+    if (!close_at) {
+      auto last_call =
+          co_await wait_value(a, r, "last_call", std::min(slice, deadline - now));
+      if (last_call) {
+        close_at = mono_ns() + s_.last_call_ns;
+        continue;
+      }
+      int64_t in = co_await arrivals(*a.main, r);
+      if (in >= s_.min_nodes) {
+        co_await set_once(a, r, "last_call", last_call_value(arrival));
+      } else {
+        co_await read_or_create_state(a);  // throw_if_closed
+      }
+      continue;
+    }
+    int64_t until = std::min(std::min(*close_at, deadline), now + slice);
+    auto size = co_await wait_value(a, r, "size", until - now);
+    if (size) {
+      co_return json::parse(*size).at("size").get<int64_t>();
+    }
+    if (mono_ns() >= *close_at) {
+      int64_t in = co_await arrivals(*a.main, r);
+      int64_t size = co_await close_round(a, r, std::min(in, s_.max_nodes));
+      co_return size;
+    }
+  }
+}
+
+Co<void> Job::bump_round(Agent& a, int64_t completed) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto text = co_await value_if_set(*a.main, keys_.state());
+    if (!text) {
+      co_return;
+    }
+    JobState s = decode_state(*text);
+    if (s.closed || s.round > completed) {
+      co_return;
+    }
+    s.round = completed + 1;
+    std::string want = encode_state(s);
+    std::string now = co_await a.main->compare_set(keys_.state(), *text, want);
+    if (now == want) {
+      co_return;
+    }
+  }
+}
+
+Co<void> Job::next_rendezvous(Agent& a) {
+  int64_t deadline = mono_ns() + s_.join_timeout_ns;
+  JobState state = co_await read_or_create_state(a);
+  if (state.closed) {
+    throw RendezvousClosedError("the simulated job was closed");
+  }
+  int64_t r = std::max(state.round, a.round + 1);
+  int64_t arrival = 0;
+  int64_t size = 0;
+  for (;;) {
+    arrival = co_await a.main->add(keys_.count(r), 1);
+    co_await a.main->set(keys_.node(r, arrival), a.descriptor);
+    ++a.watch;  // stop_watch(true): the old keep-alive ends, and is joined
+    if (a.sleeper) {
+      loop_.cancel(a.nap);
+      loop_.post(std::exchange(a.sleeper, {}));
+    }
+    if (a.watching) {
+      struct Join {
+        Agent& a;
+        bool await_ready() const noexcept {
+          return !a.watching;
+        }
+        void await_suspend(std::coroutine_handle<> h) {
+          a.joiner = h;
+        }
+        void await_resume() const noexcept {}
+      };
+      co_await Join{a};
+    }
+    if (arrival == s_.min_nodes) {
+      co_await set_once(a, r, "last_call", last_call_value(arrival));
+    }
+    if (arrival == s_.max_nodes) {
+      size = co_await close_round(a, r, s_.max_nodes);
+    } else {
+      size = co_await await_size(a, r, arrival, deadline);
+    }
+    if (arrival <= size) {
+      if (arrival == 1) {  // rank 0, in arrival order
+        co_await set_once(a, r, "master", master_value(a));
+        co_await bump_round(a, r);
+        break;
+      }
+      auto master = co_await wait_value(a, r, "master", s_.lost_after_ns());
+      if (master) {
+        break;
+      }
+    } else if (size >= s_.max_nodes) {
+      throw RendezvousError("a simulated agent would be a spare");
+    }
+    ++r;
+  }
+  a.round = r;
+  a.index = arrival;
+  a.size = size;
+  a.waiting = 0;
+  a.lost = 0;
+  tally_.complete(r, arrival - 1, size, mono_ns());
+}
+
+Co<bool> Job::alive(
+    Agent& a,
+    sim::Conn& conn,
+    int64_t index,
+    std::map<int64_t, std::pair<int64_t, int64_t>>& seen) {
+  int64_t beats = co_await conn.add(keys_.heartbeat(a.round, index), 0);
+  int64_t now = mono_ns();
+  auto [it, fresh] = seen.try_emplace(index, beats, now);
+  if (fresh || it->second.first != beats) {
+    it->second = {beats, now};
+    co_return true;
+  }
+  co_return now - it->second.second < s_.lost_after_ns();
+}
+
+// StoreRoundMonitor and Watch::run: a heartbeat, the job record and the
+// neighbour's heartbeat each interval, and in between a wait for the next
+// round's first arrival.
+Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
+  struct Running {  // stop_watch(true) joins the thread: a.joiner waits
+    Job& job;
+    Agent& a;
+    ~Running() {
+      a.watching = false;
+      if (a.joiner) {
+        job.loop_.post(std::exchange(a.joiner, {}));
+      }
+    }
+  } running{*this, a};
+  a.watching = true;
+  sim::Conn& conn = *a.keepalive;  // connected on first use, kept
+  const int64_t r = a.round;
+  auto next_peer = [&](int64_t after) { return after % a.size + 1; };
+  int64_t peer = a.size > 1 ? next_peer(a.index) : a.index;
+  int64_t started = mono_ns();
+  int64_t next_beat = started;
+  int64_t next_check = started;
+  int failures = 0;
+  std::map<int64_t, std::pair<int64_t, int64_t>> seen;
+  while (a.watch == watch && !a.killed && !stop_) {
+    std::string error;
+    try {
+      if (mono_ns() >= next_beat) {
+        next_beat = mono_ns() + s_.keep_alive_ns;
+        co_await conn.add(keys_.heartbeat(r, a.index), 1);
+        auto text = co_await value_if_set(conn, keys_.state());
+        if (text) {
+          decode_state(*text);
+        }
+        if (mono_ns() >= next_check && a.lost == 0 && a.waiting == 0) {
+          // check_neighbour
+          bool early = mono_ns() < started + s_.lost_after_ns();
+          bool go_on = !early;
+          if (early) {
+            go_on = co_await alive(a, conn, peer, seen);
+          }
+          if (go_on) {
+            for (int64_t seen_n = 0; peer != a.index && seen_n < a.size;
+                 ++seen_n) {
+              bool up = co_await alive(a, conn, peer, seen);
+              if (up) {
+                break;
+              }
+              bool left = co_await conn.check(one(keys_.left(r, peer)));
+              if (!left) {
+                a.lost = peer;
+                a.lost_at_ns = mono_ns();
+                break;
+              }
+              peer = next_peer(peer);
+            }
+          }
+        }
+        failures = 0;
+      }
+      if (a.watch != watch || a.killed || stop_) {
+        break;
+      }
+      if (a.waiting == 0) {
+        int64_t wait = std::max<int64_t>(next_beat - mono_ns(), kMs);
+        bool opened = co_await conn.wait(one(keys_.count(r + 1)), wait);
+        if (opened) {
+          a.waiting = co_await arrivals(conn, r + 1);
+        }
+        continue;
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (!error.empty() && ++failures >= s_.max_attempts && !stop_) {
+      throw NetworkError(fmt::format(
+          "the store is unreachable ({} keep-alive attempts failed): {}",
+          failures,
+          error));
+    }
+    struct Nap {
+      sim::Loop& loop;
+      Agent& a;
+      int64_t at;
+      bool await_ready() const noexcept {
+        return false;
+      }
+      void await_suspend(std::coroutine_handle<> h) {
+        a.sleeper = h;
+        a.nap = loop.at(at, [&a = a] {
+          if (auto s = std::exchange(a.sleeper, {})) {
+            s.resume();
+          }
+        });
+      }
+      void await_resume() const noexcept {}
+    };
+    co_await Nap{loop_, a, next_beat};
+  }
+}
+
+Co<void> Job::agent_life(Agent& a) {
+  co_await a.main->connect();
+  ++connected_;
+  while (!go_ && !stop_) {
+    co_await loop_.sleep_until(mono_ns() + 5 * kMs);
+  }
+  while (!stop_ && !a.killed) {
+    co_await next_rendezvous(a);
+    loop_.spawn(keep_alive(a, a.watch), [this, &a](std::exception_ptr e) {
+      if (e && !stop_ && !a.killed) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          tally_.fail(std::string("a keep-alive failed: ") + x.what());
+        }
+      }
+    });
+    // The agent's monitor loop: num_nodes_waiting() every monitor_interval.
+    while (!stop_ && !a.killed && a.waiting == 0 && a.lost == 0) {
+      co_await loop_.sleep_until(mono_ns() + s_.monitor_interval_ns);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+struct Phase {
+  double seconds = NAN;
+  double server_cpu_s = NAN;
+};
+
+struct RunResult {
+  std::string error;
+  double connect_s = NAN;
+  Phase round;
+  // The idle job: requests and bytes per second, server CPU share.
+  double idle_requests_per_s = NAN;
+  double idle_bytes_per_s = NAN;
+  double idle_server_cpu = NAN;
+  // From the kill: the watcher saw the loss; every survivor in the new round.
+  double detect_s = NAN;
+  Phase rerendezvous;
+  uint64_t round_bytes = 0;
+};
+
+// The real handlers among the simulated agents: each a thread with a c10d
+// handler from tide's registry, doing what the agent does with it.
+class RealAgents {
+ public:
+  RealAgents(int n, const Settings& s, uint16_t port, Tally& tally)
+      : tally_(tally) {
+    rendezvous::RendezvousParameters p{
+        .backend = "c10d",
+        .endpoint = "127.0.0.1:" + std::to_string(port),
+        .run_id = s.run_id,
+        .min_nodes = static_cast<int>(s.min_nodes),
+        .max_nodes = static_cast<int>(s.max_nodes),
+        .local_addr = "127.0.0.1",
+        .config = {
+            {"is_host", "false"},
+            {"keep_alive_interval",
+             fmt::format("{}", static_cast<double>(s.keep_alive_ns) / 1e9)},
+            {"keep_alive_max_attempt", std::to_string(s.max_attempts)},
+            {"last_call_timeout",
+             fmt::format("{}", static_cast<double>(s.last_call_ns) / 1e9)},
+            {"join_timeout",
+             fmt::format("{}", static_cast<double>(s.join_timeout_ns) / 1e9)},
+            {"read_timeout",
+             fmt::format("{}", static_cast<double>(s.read_timeout_ns) / 1e9)},
+        }};
+    for (int i = 0; i < n; ++i) {
+      handlers_.push_back(rendezvous::handler_registry().create(p));
+    }
+  }
+  ~RealAgents() {
+    stop_ = true;
+    for (auto& t : threads_) {
+      t.join();
+    }
+  }
+  void go() {
+    for (auto& h : handlers_) {
+      threads_.emplace_back([this, h = h.get()] {
+        try {
+          while (!stop_) {
+            auto info = h->next_rendezvous();
+            tally_.complete(info.round, info.rank, info.world_size, mono_ns());
+            while (!stop_ && h->num_nodes_waiting() == 0) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+          }
+        } catch (const std::exception& e) {
+          if (!stop_) {
+            tally_.fail(std::string("a real handler failed: ") + e.what());
+          }
+        }
+      });
+    }
+  }
+  void stop() {
+    stop_ = true;
+    for (auto& h : handlers_) {
+      h->set_closed();
+    }
+  }
+
+ private:
+  Tally& tally_;
+  std::vector<std::unique_ptr<rendezvous::RendezvousHandler>> handlers_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+};
+
+struct Simulation {
+  const RendezvousOptions& o;
+  ServerProcess& server;
+  size_t n;
+  RunResult result;
+
+  Co<void> controller(Job& job, Tally& tally, RealAgents* real) {
+    auto poll = [&] { return loop.sleep_until(mono_ns() + 2 * kMs); };
+    const int64_t bound = mono_ns() + static_cast<int64_t>(o.timeout_s * 1e9);
+    int64_t start = mono_ns();
+    while (job.connected() < job.agents().size()) {
+      if (mono_ns() > bound) {
+        throw TimeoutError(fmt::format(
+            "{} of {} agents connected", job.connected(), job.agents().size()));
+      }
+      co_await poll();
+    }
+    result.connect_s = static_cast<double>(mono_ns() - start) / 1e9;
+    double cpu0 = server.cpu_seconds();
+    uint64_t bytes0 = traffic(job).second;
+    int64_t go = mono_ns();
+    job.go();
+    if (real != nullptr) {
+      real->go();
+    }
+    std::optional<std::pair<int64_t, Tally::Round>> done;
+    while (!(done = tally.complete_round(static_cast<int64_t>(n)))) {
+      if (mono_ns() > bound || !tally.error().empty()) {
+        throw TimeoutError(
+            "the first round did not complete: " +
+            (tally.error().empty() ? std::string("out of time")
+                                   : tally.error()));
+      }
+      co_await poll();
+    }
+    result.round.seconds = static_cast<double>(done->second.last_ns - go) / 1e9;
+    result.round.server_cpu_s = server.cpu_seconds() - cpu0;
+    result.round_bytes = traffic(job).second - bytes0;
+    if (!o.kill) {
+      co_return;
+    }
+    // The idle job: two intervals to settle, then o.idle_s measured.
+    co_await loop.sleep_until(mono_ns() + 2 * job.settings().keep_alive_ns);
+    auto [req0, by0] = traffic(job);
+    double c0 = server.cpu_seconds();
+    int64_t t0 = mono_ns();
+    co_await loop.sleep_until(t0 + static_cast<int64_t>(o.idle_s * 1e9));
+    auto [req1, by1] = traffic(job);
+    double idle = static_cast<double>(mono_ns() - t0) / 1e9;
+    result.idle_requests_per_s = static_cast<double>(req1 - req0) / idle;
+    result.idle_bytes_per_s = static_cast<double>(by1 - by0) / idle;
+    result.idle_server_cpu = (server.cpu_seconds() - c0) / idle;
+
+    // Kill the simulated agent nearest the middle of the arrival ring.
+    Agent* victim = &job.agents().front();
+    auto off = [&](const Agent& a) {
+      return std::abs(a.index - static_cast<int64_t>(n / 2));
+    };
+    for (Agent& a : job.agents()) {
+      if (off(a) < off(*victim)) {
+        victim = &a;
+      }
+    }
+    victim->killed = true;
+    victim->main->close();
+    victim->keepalive->close();
+    double cpu_kill = server.cpu_seconds();
+    int64_t kill = mono_ns();
+    const int64_t survivors = static_cast<int64_t>(n) - 1;
+    while (!(done = tally.complete_round(survivors))) {
+      if (mono_ns() > kill + static_cast<int64_t>(o.timeout_s * 1e9) ||
+          !tally.error().empty()) {
+        throw TimeoutError(
+            "the survivors did not form a new round: " +
+            (tally.error().empty() ? std::string("out of time")
+                                   : tally.error()));
+      }
+      co_await poll();
+    }
+    int64_t seen = 0;
+    for (Agent& a : job.agents()) {
+      if (a.lost_at_ns > kill && (seen == 0 || a.lost_at_ns < seen)) {
+        seen = a.lost_at_ns;
+      }
+    }
+    result.detect_s = seen > 0 ? static_cast<double>(seen - kill) / 1e9 : NAN;
+    result.rerendezvous.seconds =
+        static_cast<double>(done->second.last_ns - kill) / 1e9;
+    result.rerendezvous.server_cpu_s = server.cpu_seconds() - cpu_kill;
+  }
+
+  static std::pair<uint64_t, uint64_t> traffic(Job& job) {
+    uint64_t req = 0;
+    uint64_t bytes = 0;
+    auto count = [&](const sim::ConnStats& s) {
+      req += s.requests;
+      bytes += s.bytes_in + s.bytes_out;
+    };
+    for (Agent& a : job.agents()) {
+      count(a.main->stats());
+      count(a.keepalive->stats());
+    }
+    return {req, bytes};
+  }
+
+  sim::Loop loop;
+};
+
+RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
+  auto server = std::make_unique<ServerProcess>(
+      "tide-store",
+      std::vector<std::string>{
+          o.tide_store, "--host", "127.0.0.1", "--port", "0"},
+      kServerStartTimeout);
+  Settings s{
+      .run_id = fmt::format("scale{}_{}", n, rep),
+      .min_nodes = o.kill ? static_cast<int64_t>(n) - o.spare_nodes
+                          : static_cast<int64_t>(n),
+      .max_nodes = static_cast<int64_t>(n),
+      .keep_alive_ns = static_cast<int64_t>(o.keep_alive_s * 1e9),
+      .max_attempts = o.keep_alive_max_attempt,
+      .last_call_ns = static_cast<int64_t>(o.last_call_s * 1e9),
+      .join_timeout_ns = static_cast<int64_t>(o.timeout_s * 1e9),
+      .read_timeout_ns = static_cast<int64_t>(o.timeout_s * 1e9)};
+  Tally tally;
+  Simulation simulation{.o = o, .server = *server, .n = n};
+  std::unique_ptr<RealAgents> real;
+  size_t simulated = n - static_cast<size_t>(o.real_agents);
+  if (o.real_agents > 0) {
+    real = std::make_unique<RealAgents>(o.real_agents, s, server->port(), tally);
+  }
+  Job job(simulation.loop, s, tally);
+  job.agents().resize(simulated);
+  for (size_t i = 0; i < simulated; ++i) {
+    Agent& a = job.agents()[i];
+    a.id = i;
+    sim::ConnOptions co{
+        .port = server->port(),
+        .source = sim::source_address(2 * i, o.per_address),
+        .connect_timeout_ns = s.read_timeout_ns};
+    a.main = std::make_unique<sim::Conn>(simulation.loop, co);
+    co.source = sim::source_address(2 * i + 1, o.per_address);
+    co.connect_timeout_ns = s.keep_alive_ns;  // its store's timeout
+    a.keepalive = std::make_unique<sim::Conn>(simulation.loop, co);
+    a.descriptor = json{
+        {"addr", "127.0.0.1"},
+        {"pid", static_cast<int64_t>(::getpid())},
+        {"local_id", static_cast<int64_t>(i)},
+        {"host", "sim" + std::to_string(i)},
+        {"rank_order", "arrival"}}
+                       .dump();
+    simulation.loop.spawn(job.agent_life(a), [&tally, &job, &a](std::exception_ptr e) {
+      if (e && !job.stopping() && !a.killed) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          tally.fail(std::string("a simulated agent failed: ") + x.what());
+        }
+      }
+    });
+  }
+  std::string error;
+  simulation.loop.spawn(
+      simulation.controller(job, tally, real.get()),
+      [&](std::exception_ptr e) {
+        if (e) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& x) {
+            error = x.what();
+          }
+        }
+        job.stop();
+        simulation.loop.stop();
+      });
+  simulation.loop.run(
+      mono_ns() + static_cast<int64_t>((3 * o.timeout_s + o.idle_s) * 1e9));
+  job.stop();
+  if (real) {
+    real->stop();
+  }
+  // Every coroutine sees the stop when it next wakes (within a keep-alive
+  // interval); then whatever still waits on a connection is failed.
+  simulation.loop.run(mono_ns() + 2 * s.keep_alive_ns + 2'000 * kMs);
+  simulation.loop.begin_teardown();
+  for (Agent& a : job.agents()) {
+    a.main->close();
+    a.keepalive->close();
+  }
+  simulation.loop.run(mono_ns() + 1'000 * kMs);
+  real.reset();
+  RunResult r = simulation.result;
+  r.error = error.empty() ? tally.error() : error;
+  if (r.error.empty() && !tally.error().empty()) {
+    r.error = tally.error();
+  }
+  return r;
+}
+
+std::string seconds_cell(const std::vector<double>& v) {
+  if (v.empty()) {
+    return "";
+  }
+  Stats s = stats(v);
+  return s.n > 1 ? fmt::format(
+                       "{} ({} - {})",
+                       format_duration(s.median, 0),
+                       format_duration(s.min, 0),
+                       format_duration(s.max, 0))
+                 : format_duration(s.median, 0);
+}
+
+std::vector<size_t> parse_nodes(const std::string& list) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    std::string item = list.substr(pos, comma - pos);
+    size_t mult = 1;
+    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
+      mult = 1024;
+      item.pop_back();
+    }
+    size_t used = 0;
+    size_t v = 0;
+    try {
+      v = std::stoul(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != item.size() || v < 4) {
+      throw std::invalid_argument(
+          "--nodes: \"" + item + "\" is not a node count >= 4 (like 4096 or 8k)");
+    }
+    out.push_back(v * mult);
+    if (comma == std::string::npos) {
+      break;
+    }
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_rendezvous_options(CLI::App& app, RendezvousOptions& o) {
+  app.add_option("--nodes", o.nodes, "simulated node counts (4096 or 4k)")
+      ->capture_default_str();
+  app.add_option("--reps", o.reps)->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "bound on each phase, s")
+      ->capture_default_str();
+  app.add_flag(
+      "--kill,!--no-kill",
+      o.kill,
+      "after the round, measure the idle keep-alives, kill one agent and time "
+      "the survivors' new round");
+  app.add_option("--idle", o.idle_s, "seconds of idle keep-alive measured")
+      ->capture_default_str();
+  app.add_option("--keep-alive-interval", o.keep_alive_s, "s")
+      ->capture_default_str();
+  app.add_option("--keep-alive-max-attempt", o.keep_alive_max_attempt)
+      ->capture_default_str();
+  app.add_option("--last-call", o.last_call_s, "last_call_timeout, s")
+      ->capture_default_str();
+  app.add_option(
+         "--spare-nodes",
+         o.spare_nodes,
+         "with --kill: min_nodes = N - this (the job tolerates losing that "
+         "many nodes)")
+      ->capture_default_str();
+  app.add_option(
+         "--real-agents",
+         o.real_agents,
+         "of the N, this many are real c10d handlers (threads), a check that "
+         "the simulation speaks the protocol")
+      ->capture_default_str();
+  app.add_option(
+         "--per-address", o.per_address, "connections per 127.x source address")
+      ->capture_default_str();
+  app.add_option("--tide-store", o.tide_store)->capture_default_str();
+}
+
+int run_rendezvous_bench(const RendezvousOptions& o) {
+  auto ns = parse_nodes(o.nodes);
+  size_t most = *std::max_element(ns.begin(), ns.end());
+  // Two connections per agent (the handler's and its keep-alive's), here
+  // and in the server.
+  sim::raise_fd_limit(2 * most + 256);
+  struct Cells {
+    std::vector<double> connect, round, round_cpu, round_bytes, idle_req,
+        idle_bytes, idle_cpu, detect, rerdzv, rerdzv_cpu;
+    std::vector<std::string> errors;
+  };
+  std::map<size_t, Cells> cells;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (size_t n : ns) {
+      std::fprintf(stderr, "scale_bench: rendezvous, %zu nodes (rep %d)\n", n, rep + 1);
+      RunResult r = run_once(o, n, rep);
+      std::printf(
+          "RESULT rendezvous nodes=%zu ok=%d connect_s=%.3f round_s=%.3f "
+          "round_server_cpu_s=%.2f round_bytes=%llu idle_req_per_s=%.0f "
+          "idle_bytes_per_s=%.0f idle_server_cpu=%.3f detect_s=%.3f "
+          "rerendezvous_s=%.3f rerendezvous_server_cpu_s=%.2f error=\"%s\"\n",
+          n,
+          r.error.empty() ? 1 : 0,
+          r.connect_s,
+          r.round.seconds,
+          r.round.server_cpu_s,
+          static_cast<unsigned long long>(r.round_bytes),
+          r.idle_requests_per_s,
+          r.idle_bytes_per_s,
+          r.idle_server_cpu,
+          r.detect_s,
+          r.rerendezvous.seconds,
+          r.rerendezvous.server_cpu_s,
+          r.error.c_str());
+      std::fflush(stdout);
+      Cells& c = cells[n];
+      if (!r.error.empty()) {
+        c.errors.push_back(r.error);
+        continue;
+      }
+      c.connect.push_back(r.connect_s);
+      c.round.push_back(r.round.seconds);
+      c.round_cpu.push_back(r.round.server_cpu_s);
+      c.round_bytes.push_back(
+          static_cast<double>(r.round_bytes) / static_cast<double>(n));
+      if (o.kill) {
+        c.idle_req.push_back(r.idle_requests_per_s);
+        c.idle_bytes.push_back(r.idle_bytes_per_s);
+        c.idle_cpu.push_back(r.idle_server_cpu);
+        c.detect.push_back(r.detect_s);
+        c.rerdzv.push_back(r.rerendezvous.seconds);
+        c.rerdzv_cpu.push_back(r.rerendezvous.server_cpu_s);
+      }
+    }
+  }
+  std::printf(
+      "\n## Rendezvous at scale (%s, %s, %d reps; keep_alive_interval=%g s, "
+      "keep_alive_max_attempt=%d, last_call_timeout=%g s%s)\n\n",
+      now_utc().c_str(),
+      kernel().c_str(),
+      o.reps,
+      o.keep_alive_s,
+      o.keep_alive_max_attempt,
+      o.last_call_s,
+      o.real_agents > 0
+          ? fmt::format(", {} real handlers among the agents", o.real_agents)
+                .c_str()
+          : "");
+  std::printf(
+      "| nodes | round | per node | server CPU | bytes per node | idle "
+      "keep-alive requests/s | idle server CPU | loss seen | re-rendezvous "
+      "after kill | failed |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--|\n");
+  bool ok = true;
+  for (auto& [n, c] : cells) {
+    ok = ok && c.errors.empty();
+    std::printf(
+        "| %zu | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        n,
+        seconds_cell(c.round).c_str(),
+        c.round.empty()
+            ? ""
+            : fmt::format(
+                  "{:.0f} us", median(c.round) / static_cast<double>(n) * 1e6)
+                  .c_str(),
+        c.round_cpu.empty() ? "" : format_duration(median(c.round_cpu), 0).c_str(),
+        c.round_bytes.empty()
+            ? ""
+            : fmt::format("{:.0f}", median(c.round_bytes)).c_str(),
+        c.idle_req.empty() ? "" : fmt::format("{:.0f}", median(c.idle_req)).c_str(),
+        c.idle_cpu.empty()
+            ? ""
+            : fmt::format("{:.0f}%", 100 * median(c.idle_cpu)).c_str(),
+        seconds_cell(c.detect).c_str(),
+        seconds_cell(c.rerdzv).c_str(),
+        c.errors.empty() ? "" : (std::to_string(c.errors.size()) + ": " + c.errors.front()).c_str());
+  }
+  return ok ? 0 : 1;
 }
 
 }  // namespace tide::bench::scale

@@ -106,9 +106,8 @@ void Loop::watch(int fd, IoHandler* handler) {
 
 void Loop::release_connect_slot() {
   if (!connect_queue_.empty()) {
-    auto h = connect_queue_.front();
+    post(connect_queue_.front());  // the slot passes on
     connect_queue_.pop_front();
-    at(0, [h] { h.resume(); });  // the slot passes on; resumed from the loop
     return;
   }
   --connecting_;
@@ -119,6 +118,11 @@ bool Loop::run(int64_t deadline_ns) {
   std::vector<epoll_event> events(1024);
   while (live_ > 0 && !stopped_) {
     throw_if_interrupted();
+    while (!ready_.empty() && !stopped_) {
+      auto h = ready_.front();
+      ready_.pop_front();
+      h.resume();
+    }
     int64_t now = mono_ns();
     while (!timers_.empty() && timers_.begin()->first.first <= now &&
            !stopped_) {
@@ -131,6 +135,9 @@ bool Loop::run(int64_t deadline_ns) {
     }
     if (now >= deadline_ns) {
       return false;
+    }
+    if (!ready_.empty()) {
+      continue;  // a timer made work
     }
     int64_t next = deadline_ns;
     if (!timers_.empty()) {
@@ -228,6 +235,9 @@ Co<void> Conn::connect() {
   int64_t backoff = 10'000'000;
   std::string error;
   for (;;) {
+    if (loop_.tearing_down()) {
+      throw NetworkError("the bench is stopping");
+    }
     co_await loop_.connect_slot();
     int err = 0;
     Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -279,7 +289,11 @@ Co<void> Conn::connect() {
       loop_.cancel(timer);
       socklen_t len = sizeof err;
       err = 0;
-      ::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (fd_.get() < 0) {
+        err = ECONNABORTED;  // closed while connecting
+      } else {
+        ::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      }
       if (err == 0 && !connect_ready_) {
         err = ETIMEDOUT;  // the deadline passed, not the connect
       }
@@ -335,6 +349,10 @@ Co<void> Conn::ensure_connected() {
 }
 
 void Conn::close() {
+  if (connect_waiter_) {
+    connect_ready_ = false;  // it sees a failed connect
+    loop_.post(std::exchange(connect_waiter_, {}));
+  }
   fd_.reset();  // closing it leaves the epoll set too
   ready_ = false;
   out_.clear();
@@ -352,7 +370,7 @@ void Conn::fail(std::exception_ptr error) {
   for (Pending* p : failed) {
     p->error = error;
     p->done = true;
-    p->waiter.resume();
+    loop_.post(p->waiter);
   }
 }
 
@@ -387,11 +405,8 @@ void Conn::flush() {
 void Conn::on_io(uint32_t events) {
   if (connect_waiter_) {
     connect_ready_ = (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) != 0;
-    auto h = std::exchange(connect_waiter_, {});
-    h.resume();
-    if (fd_.get() < 0 || (events & EPOLLIN) == 0) {
-      return;  // a reply may have come with the connect's edge
-    }
+    loop_.post(std::exchange(connect_waiter_, {}));
+    return;  // nothing was sent yet, so nothing can have come
   }
   if (fd_.get() < 0) {
     return;  // closed earlier in this batch of events
@@ -517,8 +532,8 @@ bool Conn::take_reply() {
   in_pos_ += used;
   pending_.pop_front();
   p->done = true;
-  p->waiter.resume();
-  return connected();
+  loop_.post(p->waiter);
+  return true;
 }
 
 void Conn::on_timeout(Pending* p) {
@@ -543,7 +558,7 @@ void Conn::on_timeout(Pending* p) {
   p->number = -1;
   p->done = true;
   close();
-  p->waiter.resume();
+  loop_.post(p->waiter);
 }
 
 Co<void> Conn::set(std::string key, std::string value) {
@@ -610,7 +625,8 @@ Co<bool> Conn::wait(std::vector<std::string> keys, int64_t timeout_ns) {
 }
 
 Co<std::vector<std::string>> Conn::multi_get(std::vector<std::string> keys) {
-  if (!co_await wait(keys, options_.connect_timeout_ns)) {
+  bool met = co_await wait(keys, options_.connect_timeout_ns);
+  if (!met) {
     throw TimeoutError("multi_get: the keys did not appear");
   }
   std::string req;

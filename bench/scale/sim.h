@@ -30,6 +30,10 @@
 //
 // Nothing here is thread safe: a Loop, its Conns and its coroutines belong to
 // one thread.
+//
+// GCC 12 miscompiles co_await inside a condition (`if (co_await f())`), a
+// `co_return co_await`, or next to a braced list: the coroutines here
+// co_await only as a statement or to initialise a variable.
 namespace tide::bench::sim {
 
 // ---------------------------------------------------------------------------
@@ -160,6 +164,13 @@ class Loop {
     return tearing_down_;
   }
 
+  // Resumes h from the loop's top, soon: a Conn never resumes a coroutine
+  // from inside its own methods, since the coroutine may end and destroy
+  // the Conn it owns.
+  void post(std::coroutine_handle<> h) {
+    ready_.push_back(h);
+  }
+
   // fn runs on the loop at `at_ns` (mono_ns clock) unless cancelled first.
   TimerId at(int64_t at_ns, std::function<void()> fn);
   void cancel(const TimerId& id);
@@ -216,6 +227,7 @@ class Loop {
   bool tearing_down_ = false;
   uint64_t next_timer_ = 0;
   std::map<TimerId, std::function<void()>> timers_;
+  std::deque<std::coroutine_handle<>> ready_;
   size_t connect_window_ = SIZE_MAX;
   size_t connecting_ = 0;
   std::deque<std::coroutine_handle<>> connect_queue_;

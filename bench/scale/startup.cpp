@@ -46,9 +46,9 @@ sim::Co<void> start_up(
   if (in == static_cast<int64_t>(n)) {
     co_await c.conn->set(kDoneKey, "1");
   }
-  // (A named vector: GCC 12 miscompiles a braced list inside co_await.)
   std::vector<std::string> done_key{kDoneKey};
-  if (!co_await c.conn->wait(std::move(done_key), cfg.timeout_ns)) {
+  bool met = co_await c.conn->wait(std::move(done_key), cfg.timeout_ns);
+  if (!met) {
     throw TimeoutError("the start-up barrier did not complete");
   }
   c.barrier_at = mono_ns();

@@ -5,7 +5,9 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include <functional>
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "tide/common/host.h"
@@ -66,13 +68,20 @@ class StoreKeys {
   std::string base_;
 };
 
-// key's value, or nullopt when it is not set (never waits).
+// key's value, or nullopt when it is not set (never waits). One request,
+// where check-then-get takes three (CHECK, and get's WAIT and GET): a
+// compare-and-set whose expected and desired value are one text no record
+// holds writes nothing, and returns the value when the key is set and the
+// expected text when it is not (torch's rule for an absent key). The
+// keep-alive reads the job record this way every interval.
+constexpr std::string_view kAbsent = "\x01tide.absent";
 std::optional<std::string> value_if_set(
     store::Store& s, const std::string& key) {
-  if (!s.check({key})) {
+  std::string v = s.compare_set(key, kAbsent, kAbsent);
+  if (v == kAbsent) {
     return std::nullopt;
   }
-  return s.get(key);
+  return v;
 }
 
 // Arrivals of round r. Reads without creating the counter: the counter's
@@ -98,28 +107,54 @@ bool wait_for(store::Store& s, const std::string& key, milliseconds timeout) {
   return wait_for(s, std::vector<std::string>{key}, timeout);
 }
 
+// The keep-alive's own connection, shared by the monitors of successive
+// rounds (and with keep-alive threads that outlive their handler). It is
+// made on first use, by the keep-alive thread, so that a failed connect
+// counts as a missed keep-alive rather than failing the round; and it is
+// kept, because thousands of agents reconnecting the moment a round
+// completes overflow the store host's accept queue.
+class KeepAliveConnection {
+ public:
+  explicit KeepAliveConnection(
+      std::function<std::shared_ptr<store::Store>()> connect)
+      : connect_(std::move(connect)) {}
+
+  std::shared_ptr<store::Store> get() {
+    std::lock_guard lock(mutex_);
+    if (!store_) {
+      store_ = connect_();
+    }
+    return store_;
+  }
+
+ private:
+  std::function<std::shared_ptr<store::Store>()> connect_;
+  std::mutex mutex_;
+  std::shared_ptr<store::Store> store_;
+};
+
 class StoreRoundMonitor final : public RoundMonitor {
  public:
   StoreRoundMonitor(
-      std::shared_ptr<store::Store> store,
+      std::shared_ptr<KeepAliveConnection> conn,
       StoreKeys keys,
       int64_t round,
       int64_t index,
       milliseconds lost_after)
-      : store_(std::move(store)),
+      : conn_(std::move(conn)),
         keys_(std::move(keys)),
         round_(round),
         index_(index),
         lost_after_(lost_after) {}
 
   void beat() override {
-    store_->add(keys_.heartbeat(round_, index_), 1);
+    store().add(keys_.heartbeat(round_, index_), 1);
   }
 
   bool alive(int64_t index) override {
     // Clock-free: a heartbeat counter seen to move is alive; one standing
     // still for lost_after (on this node's clock) is not.
-    int64_t beats = store_->add(keys_.heartbeat(round_, index), 0);
+    int64_t beats = store().add(keys_.heartbeat(round_, index), 0);
     auto now = Clock::now();
     auto [it, fresh] = seen_.try_emplace(index, Seen{beats, now});
     if (fresh || it->second.beats != beats) {
@@ -130,19 +165,19 @@ class StoreRoundMonitor final : public RoundMonitor {
   }
 
   bool has_left(int64_t index) override {
-    return store_->check({keys_.left(round_, index)});
+    return store().check({keys_.left(round_, index)});
   }
 
   std::optional<std::string> state() override {
-    return value_if_set(*store_, keys_.state());
+    return value_if_set(store(), keys_.state());
   }
 
   int64_t wait_next_round(milliseconds timeout) override {
     // The counter appears with the first arrival's add().
-    if (!wait_for(*store_, keys_.count(round_ + 1), timeout)) {
+    if (!wait_for(store(), keys_.count(round_ + 1), timeout)) {
       return 0;
     }
-    return count(*store_, keys_, round_ + 1);
+    return count(store(), keys_, round_ + 1);
   }
 
  private:
@@ -150,6 +185,14 @@ class StoreRoundMonitor final : public RoundMonitor {
     int64_t beats;
     Clock::time_point at;
   };
+  store::Store& store() {
+    if (!store_) {
+      store_ = conn_->get();
+    }
+    return *store_;
+  }
+
+  std::shared_ptr<KeepAliveConnection> conn_;
   std::shared_ptr<store::Store> store_;
   StoreKeys keys_;
   int64_t round_;
@@ -166,7 +209,7 @@ class StoreBackend final : public RendezvousBackend {
       const std::string& run_id,
       bool hosting)
       : store_(std::move(store)),
-        connect_(std::move(connect)),
+        keepalive_(std::make_shared<KeepAliveConnection>(std::move(connect))),
         keys_(run_id),
         run_id_(run_id),
         hosting_(hosting) {}
@@ -256,7 +299,7 @@ class StoreBackend final : public RendezvousBackend {
       int64_t index,
       const DynamicRendezvousSettings& s) override {
     return std::make_unique<StoreRoundMonitor>(
-        connect_(), keys_, round, index, s.lost_after());
+        keepalive_, keys_, round, index, s.lost_after());
   }
 
   std::shared_ptr<store::Store> round_store(int64_t round) override {
@@ -266,7 +309,7 @@ class StoreBackend final : public RendezvousBackend {
 
  private:
   std::shared_ptr<store::Store> store_;
-  std::function<std::shared_ptr<store::Store>()> connect_;
+  std::shared_ptr<KeepAliveConnection> keepalive_;
   StoreKeys keys_;
   std::string run_id_;
   bool hosting_;
