@@ -937,15 +937,20 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
   size_t most = *std::max_element(ns.begin(), ns.end());
   // Two connections per agent (the handler's and its keep-alive's), here
   // and in the server.
-  sim::raise_fd_limit(2 * most + 256);
+  const uint64_t fds = sim::raise_fd_limit(2 * most + 256);
   struct Cells {
     std::vector<double> connect, round, round_cpu, round_bytes, idle_req,
         idle_bytes, idle_cpu, detect, rerdzv, rerdzv_cpu;
     std::vector<std::string> errors;
+    std::string skipped;
   };
   std::map<size_t, Cells> cells;
   for (int rep = 0; rep < o.reps; ++rep) {
     for (size_t n : ns) {
+      if (2 * n + 256 > fds) {
+        cells[n].skipped = sim::fd_limit_note(2 * n + 256, fds);
+        continue;
+      }
       std::fprintf(stderr, "scale_bench: rendezvous, %zu nodes (rep %d)\n", n, rep + 1);
       RunResult r = run_once(o, n, rep);
       std::printf(
@@ -1026,7 +1031,12 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
             : fmt::format("{:.0f}%", 100 * median(c.idle_cpu)).c_str(),
         seconds_cell(c.detect).c_str(),
         seconds_cell(c.rerdzv).c_str(),
-        c.errors.empty() ? "" : (std::to_string(c.errors.size()) + ": " + c.errors.front()).c_str());
+        !c.skipped.empty()
+            ? c.skipped.c_str()
+            : (c.errors.empty() ? ""
+                                : (std::to_string(c.errors.size()) + ": " +
+                                   c.errors.front())
+                                      .c_str()));
   }
   return ok ? 0 : 1;
 }

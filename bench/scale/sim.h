@@ -346,9 +346,10 @@ class Conn final : public IoHandler {
 // RSS (kB) and CPU seconds of a process, from /proc; 0 when unreadable.
 uint64_t rss_kb(int pid);
 
-// Raises RLIMIT_NOFILE (soft and, where allowed, hard) to at least `want`
-// descriptors; children inherit it. Throws std::invalid_argument saying how
-// far it got when it cannot.
-void raise_fd_limit(uint64_t want);
+// Raises RLIMIT_NOFILE (soft and, where allowed, hard) towards `want`
+// descriptors; children inherit it. Returns the limit reached.
+uint64_t raise_fd_limit(uint64_t want);
+// Why a cell that needs `need` descriptors cannot run under `have`.
+std::string fd_limit_note(uint64_t need, uint64_t have);
 
 }  // namespace tide::bench::sim

@@ -4,6 +4,7 @@
 #include "tide/rendezvous/dynamic_rendezvous.h"
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <set>
 #include <thread>
@@ -33,12 +34,21 @@ struct Job {
     settings.keep_alive_max_attempt = 3;
   }
 
-  std::unique_ptr<DynamicRendezvousHandler> node() {
+  // connects: counts the keep-alive connections the node makes.
+  std::unique_ptr<DynamicRendezvousHandler> node(
+      std::shared_ptr<std::atomic<int>> connects = nullptr) {
     auto s = store;
     return std::make_unique<DynamicRendezvousHandler>(
         "c10d",
         make_store_backend(
-            s, [s] { return s; }, settings.run_id),
+            s,
+            [s, connects] {
+              if (connects) {
+                ++*connects;
+              }
+              return s;
+            },
+            settings.run_id),
         settings,
         NodeDesc::make("127.0.0.1"));
   }
@@ -139,6 +149,42 @@ TEST(DynamicRendezvous, LateNodeMakesTheRoundRestartAndIsAdmitted) {
   }
   expect_one_round(second, 4);
   EXPECT_GT(second[0].round, first[0].round);
+}
+
+TEST(DynamicRendezvous, TheKeepAliveConnectsOnceAndKeepsItAcrossRounds) {
+  // Thousands of agents opening a keep-alive connection at once as every
+  // round completes overflow the store's accept queue: one per node, kept.
+  Job job(2, 3);
+  std::vector<std::shared_ptr<std::atomic<int>>> connects;
+  Handlers nodes;
+  for (int i = 0; i < 2; ++i) {
+    connects.push_back(std::make_shared<std::atomic<int>>(0));
+    nodes.push_back(job.node(connects.back()));
+  }
+  expect_one_round(all_next(nodes), 2);
+  nodes.push_back(job.node());
+  auto late = std::async(
+      std::launch::async, [&] { return nodes[2]->next_rendezvous(); });
+  std::vector<std::future<RendezvousInfo>> again;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(becomes_waiting(*nodes[static_cast<size_t>(i)], 10s));
+    again.push_back(std::async(std::launch::async, [&, i] {
+      return nodes[static_cast<size_t>(i)]->next_rendezvous();
+    }));
+  }
+  std::vector<RendezvousInfo> second{late.get()};
+  for (auto& f : again) {
+    second.push_back(f.get());
+  }
+  expect_one_round(second, 3);
+  // Two rounds each; the second round's keep-alives beat (every 50 ms) and
+  // see nothing to restart for.
+  for (auto& n : nodes) {
+    ASSERT_FALSE(becomes_waiting(*n, 1s));
+  }
+  for (const auto& c : connects) {
+    EXPECT_EQ(c->load(), 1);
+  }
 }
 
 TEST(DynamicRendezvous, NodeBeyondMaxIsASpareAndTriggersNoRestart) {
