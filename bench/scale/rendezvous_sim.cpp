@@ -188,7 +188,9 @@ struct JobState {
 class Job {
  public:
   Job(sim::Loop& loop, Settings s, Tally& tally)
-      : loop_(loop), s_(std::move(s)), keys_{"tide.rdzv/" + s_.run_id + "/"},
+      : loop_(loop),
+        s_(std::move(s)),
+        keys_{"tide.rdzv/" + s_.run_id + "/"},
         tally_(tally) {}
 
   // An agent's life: connect, wait for go, then rounds until stopped.
@@ -221,7 +223,8 @@ class Job {
   Co<std::optional<std::string>> wait_value(
       Agent& a, int64_t r, const std::string& name, int64_t timeout_ns);
   Co<int64_t> close_round(Agent& a, int64_t r, int64_t size);
-  Co<int64_t> await_size(Agent& a, int64_t r, int64_t arrival, int64_t deadline);
+  Co<int64_t> await_size(
+      Agent& a, int64_t r, int64_t arrival, int64_t deadline);
   Co<void> bump_round(Agent& a, int64_t completed);
   Co<void> next_rendezvous(Agent& a);
   Co<void> keep_alive(Agent& a, uint64_t watch);
@@ -292,7 +295,8 @@ Co<std::string> Job::set_once(
 Co<std::optional<std::string>> Job::wait_value(
     Agent& a, int64_t r, const std::string& name, int64_t timeout_ns) {
   std::string key = keys_.value(r, name);
-  bool met = co_await a.main->wait(one(key), std::max<int64_t>(timeout_ns, kMs));
+  bool met =
+      co_await a.main->wait(one(key), std::max<int64_t>(timeout_ns, kMs));
   if (!met) {
     co_return std::nullopt;
   }
@@ -315,8 +319,8 @@ Co<int64_t> Job::await_size(
       throw TimeoutError(fmt::format("round {} did not complete", r));
     }
     if (!close_at) {
-      auto last_call =
-          co_await wait_value(a, r, "last_call", std::min(slice, deadline - now));
+      auto last_call = co_await wait_value(
+          a, r, "last_call", std::min(slice, deadline - now));
       if (last_call) {
         close_at = mono_ns() + s_.last_call_ns;
         continue;
@@ -780,7 +784,8 @@ RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
   std::unique_ptr<RealAgents> real;
   size_t simulated = n - static_cast<size_t>(o.real_agents);
   if (o.real_agents > 0) {
-    real = std::make_unique<RealAgents>(o.real_agents, s, server->port(), tally);
+    real =
+        std::make_unique<RealAgents>(o.real_agents, s, server->port(), tally);
   }
   Job job(simulation.loop, s, tally);
   job.agents().resize(simulated);
@@ -800,22 +805,22 @@ RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
         {"pid", static_cast<int64_t>(::getpid())},
         {"local_id", static_cast<int64_t>(i)},
         {"host", "sim" + std::to_string(i)},
-        {"rank_order", "arrival"}}
-                       .dump();
-    simulation.loop.spawn(job.agent_life(a), [&tally, &job, &a](std::exception_ptr e) {
-      if (e && !job.stopping() && !a.killed) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-          tally.fail(std::string("a simulated agent failed: ") + x.what());
-        }
-      }
-    });
+        {"rank_order",
+         "arrival"}}.dump();
+    simulation.loop.spawn(
+        job.agent_life(a), [&tally, &job, &a](std::exception_ptr e) {
+          if (e && !job.stopping() && !a.killed) {
+            try {
+              std::rethrow_exception(e);
+            } catch (const std::exception& x) {
+              tally.fail(std::string("a simulated agent failed: ") + x.what());
+            }
+          }
+        });
   }
   std::string error;
   simulation.loop.spawn(
-      simulation.controller(job, tally, real.get()),
-      [&](std::exception_ptr e) {
+      simulation.controller(job, tally, real.get()), [&](std::exception_ptr e) {
         if (e) {
           try {
             std::rethrow_exception(e);
@@ -880,9 +885,10 @@ std::vector<size_t> parse_nodes(const std::string& list) {
       v = std::stoul(item, &used);
     } catch (const std::exception&) {
     }
-    if (used != item.size() || v < 4) {
+    if (used != item.size() || v * mult < 4) {
       throw std::invalid_argument(
-          "--nodes: \"" + item + "\" is not a node count >= 4 (like 4096 or 8k)");
+          "--nodes: \"" + item +
+          "\" is not a node count >= 4 (like 4096 or 8k)");
     }
     out.push_back(v * mult);
     if (comma == std::string::npos) {
@@ -951,7 +957,8 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
         cells[n].skipped = sim::fd_limit_note(2 * n + 256, fds);
         continue;
       }
-      std::fprintf(stderr, "scale_bench: rendezvous, %zu nodes (rep %d)\n", n, rep + 1);
+      std::fprintf(
+          stderr, "scale_bench: rendezvous, %zu nodes (rep %d)\n", n, rep + 1);
       RunResult r = run_once(o, n, rep);
       std::printf(
           "RESULT rendezvous nodes=%zu ok=%d connect_s=%.3f round_s=%.3f "
@@ -1021,11 +1028,13 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
             : fmt::format(
                   "{:.0f} us", median(c.round) / static_cast<double>(n) * 1e6)
                   .c_str(),
-        c.round_cpu.empty() ? "" : format_duration(median(c.round_cpu), 0).c_str(),
+        c.round_cpu.empty() ? ""
+                            : format_duration(median(c.round_cpu), 0).c_str(),
         c.round_bytes.empty()
             ? ""
             : fmt::format("{:.0f}", median(c.round_bytes)).c_str(),
-        c.idle_req.empty() ? "" : fmt::format("{:.0f}", median(c.idle_req)).c_str(),
+        c.idle_req.empty() ? ""
+                           : fmt::format("{:.0f}", median(c.idle_req)).c_str(),
         c.idle_cpu.empty()
             ? ""
             : fmt::format("{:.0f}%", 100 * median(c.idle_cpu)).c_str(),
@@ -1033,10 +1042,10 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
         seconds_cell(c.rerdzv).c_str(),
         !c.skipped.empty()
             ? c.skipped.c_str()
-            : (c.errors.empty() ? ""
-                                : (std::to_string(c.errors.size()) + ": " +
-                                   c.errors.front())
-                                      .c_str()));
+            : (c.errors.empty()
+                   ? ""
+                   : (std::to_string(c.errors.size()) + ": " + c.errors.front())
+                         .c_str()));
   }
   return ok ? 0 : 1;
 }

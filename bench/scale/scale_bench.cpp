@@ -78,8 +78,10 @@ std::vector<std::string> split(const std::string& list) {
 }
 
 std::unique_ptr<ServerProcess> start_server(
-    const std::string& name, const std::string& tide_store,
-    const std::string& python, const std::string& torch_peer) {
+    const std::string& name,
+    const std::string& tide_store,
+    const std::string& python,
+    const std::string& torch_peer) {
   if (name == "tide") {
     return std::make_unique<ServerProcess>(
         "tide-store",
@@ -91,8 +93,14 @@ std::unique_ptr<ServerProcess> start_server(
     return std::make_unique<ServerProcess>(
         "torch TCPStore",
         std::vector<std::string>{
-            python, torch_peer, "--host", "127.0.0.1", "--port", "0",
-            "--timeout", "3600"},
+            python,
+            torch_peer,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--timeout",
+            "3600"},
         kServerStartTimeout);
   }
   throw std::invalid_argument(
@@ -280,17 +288,16 @@ int run_startup_bench(const StartupOptions& o) {
       Row& torch = results[v.name][n]["torch"];
       std::string ratio;
       if (!tide.time_s.empty() && !torch.time_s.empty()) {
-        ratio = fmt::format(
-            "{:.1f}x", median(torch.time_s) / median(tide.time_s));
+        ratio =
+            fmt::format("{:.1f}x", median(torch.time_s) / median(tide.time_s));
       }
       std::printf(
           "| %s | %zu | %s | %s | %s | %s | %s | %s | %s |\n",
           v.name.c_str(),
           n,
           cell_text(tide, o.reps).c_str(),
-          tide.cpu_s.empty()
-              ? ""
-              : format_duration(median(tide.cpu_s), 0).c_str(),
+          tide.cpu_s.empty() ? ""
+                             : format_duration(median(tide.cpu_s), 0).c_str(),
           tide.rss_per_client_kb.empty()
               ? ""
               : fmt::format("{:.1f} KiB", median(tide.rss_per_client_kb))
@@ -299,9 +306,8 @@ int run_startup_bench(const StartupOptions& o) {
               ? ""
               : fmt::format("{:.0f}", median(tide.bytes_per_client)).c_str(),
           cell_text(torch, o.reps).c_str(),
-          torch.cpu_s.empty()
-              ? ""
-              : format_duration(median(torch.cpu_s), 0).c_str(),
+          torch.cpu_s.empty() ? ""
+                              : format_duration(median(torch.cpu_s), 0).c_str(),
           ratio.c_str());
     }
   }

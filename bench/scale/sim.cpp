@@ -48,9 +48,7 @@ struct Detached {
 };
 
 Detached drive(
-    Co<void> co,
-    size_t* live,
-    std::function<void(std::exception_ptr)> done) {
+    Co<void> co, size_t* live, std::function<void(std::exception_ptr)> done) {
   std::exception_ptr error;
   try {
     co_await co;
@@ -383,8 +381,8 @@ void Conn::send(std::string_view bytes) {
 void Conn::flush() {
   size_t sent = 0;
   while (sent < out_.size() && fd_.get() >= 0) {
-    ssize_t n = ::send(
-        fd_.get(), out_.data() + sent, out_.size() - sent, MSG_NOSIGNAL);
+    ssize_t n =
+        ::send(fd_.get(), out_.data() + sent, out_.size() - sent, MSG_NOSIGNAL);
     if (n > 0) {
       sent += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
@@ -478,8 +476,8 @@ bool Conn::take_reply() {
       }
       // A WAIT cancelled after its timeout: STOP_WAITING (it was met
       // first) and then WAIT_CANCELED, or WAIT_CANCELED alone.
-      if (p->cancelled && static_cast<uint8_t>(in[0]) ==
-                              store::wire::kStopWaiting) {
+      if (p->cancelled &&
+          static_cast<uint8_t>(in[0]) == store::wire::kStopWaiting) {
         if (in.size() < 2) {
           return false;
         }

@@ -46,8 +46,7 @@ class PromiseBase {
       return false;
     }
     template <typename P>
-    std::coroutine_handle<> await_suspend(
-        std::coroutine_handle<P> h) noexcept {
+    std::coroutine_handle<> await_suspend(std::coroutine_handle<P> h) noexcept {
       return h.promise().continuation;
     }
     void await_resume() noexcept {}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <thread>
 
 #include <fmt/format.h>
@@ -103,8 +104,7 @@ StartupResult run_startup(const StartupConfig& cfg, ServerProcess& server) {
                   .dialect = cfg.dialect,
                   .connect_timeout_ns = cfg.timeout_ns});
           loop.spawn(
-              start_up(clients[i], i, n, cfg),
-              [&, t](std::exception_ptr e) {
+              start_up(clients[i], i, n, cfg), [&, t](std::exception_ptr e) {
                 if (e) {
                   if (errors[t].empty()) {
                     try {
@@ -160,9 +160,13 @@ StartupResult run_startup(const StartupConfig& cfg, ServerProcess& server) {
     fetched = std::max(fetched, c.fetched_at);
   }
   r.ok = r.done == n && r.error.empty();
-  r.connect_s = static_cast<double>(connected - start) / 1e9;
-  r.barrier_s = static_cast<double>(barrier - start) / 1e9;
-  r.fetch_s = cfg.fetch_all ? static_cast<double>(fetched - start) / 1e9 : 0;
+  // NaN for a phase no client reached.
+  auto since_start = [&](int64_t t) {
+    return t > 0 ? static_cast<double>(t - start) / 1e9 : NAN;
+  };
+  r.connect_s = since_start(connected);
+  r.barrier_s = since_start(barrier);
+  r.fetch_s = cfg.fetch_all ? since_start(fetched) : 0;
   return r;
 }
 

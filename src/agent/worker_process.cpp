@@ -20,6 +20,7 @@
 
 #include "tide/agent/numa.h"
 #include "tide/common/error.h"
+#include "tide/common/fd_limit.h"
 #include "tide/common/logging.h"
 
 #include "agent/entrypoint_run.h"
@@ -105,6 +106,7 @@ void apply_binding_in_child(const Binding& b) {
     char* const* argv,
     char* const* envp) {
   ::setsid();
+  restore_fd_limit_in_child();
   // Registered here rather than by the parent after fork(): the parent may
   // not run again before this worker has started children of its own.
   janitor.watch_self_from_child();

@@ -10,6 +10,7 @@
 #include <asio.hpp>
 
 #include "tide/common/error.h"
+#include "tide/common/fd_limit.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
 #include "tide/store/tcp_store.h"
@@ -573,7 +574,15 @@ void TcpStoreServer::Impl::on_accept(
     // Out of descriptors or similar: keep serving the clients we have and
     // try again shortly rather than spinning or giving up.
     TIDE_LOG_WARN(
-        "[store] accept failed: {}; retrying in 100 ms", ec.message());
+        "[store] accept failed: {}{}; retrying in 100 ms",
+        ec.message(),
+        ec == asio::error::no_descriptors
+            ? fmt::format(
+                  " ({} clients; this process may open {} descriptors: "
+                  "raise its hard limit, ulimit -Hn)",
+                  connections.size(),
+                  raise_fd_limit())
+            : std::string());
     accept_retry.expires_after(std::chrono::milliseconds(100));
     accept_retry.async_wait([this](const asio::error_code& e) {
       if (!e) {
@@ -916,6 +925,7 @@ void TcpStoreServer::Impl::handle(
 
 std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
     TcpStoreServerOptions options) {
+  raise_fd_limit();
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->open();
   impl->accept();

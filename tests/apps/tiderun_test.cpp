@@ -1,6 +1,7 @@
 // tiderun as a user runs it: flags, exit codes, the failure summary, signals
 // and what is left in the process table afterwards.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -66,6 +67,30 @@ TEST_F(TiderunTest, RunsWorkersAndExitsZero) {
         std::string::npos)
         << out;
   }
+}
+
+// The agent hosting the c10d store raises its soft descriptor limit (the
+// store holds a socket per node); its workers get the limit tiderun was
+// started with, as a program that uses select() expects.
+TEST_F(TiderunTest, WorkersGetTheDescriptorLimitTiderunStartedWith) {
+  rlimit lim{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max <= 300) {
+    GTEST_SKIP() << "the hard descriptor limit is too low to tell";
+  }
+  std::string hard = lim.rlim_max == RLIM_INFINITY
+                         ? "unlimited"
+                         : std::to_string(lim.rlim_max);
+  auto s = script("w.sh", "echo \"limit=$(ulimit -n)\"");
+  auto args = tiderun({"--standalone", "--nproc-per-node=2", s});
+  args.insert(args.begin(), {"/usr/bin/prlimit", "--nofile=300:" + hard});
+  Subprocess p(args, {.merge_stderr = true});
+  std::string out = p.read_all(60s);
+  auto status = p.wait(30s);
+  ASSERT_TRUE(status.has_value()) << out;
+  EXPECT_EQ(exit_code(*status), 0) << out;
+  EXPECT_NE(out.find("limit=300"), std::string::npos) << out;
+  EXPECT_EQ(out.find("limit=" + hard), std::string::npos) << out;
 }
 
 TEST_F(TiderunTest, AcceptsUnderscoreSpellingsAndPetVariables) {

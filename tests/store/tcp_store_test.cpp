@@ -398,7 +398,8 @@ TEST_F(TcpStoreServerTest, ModernClientsHandshakeAndCanCancelAWait) {
   EXPECT_EQ(wire::load<uint32_t>(raw.read(4).data()), 77u);
 }
 
-TEST_F(TcpStoreServerTest, WaitsCancelledOverAndOverLeaveOnlyTheLiveOnesToWake) {
+TEST_F(
+    TcpStoreServerTest, WaitsCancelledOverAndOverLeaveOnlyTheLiveOnesToWake) {
   // The keep-alive pattern: many clients wait for one key and cancel, again
   // and again; then some wait for real. Only those are woken, once each, and
   // no cancelled client gets a stray byte.
@@ -459,7 +460,8 @@ int closed_connections_to(uint16_t port) {
   return n;
 }
 
-TEST_F(TcpStoreServerTest, AWaitThatTimesOutKeepsItsConnectionInTheModernDialect) {
+TEST_F(
+    TcpStoreServerTest, AWaitThatTimesOutKeepsItsConnectionInTheModernDialect) {
   start();
   // Counted from here: an earlier server on the same port may have left
   // some, which can only expire.
@@ -610,6 +612,49 @@ TEST(TideStoreAppTest, ServesUntilSigtermThenExitsZero) {
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status));
   EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+// A job's store holds a socket per client: tide-store raises its soft
+// descriptor limit to the hard one (often 1024 against 500k+), so a store
+// started with a soft limit of 256 serves 600 clients.
+TEST(
+    TideStoreAppTest,
+    ServesMoreClientsThanTheSoftDescriptorLimitItStartedWith) {
+  constexpr int kClients = 600;
+  rlimit lim{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < 2 * kClients + 100) {
+    GTEST_SKIP() << "this test needs " << 2 * kClients + 100 << " descriptors";
+  }
+  std::string hard = lim.rlim_max == RLIM_INFINITY
+                         ? "unlimited"
+                         : std::to_string(lim.rlim_max);
+  test::Subprocess app(
+      {"/usr/bin/prlimit",
+       "--nofile=256:" + hard,
+       TIDE_STORE_BIN,
+       "--port",
+       "0",
+       "--host",
+       "127.0.0.1"});
+  auto line = app.read_line(10s);
+  ASSERT_TRUE(line.has_value());
+  auto port =
+      static_cast<uint16_t>(std::stoi(line->substr(line->rfind(':') + 1)));
+  std::vector<std::unique_ptr<RawClient>> raws;
+  for (int i = 0; i < kClients; ++i) {
+    raws.push_back(std::make_unique<RawClient>(port));
+    ASSERT_TRUE(raws.back()->send(legacy_set("/c" + std::to_string(i), "x")));
+  }
+  TcpStore c({.port = port, .timeout = 10s});
+  std::vector<std::string> keys;
+  for (int i = 0; i < kClients; ++i) {
+    keys.push_back("c" + std::to_string(i));
+  }
+  c.wait(keys, 10s);
+  EXPECT_EQ(c.num_keys(), kClients);
+  app.signal(SIGTERM);
+  EXPECT_TRUE(app.wait(10s).has_value());
 }
 
 // A bad command line: the usage, then a line naming the problem, and exit
