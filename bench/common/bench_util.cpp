@@ -473,6 +473,43 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = std::min(list.find(',', pos), list.size());
+    if (comma > pos) {
+      out.push_back(list.substr(pos, comma - pos));
+    }
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::vector<size_t> parse_counts(const std::string& list, size_t min) {
+  std::vector<size_t> out;
+  for (std::string item : split(list)) {
+    size_t mult = 1;
+    if (item.back() == 'k' || item.back() == 'K') {
+      mult = 1024;
+      item.pop_back();
+    }
+    size_t used = 0;
+    unsigned long v = 0;
+    try {
+      v = std::stoul(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v * mult < min) {
+      throw std::invalid_argument(fmt::format(
+          "\"{}\" is not a count of at least {} (like 4096 or 8k)", item, min));
+    }
+    out.push_back(v * mult);
+  }
+  return out;
+}
+
 std::string load_average() {
   double l[3] = {0, 0, 0};
   if (::getloadavg(l, 3) != 3) {

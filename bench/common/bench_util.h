@@ -225,6 +225,12 @@ std::string format_duration(double seconds, int ms_digits);
 
 // `parts` with `sep` between them.
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+// A comma-separated list's non-empty items.
+std::vector<std::string> split(const std::string& list);
+// A comma-separated list of counts, each a number with an optional k
+// (x1024): "4096,8k". Throws std::invalid_argument naming an item that is
+// not a count of at least `min`.
+std::vector<size_t> parse_counts(const std::string& list, size_t min = 1);
 
 // The 1, 5 and 15 minute load averages, "0.12 0.34 0.56"; "?" if unknown.
 std::string load_average();

@@ -101,17 +101,6 @@ struct Options {
   std::string etcd = "/usr/bin/etcd";
 };
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) {
-      out.push_back(item);
-    }
-  }
-  return out;
-}
-
 bool contains(const std::string& list, std::string_view item) {
   for (const auto& x : split(list)) {
     if (x == item) {

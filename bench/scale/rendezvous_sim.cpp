@@ -20,6 +20,7 @@
 #include "tide/rendezvous/registry.h"
 
 #include "bench_util.h"
+#include "rendezvous/store_keys.h"
 #include "server_process.h"
 #include "sim.h"
 
@@ -46,32 +47,6 @@ struct Settings {
   int64_t monitor_interval_ns = 100 * kMs;
   int64_t lost_after_ns() const {
     return keep_alive_ns * max_attempts;
-  }
-};
-
-// The keys of tide's c10d backend (src/rendezvous/c10d_rendezvous.cpp).
-struct Keys {
-  std::string base;
-  std::string state() const {
-    return base + "state";
-  }
-  std::string round(int64_t r, const std::string& rest) const {
-    return base + "r" + std::to_string(r) + "/" + rest;
-  }
-  std::string count(int64_t r) const {
-    return round(r, "count");
-  }
-  std::string node(int64_t r, int64_t i) const {
-    return round(r, "node/" + std::to_string(i));
-  }
-  std::string value(int64_t r, const std::string& name) const {
-    return round(r, "v/" + name);
-  }
-  std::string heartbeat(int64_t r, int64_t i) const {
-    return round(r, "hb/" + std::to_string(i));
-  }
-  std::string left(int64_t r, int64_t i) const {
-    return round(r, "left/" + std::to_string(i));
   }
 };
 
@@ -188,10 +163,7 @@ struct JobState {
 class Job {
  public:
   Job(sim::Loop& loop, Settings s, Tally& tally)
-      : loop_(loop),
-        s_(std::move(s)),
-        keys_{"tide.rdzv/" + s_.run_id + "/"},
-        tally_(tally) {}
+      : loop_(loop), s_(std::move(s)), keys_(s_.run_id), tally_(tally) {}
 
   // An agent's life: connect, wait for go, then rounds until stopped.
   Co<void> agent_life(Agent& a);
@@ -253,7 +225,7 @@ class Job {
 
   sim::Loop& loop_;
   const Settings s_;
-  const Keys keys_;
+  const rendezvous::StoreKeys keys_;
   Tally& tally_;
   std::vector<Agent> agents_;
   bool go_ = false;
@@ -264,7 +236,7 @@ class Job {
 Co<std::optional<std::string>> Job::value_if_set(
     sim::Conn& c, std::string key) {
   // One compare-and-set that writes nothing, as the backend reads.
-  const std::string absent = "\x01tide.absent";
+  const std::string absent(rendezvous::kAbsent);
   std::string v = co_await c.compare_set(std::move(key), absent, absent);
   if (v == absent) {
     co_return std::nullopt;
@@ -868,37 +840,6 @@ std::string seconds_cell(const std::vector<double>& v) {
                  : format_duration(s.median, 0);
 }
 
-std::vector<size_t> parse_nodes(const std::string& list) {
-  std::vector<size_t> out;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t comma = list.find(',', pos);
-    std::string item = list.substr(pos, comma - pos);
-    size_t mult = 1;
-    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
-      mult = 1024;
-      item.pop_back();
-    }
-    size_t used = 0;
-    size_t v = 0;
-    try {
-      v = std::stoul(item, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != item.size() || v * mult < 4) {
-      throw std::invalid_argument(
-          "--nodes: \"" + item +
-          "\" is not a node count >= 4 (like 4096 or 8k)");
-    }
-    out.push_back(v * mult);
-    if (comma == std::string::npos) {
-      break;
-    }
-    pos = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 void add_rendezvous_options(CLI::App& app, RendezvousOptions& o) {
@@ -939,7 +880,7 @@ void add_rendezvous_options(CLI::App& app, RendezvousOptions& o) {
 }
 
 int run_rendezvous_bench(const RendezvousOptions& o) {
-  auto ns = parse_nodes(o.nodes);
+  auto ns = parse_counts(o.nodes, 4);
   size_t most = *std::max_element(ns.begin(), ns.end());
   // Two connections per agent (the handler's and its keep-alive's), here
   // and in the server.

@@ -41,42 +41,6 @@ constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
 // Descriptors a process needs beyond its connections.
 constexpr uint64_t kSpareFds = 256;
 
-std::vector<size_t> parse_counts(const std::string& list) {
-  std::vector<size_t> out;
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    size_t mult = 1;
-    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) {
-      mult = 1024;
-      item.pop_back();
-    }
-    size_t pos = 0;
-    unsigned long v = 0;
-    try {
-      v = std::stoul(item, &pos);
-    } catch (const std::exception&) {
-      pos = 0;
-    }
-    if (pos != item.size() || v == 0) {
-      throw std::invalid_argument(
-          "not a count: \"" + item + "\" (give numbers like 1000 or 16k)");
-    }
-    out.push_back(v * mult);
-  }
-  return out;
-}
-
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (!item.empty()) {
-      out.push_back(item);
-    }
-  }
-  return out;
-}
-
 std::unique_ptr<ServerProcess> start_server(
     const std::string& name,
     const std::string& tide_store,

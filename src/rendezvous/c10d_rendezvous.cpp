@@ -18,6 +18,7 @@
 
 #include "net/address.h"
 #include "rendezvous/conf_keys.h"
+#include "rendezvous/store_keys.h"
 
 namespace tide::rendezvous {
 
@@ -30,51 +31,12 @@ using Clock = std::chrono::steady_clock;
 // costing a reconnect, which the keep-alive would pay every interval.
 constexpr store::Dialect kDialect = store::Dialect::kModern;
 
-// Keys, all under "tide.rdzv/<run_id>/":
-//   state                the job record (JSON, compare-and-set)
-//   r<R>/count           arrivals of round R (add)
-//   r<R>/node/<i>        arrival i's descriptor (JSON)
-//   r<R>/v/<name>        write-once values: last_call, size, master
-//   r<R>/hb/<i>          arrival i's heartbeat counter
-//   r<R>/left/<i>        arrival i finished
-//   r<R>/agents/...      the round's store for the agents
-class StoreKeys {
- public:
-  explicit StoreKeys(const std::string& run_id)
-      : base_("tide.rdzv/" + run_id + "/") {}
-  std::string state() const {
-    return base_ + "state";
-  }
-  std::string round(int64_t r, const std::string& rest) const {
-    return base_ + "r" + std::to_string(r) + "/" + rest;
-  }
-  std::string count(int64_t r) const {
-    return round(r, "count");
-  }
-  std::string node(int64_t r, int64_t i) const {
-    return round(r, "node/" + std::to_string(i));
-  }
-  std::string value(int64_t r, const std::string& name) const {
-    return round(r, "v/" + name);
-  }
-  std::string heartbeat(int64_t r, int64_t i) const {
-    return round(r, "hb/" + std::to_string(i));
-  }
-  std::string left(int64_t r, int64_t i) const {
-    return round(r, "left/" + std::to_string(i));
-  }
-
- private:
-  std::string base_;
-};
-
 // key's value, or nullopt when it is not set (never waits). One request,
 // where check-then-get takes three (CHECK, and get's WAIT and GET): a
 // compare-and-set whose expected and desired value are one text no record
 // holds writes nothing, and returns the value when the key is set and the
 // expected text when it is not (torch's rule for an absent key). The
 // keep-alive reads the job record this way every interval.
-constexpr std::string_view kAbsent = "\x01tide.absent";
 std::optional<std::string> value_if_set(
     store::Store& s, const std::string& key) {
   std::string v = s.compare_set(key, kAbsent, kAbsent);
