@@ -30,7 +30,7 @@ using store::wire::Writer;
 // A coroutine nobody awaits: spawn()'s driver. It starts at once and frees
 // itself when it ends.
 struct Detached {
-  struct promise_type {
+  struct promise_type {  // NOLINT(readability-identifier-naming): C++'s name
     Detached get_return_object() {
       return {};
     }

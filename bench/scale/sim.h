@@ -94,7 +94,7 @@ struct Promise<void> : PromiseBase {
 template <typename T = void>
 class [[nodiscard]] Co {
  public:
-  struct promise_type : Promise<T> {
+  struct promise_type : Promise<T> {  // NOLINT(readability-identifier-naming)
     Co get_return_object() {
       return Co(std::coroutine_handle<promise_type>::from_promise(*this));
     }

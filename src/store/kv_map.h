@@ -13,7 +13,7 @@
 namespace tide::store::detail {
 
 struct StringHash {
-  using is_transparent = void;
+  using is_transparent = void;  // NOLINT(readability-identifier-naming)
   size_t operator()(std::string_view s) const noexcept {
     return std::hash<std::string_view>{}(s);
   }
