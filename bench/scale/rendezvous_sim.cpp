@@ -143,7 +143,7 @@ struct Simulation {
     if (real != nullptr) {
       real->go();
     }
-    std::optional<std::pair<int64_t, Tally::Round>> done;
+    std::optional<int64_t> done;
     while (!(done = tally.complete_round(static_cast<int64_t>(n)))) {
       if (mono_ns() > bound || !tally.error().empty()) {
         throw TimeoutError(
@@ -153,7 +153,7 @@ struct Simulation {
       }
       co_await poll();
     }
-    result.round.seconds = static_cast<double>(done->second.last_ns - go) / 1e9;
+    result.round.seconds = static_cast<double>(*done - go) / 1e9;
     result.round.server_cpu_s = server.cpu_seconds() - cpu0;
     result.round_bytes = traffic(job).second - bytes0;
     if (!o.kill) {
@@ -204,8 +204,7 @@ struct Simulation {
       }
     }
     result.detect_s = seen > 0 ? static_cast<double>(seen - kill) / 1e9 : NAN;
-    result.rerendezvous.seconds =
-        static_cast<double>(done->second.last_ns - kill) / 1e9;
+    result.rerendezvous.seconds = static_cast<double>(*done - kill) / 1e9;
     result.rerendezvous.server_cpu_s = server.cpu_seconds() - cpu_kill;
   }
 
@@ -312,9 +311,6 @@ RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
   real.reset();
   RunResult r = simulation.result;
   r.error = error.empty() ? tally.error() : error;
-  if (r.error.empty() && !tally.error().empty()) {
-    r.error = tally.error();
-  }
   return r;
 }
 
@@ -375,7 +371,7 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
   size_t most = *std::max_element(ns.begin(), ns.end());
   // Two connections per agent (the handler's and its keep-alive's), here
   // and in the server.
-  const uint64_t fds = sim::raise_fd_limit(2 * most + 256);
+  const uint64_t fds = sim::raise_fd_limit(2 * most + sim::kSpareFds);
   struct Cells {
     std::vector<double> connect, round, round_cpu, round_bytes, idle_req,
         idle_bytes, idle_cpu, detect, rerdzv, rerdzv_cpu;
@@ -385,8 +381,8 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
   std::map<size_t, Cells> cells;
   for (int rep = 0; rep < o.reps; ++rep) {
     for (size_t n : ns) {
-      if (2 * n + 256 > fds) {
-        cells[n].skipped = sim::fd_limit_note(2 * n + 256, fds);
+      if (2 * n + sim::kSpareFds > fds) {
+        cells[n].skipped = sim::fd_limit_note(2 * n + sim::kSpareFds, fds);
         continue;
       }
       std::fprintf(

@@ -38,8 +38,6 @@ namespace tide::bench::scale {
 namespace {
 
 constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
-// Descriptors a process needs beyond its connections.
-constexpr uint64_t kSpareFds = 256;
 
 std::unique_ptr<ServerProcess> start_server(
     const std::string& name,
@@ -138,7 +136,7 @@ int run_startup_bench(const StartupOptions& o) {
   }
   // A socket per client here, and one in the server, which inherits the
   // limit.
-  const uint64_t fds = sim::raise_fd_limit(most + kSpareFds);
+  const uint64_t fds = sim::raise_fd_limit(most + sim::kSpareFds);
 
   // results[variant][n][server]
   std::map<std::string, std::map<size_t, std::map<std::string, Row>>> results;
@@ -153,9 +151,10 @@ int run_startup_bench(const StartupOptions& o) {
           if (rep > 0 && row.time_s.empty() && !row.failures.empty()) {
             continue;  // failed once at this size: not again
           }
-          if (n + kSpareFds > fds) {
+          if (n + sim::kSpareFds > fds) {
             if (rep == 0) {
-              row.failures.push_back(sim::fd_limit_note(n + kSpareFds, fds));
+              row.failures.push_back(
+                  sim::fd_limit_note(n + sim::kSpareFds, fds));
             }
             continue;
           }

@@ -320,7 +320,6 @@ Co<void> Conn::connect() {
   int one = 1;
   ::setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   ready_ = true;
-  ++stats_.connects;
   if (!options_.token.empty()) {
     std::string req;
     Writer(req).u8(store::wire::kAuthCode).str(options_.token);
@@ -646,18 +645,7 @@ Co<std::vector<std::string>> Conn::multi_get(std::vector<std::string> keys) {
 }
 
 // ---------------------------------------------------------------------------
-// Processes
-
-uint64_t rss_kb(int pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      return std::strtoull(line.c_str() + 6, nullptr, 10);
-    }
-  }
-  return 0;
-}
+// Descriptor limits
 
 uint64_t raise_fd_limit(uint64_t want) {
   rlimit rl{};

@@ -249,12 +249,11 @@ struct ConnOptions {
 // no source address runs out of ephemeral ports.
 uint32_t source_address(size_t client, size_t per_address);
 
-// What a client sent and received, and how often it (re)connected.
+// What a client sent and received.
 struct ConnStats {
   uint64_t requests = 0;
   uint64_t bytes_out = 0;
   uint64_t bytes_in = 0;
-  uint64_t connects = 0;
 };
 
 // One TcpStore client on a loop. Requests go out in order and replies come
@@ -342,8 +341,8 @@ class Conn final : public IoHandler {
   ConnStats stats_;
 };
 
-// RSS (kB) and CPU seconds of a process, from /proc; 0 when unreadable.
-uint64_t rss_kb(int pid);
+// Descriptors a bench process needs beyond its connections.
+constexpr uint64_t kSpareFds = 256;
 
 // Raises RLIMIT_NOFILE (soft and, where allowed, hard) towards `want`
 // descriptors; children inherit it. Returns the limit reached.

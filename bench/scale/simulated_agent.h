@@ -75,12 +75,13 @@ class Tally {
     ++r.count;
     r.last_ns = std::max(r.last_ns, at_ns);
   }
-  // The latest round in which `count` agents completed with that size.
-  std::optional<std::pair<int64_t, Round>> complete_round(int64_t count) {
+  // When the last of `count` agents completed a round of that size (the
+  // latest such round), if one has.
+  std::optional<int64_t> complete_round(int64_t count) {
     std::lock_guard lock(mutex_);
     for (auto it = rounds_.rbegin(); it != rounds_.rend(); ++it) {
       if (it->second.count >= count && it->second.size == count) {
-        return std::pair(it->first, it->second);
+        return it->second.last_ns;
       }
     }
     return std::nullopt;

@@ -83,7 +83,7 @@ StartupResult run_startup(const StartupConfig& cfg, ServerProcess& server) {
   std::barrier measured(static_cast<std::ptrdiff_t>(threads + 1));
 
   StartupResult r;
-  r.rss_before_kb = sim::rss_kb(server.pid());
+  r.rss_before_kb = server.rss_kb();
   double cpu_before = server.cpu_seconds();
   int64_t start = mono_ns();
   int64_t deadline = start + cfg.timeout_ns;
@@ -138,7 +138,7 @@ StartupResult run_startup(const StartupConfig& cfg, ServerProcess& server) {
   }
   // Wait for the threads' loops (each bounded by the deadline), then measure.
   measured.arrive_and_wait();
-  r.rss_after_kb = sim::rss_kb(server.pid());
+  r.rss_after_kb = server.rss_kb();
   r.server_cpu_s = server.cpu_seconds() - cpu_before;
   for (auto& th : pool) {
     th.join();

@@ -40,6 +40,17 @@ bool ServerProcess::alive() {
   return child_.running();
 }
 
+uint64_t ServerProcess::rss_kb() const {
+  std::ifstream f("/proc/" + std::to_string(child_.pid()) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      return std::strtoull(line.c_str() + 6, nullptr, 10);
+    }
+  }
+  return 0;
+}
+
 double ServerProcess::cpu_seconds() const {
   std::ifstream f("/proc/" + std::to_string(child_.pid()) + "/stat");
   std::string stat((std::istreambuf_iterator<char>(f)), {});

@@ -40,9 +40,6 @@ class ServerProcess {
   uint16_t port() const {
     return port_;
   }
-  pid_t pid() const {
-    return child_.pid();
-  }
 
   // False once the child has exited (it is then reaped). Never blocks.
   bool alive();
@@ -50,6 +47,8 @@ class ServerProcess {
   // CPU seconds (user + system, all threads) the child has used so far; 0
   // when it cannot be read.
   double cpu_seconds() const;
+  // Its resident memory in KiB; 0 when it cannot be read.
+  uint64_t rss_kb() const;
 
   // Closes the child's stdin and sends SIGTERM; after stop_timeout, SIGKILL;
   // reaps it. Blocks at most twice stop_timeout. Idempotent; never throws.

@@ -147,15 +147,12 @@ class StoreRoundMonitor final : public RoundMonitor {
     int64_t beats;
     Clock::time_point at;
   };
+  // The connection lives as long as conn_, which this monitor holds.
   store::Store& store() {
-    if (!store_) {
-      store_ = conn_->get();
-    }
-    return *store_;
+    return *conn_->get();
   }
 
   std::shared_ptr<KeepAliveConnection> conn_;
-  std::shared_ptr<store::Store> store_;
   StoreKeys keys_;
   int64_t round_;
   int64_t index_;
