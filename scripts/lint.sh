@@ -5,8 +5,9 @@
 # touched: the .cpp files changed since BASE (default: the commit before
 # HEAD), with the headers of tide they include. Only the naming rules count:
 # clang-tidy's own parse errors (clang 14 on libtorch's headers) are not
-# reported. Needs a configured build's compile_commands.json (BUILD, default
-# build).
+# reported. The compile commands come from a configure of its own in
+# BUILD/lint-db (BUILD default: build) without the unity build, whose
+# database names batches rather than the files.
 #
 #   scripts/lint.sh [BASE] [BUILD]
 #
@@ -21,9 +22,13 @@ if ! git rev-parse --verify --quiet "$base^{commit}" >/dev/null; then
   echo "lint: no commit $base to compare with; nothing checked"
   exit 0
 fi
+db=$build/lint-db
+[[ $db = /* ]] || db="$root/$db"
+cmake -S "$root" -B "$db" -G Ninja -DTIDE_UNITY_BUILD=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+  >"$db.log" 2>&1 || { tail -20 "$db.log"; echo "lint: configure failed" >&2; exit 1; }
 mapfile -t files < <(git diff --name-only --diff-filter=AMR "$base" -- '*.cpp' |
   while read -r f; do
-    [[ -f $f ]] && grep -q "\"file\": \"$root/$f\"" "$build/compile_commands.json" && echo "$f"
+    [[ -f $f ]] && grep -q "\"file\": \"$root/$f\"" "$db/compile_commands.json" && echo "$f"
   done)
 if ((${#files[@]} == 0)); then
   echo "lint: no C++ source changed since $base"
@@ -31,7 +36,7 @@ if ((${#files[@]} == 0)); then
 fi
 echo "lint: ${#files[@]} file(s) changed since $base"
 printf '%s\n' "${files[@]}" |
-  xargs -P "$(nproc)" -n 4 clang-tidy -p "$build" --quiet 2>&1 |
+  xargs -P "$(nproc)" -n 4 clang-tidy -p "$db" --quiet 2>&1 |
   grep -E 'readability-identifier-naming' | sort -u >/tmp/tide-lint.$$ || true
 if [[ -s /tmp/tide-lint.$$ ]]; then
   cat /tmp/tide-lint.$$

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: the normal build (unit,
-# multi-process, interop with PyTorch, a 30 s fuzz run), then the unit tests
-# again under ASan+UBSan and under TSan (TIDE_TSAN=0 skips the TSan pass).
+# multi-process, interop with PyTorch, a 30 s fuzz run), then the tests again
+# under ASan+UBSan, and the in-process ones under TSan (TIDE_TSAN=0 skips
+# the TSan pass).
+#
+# The sanitizer builds compile in the background at the lowest priority
+# while the normal tests run: those mostly wait on processes, sockets and
+# timeouts, and leave a core or more idle. Their output goes to
+# build-asan.log and build-tsan.log.
 set -euo pipefail
 SECONDS=0
 step() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
@@ -10,25 +16,64 @@ cd "$root"
 scripts/setup.sh
 # Every part, whatever an earlier configure (scripts/demo.sh's) chose.
 everything=(-DTIDE_BUILD_TESTS=ON -DTIDE_BUILD_BENCH=ON -DTIDE_WITH_TORCH=ON -DTIDE_WITH_PYTHON=ON)
+# ASan+UBSan: all of tide's code, the libtorch parts included (their
+# lifetimes are what it checks). TSan: the in-process tests without
+# libtorch, whose uninstrumented threads it cannot see into.
+asan=(build-asan "${everything[@]}" -DTIDE_SANITIZE=address -DTIDE_BUILD_BENCH=OFF)
+tsan=(build-tsan "${everything[@]}" -DTIDE_SANITIZE=thread -DTIDE_BUILD_BENCH=OFF
+  -DTIDE_WITH_TORCH=OFF -DTIDE_WITH_PYTHON=OFF)
+tsan_on=${TIDE_TSAN:-1}
 
 step "build (RelWithDebInfo)"
 scripts/build.sh build "${everything[@]}"
 step "naming rules on the last commit's sources (.clang-tidy)"
 scripts/lint.sh HEAD~1 build
-step "tests"
+
+# The background builds report each result through a pipe, so that the ASan
+# tests start as soon as theirs is done and the TSan build goes on.
+pipe=$(mktemp -u) && mkfifo "$pipe"
+exec {results}<>"$pipe"
+rm -f "$pipe"
+background_build() {
+  local log=$1.log
+  if nice -n 19 ionice -c 3 scripts/build.sh "$@" >"$log" 2>&1; then
+    echo "$1 0" >&"$results"
+  else
+    echo "$1 $?" >&"$results"
+  fi
+}
+# In a process group of its own (set -m), so that an early exit stops it.
+set -m
+(
+  background_build "${asan[@]}"
+  if [[ $tsan_on == 1 ]]; then background_build "${tsan[@]}"; fi
+) &
+builds=$!
+set +m
+trap 'kill -- -$builds 2>/dev/null || true' EXIT
+wait_for_build() {
+  local name status
+  step "waiting for the $1 build (background, $1.log)"
+  read -r name status <&"$results"
+  if [[ $name != "$1" || $status != 0 ]]; then
+    tail -40 "$name.log"
+    echo "== the $name build failed (exit status $status); its log: $name.log" >&2
+    exit 1
+  fi
+}
+
+step "tests (the sanitizer builds compile meanwhile)"
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 
-step "build (ASan+UBSan)"
-scripts/build.sh build-asan "${everything[@]}" -DTIDE_SANITIZE=address -DTIDE_BUILD_BENCH=OFF
+wait_for_build build-asan
 step "tests under ASan+UBSan"
 ctest --test-dir build-asan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop'
 
-if [[ ${TIDE_TSAN:-1} == 1 ]]; then
-  step "build (TSan)"
-  scripts/build.sh build-tsan "${everything[@]}" -DTIDE_SANITIZE=thread -DTIDE_BUILD_BENCH=OFF
-  step "tests under TSan"
+if [[ $tsan_on == 1 ]]; then
+  wait_for_build build-tsan
+  step "in-process tests under TSan"
   # Known false positives of uninstrumented libstdc++ (see the file).
   TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}" \
-    ctest --test-dir build-tsan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop'
+    ctest --test-dir build-tsan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop|app'
 fi
 step "all tests passed"

@@ -29,7 +29,6 @@ namespace tide::bench::scale {
 namespace {
 
 using nlohmann::json;
-constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
 
 struct Phase {
   double seconds = NAN;

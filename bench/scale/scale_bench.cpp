@@ -37,8 +37,6 @@
 namespace tide::bench::scale {
 namespace {
 
-constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
-
 std::unique_ptr<ServerProcess> start_server(
     const std::string& name,
     const std::string& tide_store,

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 
+#include <chrono>
 #include <coroutine>
 #include <cstdint>
 #include <deque>
@@ -343,6 +344,8 @@ class Conn final : public IoHandler {
 
 // Descriptors a bench process needs beyond its connections.
 constexpr uint64_t kSpareFds = 256;
+// How long a store server of the bench may take to start listening.
+constexpr auto kServerStartTimeout = std::chrono::milliseconds(60'000);
 
 // Raises RLIMIT_NOFILE (soft and, where allowed, hard) towards `want`
 // descriptors; children inherit it. Returns the limit reached.
