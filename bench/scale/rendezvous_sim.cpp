@@ -229,7 +229,7 @@ RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
       "tide-store",
       std::vector<std::string>{
           o.tide_store, "--host", "127.0.0.1", "--port", "0"},
-      kServerStartTimeout);
+      sim::kServerStartTimeout);
   Settings s{
       .run_id = fmt::format("scale{}_{}", n, rep),
       .min_nodes = o.kill ? static_cast<int64_t>(n) - o.spare_nodes

@@ -47,7 +47,7 @@ std::unique_ptr<ServerProcess> start_server(
         "tide-store",
         std::vector<std::string>{
             tide_store, "--host", "127.0.0.1", "--port", "0"},
-        kServerStartTimeout);
+        sim::kServerStartTimeout);
   }
   if (name == "torch") {
     return std::make_unique<ServerProcess>(
@@ -61,7 +61,7 @@ std::unique_ptr<ServerProcess> start_server(
             "0",
             "--timeout",
             "3600"},
-        kServerStartTimeout);
+        sim::kServerStartTimeout);
   }
   throw std::invalid_argument(
       "unknown server \"" + name + "\" (tide or torch)");
