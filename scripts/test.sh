@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Sets everything up and runs every test: the normal build (unit,
-# multi-process, interop with PyTorch, a 30 s fuzz run), then the tests again
-# under ASan+UBSan, and the in-process ones under TSan (TIDE_TSAN=0 skips
-# the TSan pass).
+# Sets everything up and runs every test: on the normal build everything
+# that runs programs, Python, libtorch, packages (multi-process, interop with
+# PyTorch, the rpc backend under torch's own suite, a 30 s fuzz run); the
+# unit tests (tide's code in the test process) under ASan+UBSan and under
+# TSan (TIDE_TSAN=0 skips that pass).
 #
 # The sanitizer builds compile in the background at the lowest priority
-# while the normal tests run: those mostly wait on processes, sockets and
-# timeouts, and leave a core or more idle. Their output goes to
-# build-asan.log and build-tsan.log.
+# while the normal tests run, to use what CPU those leave. Their output goes
+# to build-asan.log and build-tsan.log.
 set -euo pipefail
 SECONDS=0
 step() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
@@ -16,16 +16,17 @@ cd "$root"
 scripts/setup.sh
 # Every part, whatever an earlier configure (scripts/demo.sh's) chose.
 everything=(-DTIDE_BUILD_TESTS=ON -DTIDE_BUILD_BENCH=ON -DTIDE_WITH_TORCH=ON -DTIDE_WITH_PYTHON=ON)
-# ASan+UBSan: all of tide's code, the libtorch parts included (their
-# lifetimes are what it checks). TSan: the in-process tests without
-# libtorch, whose uninstrumented threads it cannot see into.
-asan=(build-asan "${everything[@]}" -DTIDE_SANITIZE=address -DTIDE_BUILD_BENCH=OFF)
-tsan=(build-tsan "${everything[@]}" -DTIDE_SANITIZE=thread -DTIDE_BUILD_BENCH=OFF
-  -DTIDE_WITH_TORCH=OFF -DTIDE_WITH_PYTHON=OFF)
+plain=(build "${everything[@]}" -DTIDE_TESTS=integration)
+# The sanitizers see tide's own code: the unit tests, without libtorch
+# (uninstrumented, and minutes a file to compile instrumented) or Python.
+unit=(-DTIDE_TESTS=unit -DTIDE_BUILD_BENCH=OFF -DTIDE_WITH_TORCH=OFF -DTIDE_WITH_PYTHON=OFF
+  -- tide_unit_tests)
+asan=(build-asan -DTIDE_SANITIZE=address "${unit[@]}")
+tsan=(build-tsan -DTIDE_SANITIZE=thread "${unit[@]}")
 tsan_on=${TIDE_TSAN:-1}
 
 step "build (RelWithDebInfo)"
-scripts/build.sh build "${everything[@]}"
+scripts/build.sh "${plain[@]}"
 step "naming rules on the last commit's sources (.clang-tidy)"
 scripts/lint.sh HEAD~1 build
 
@@ -66,14 +67,14 @@ step "tests (the sanitizer builds compile meanwhile)"
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 
 wait_for_build build-asan
-step "tests under ASan+UBSan"
-ctest --test-dir build-asan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop'
+step "unit tests under ASan+UBSan"
+ctest --test-dir build-asan --output-on-failure -j2 --timeout 600
 
 if [[ $tsan_on == 1 ]]; then
   wait_for_build build-tsan
-  step "in-process tests under TSan"
+  step "unit tests under TSan"
   # Known false positives of uninstrumented libstdc++ (see the file).
   TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}" \
-    ctest --test-dir build-tsan --output-on-failure -j2 --timeout 600 -LE 'fuzz|interop|app'
+    ctest --test-dir build-tsan --output-on-failure -j2 --timeout 600
 fi
 step "all tests passed"

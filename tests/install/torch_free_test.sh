@@ -8,7 +8,10 @@
 #   torch_free_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$1 build=$2
-work=$build/torch_free_test
+# Beside BUILD_DIR, at its depth: the compile commands then name the same
+# relative paths (ccache's base directory is SOURCE_DIR), so the sources the
+# main build compiled come from the cache.
+work=$build-torch-free
 fail() { echo "FAIL: $*" >&2; exit 1; }
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/tide-ccache}
 export CCACHE_BASEDIR=$src CCACHE_NOHASHDIR=1

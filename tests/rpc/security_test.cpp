@@ -501,7 +501,7 @@ TEST(TransportSecurityTest, APeerThatDoesNotReadCannotGrowTheSender) {
 // A worker of the C++ rpc under tiderun with its default flags: it says
 // where it listens, and it refuses a caller that lacks the job's secret.
 TEST(
-    TransportSecurityTest,
+    TransportSecurityTiderunTest,
     AWorkerUnderTiderunRefusesCallersWithoutTheJobsSecret) {
   test::TempDir tmp;
   std::string fifo = (tmp.path() / "done").string();

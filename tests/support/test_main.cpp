@@ -1,5 +1,6 @@
-// main() of tide_tests: registers the worker functions the agent tests use,
-// lets a spawned worker run its function, then runs the tests.
+// main() of tide_unit_tests and tide_app_tests: registers the worker functions
+// the agent tests use, lets a spawned worker run its function, then runs the
+// tests.
 #include <gtest/gtest.h>
 
 #include "tide/agent/entrypoint.h"
