@@ -8,6 +8,9 @@
 #                           elastic half's libraries (no libtorch, clang or
 #                           test tools), and Debian's PyTorch for its DDP
 #                           script
+#   scripts/setup.sh unit   what building the unit tests needs (the elastic
+#                           half's and GoogleTest's); scripts/test.sh starts
+#                           the sanitizer builds on it while the rest installs
 #
 # As root, or with sudo available.
 set -euo pipefail
@@ -25,6 +28,9 @@ case $profile in
 demo)
   # the DDP script the demo runs under tiderun
   packages+=(python3 python3-torch)
+  ;;
+unit)
+  packages+=(libgtest-dev libgmock-dev)
   ;;
 all)
   packages+=(
@@ -47,7 +53,7 @@ all)
   )
   ;;
 *)
-  echo "setup.sh: unknown profile '$profile' (demo, or nothing for all)" >&2
+  echo "setup.sh: unknown profile '$profile' (demo, unit, or nothing for all)" >&2
   exit 2
   ;;
 esac

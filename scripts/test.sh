@@ -5,39 +5,38 @@
 # unit tests (tide's code in the test process) under ASan+UBSan and under
 # TSan (TIDE_TSAN=0 skips that pass).
 #
-# The sanitizer builds compile in the background at the lowest priority
-# while the normal tests run, to use what CPU those leave. Their output goes
-# to build-asan.log and build-tsan.log.
+# The sanitizer builds need only the unit tests' packages: they start as
+# soon as those are installed and compile in the background, at the lowest
+# priority, while the other packages install, the normal build compiles and
+# its tests run, using what CPU those leave. Their output goes to
+# build-asan.log and build-tsan.log.
 set -euo pipefail
 SECONDS=0
 step() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-scripts/setup.sh
 # Every part, whatever an earlier configure (scripts/demo.sh's) chose.
 everything=(-DTIDE_BUILD_TESTS=ON -DTIDE_BUILD_BENCH=ON -DTIDE_WITH_TORCH=ON -DTIDE_WITH_PYTHON=ON)
 plain=(build "${everything[@]}" -DTIDE_TESTS=integration)
 # The sanitizers see tide's own code: the unit tests, without libtorch
 # (uninstrumented, and minutes a file to compile instrumented) or Python.
-unit=(-DTIDE_TESTS=unit -DTIDE_BUILD_BENCH=OFF -DTIDE_WITH_TORCH=OFF -DTIDE_WITH_PYTHON=OFF
-  -- tide_unit_tests)
+unit=(-DTIDE_BUILD_TESTS=ON -DTIDE_TESTS=unit -DTIDE_BUILD_BENCH=OFF
+  -DTIDE_WITH_TORCH=OFF -DTIDE_WITH_PYTHON=OFF -- tide_unit_tests)
 asan=(build-asan -DTIDE_SANITIZE=address "${unit[@]}")
 tsan=(build-tsan -DTIDE_SANITIZE=thread "${unit[@]}")
 tsan_on=${TIDE_TSAN:-1}
 
-step "build (RelWithDebInfo)"
-scripts/build.sh "${plain[@]}"
-step "naming rules on the last commit's sources (.clang-tidy)"
-scripts/lint.sh HEAD~1 build
+step "packages the unit tests' builds need"
+scripts/setup.sh unit
 
 # The background builds report each result through a pipe, so that the ASan
-# tests start as soon as theirs is done and the TSan build goes on.
+# tests start as soon as theirs is done while the TSan build goes on.
 pipe=$(mktemp -u) && mkfifo "$pipe"
 exec {results}<>"$pipe"
 rm -f "$pipe"
 background_build() {
   local log=$1.log
-  if nice -n 19 ionice -c 3 scripts/build.sh "$@" >"$log" 2>&1; then
+  if nice -n 19 scripts/build.sh "$@" >"$log" 2>&1; then
     echo "$1 0" >&"$results"
   else
     echo "$1 $?" >&"$results"
@@ -63,7 +62,13 @@ wait_for_build() {
   fi
 }
 
-step "tests (the sanitizer builds compile meanwhile)"
+step "the other packages (the sanitizer builds compile meanwhile)"
+scripts/setup.sh
+step "build (RelWithDebInfo)"
+scripts/build.sh "${plain[@]}"
+step "naming rules on the last commit's sources (.clang-tidy)"
+scripts/lint.sh HEAD~1 build
+step "tests"
 ctest --test-dir build --output-on-failure -j2 --timeout 600
 
 wait_for_build build-asan
