@@ -46,6 +46,10 @@ debootstrap --variant=minbase --include=ca-certificates,git,sudo bookworm \
   "$root" http://deb.debian.org/debian >"$root.debootstrap.log" 2>&1 ||
   { tail -20 "$root.debootstrap.log"; exit 1; }
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# What Debian's installer writes and debootstrap does not: without it
+# "localhost" does not resolve (torch's agent looks it up).
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+  "$(hostname)" >"$root/etc/hosts"
 cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/" 2>/dev/null &&
   rm -f "$root/etc/apt/sources.list" || true
 mount -t proc proc "$root/proc"

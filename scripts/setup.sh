@@ -48,6 +48,8 @@ all)
     procps iproute2 curl
     # scripts/portable.sh (tiderun for other distributions) and its test
     patchelf
+    # cpack's Debian packages (their shared-library dependencies)
+    file
     # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
     elfutils gdb
   )
