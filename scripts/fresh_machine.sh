@@ -31,7 +31,8 @@ if ! command -v debootstrap >/dev/null; then
 fi
 
 cleanup() {
-  for m in dev/pts dev proc sys; do
+  # run/netns: where the tests' network namespaces leave a mount.
+  for m in run/netns dev/pts dev proc sys; do
     umount -l "$root/$m" 2>/dev/null || true
   done
   if [[ ${KEEP_ROOT:-0} != 1 ]]; then
