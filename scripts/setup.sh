@@ -52,6 +52,9 @@ all)
     file
     # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
     elfutils gdb
+    # the live job page's browser test (headless) and the Prometheus scrape
+    # test (prometheus, promtool)
+    chromium prometheus
   )
   ;;
 *)

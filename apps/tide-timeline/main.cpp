@@ -1,10 +1,13 @@
 // tide-timeline: draws a run's structured events (tiderun --events
-// jsonl:PATH) as one picture: a lane per worker with each worker's lifetime
-// coloured by outcome, and the agent's rendezvous rounds, restarts, timer
-// expiries and failure messages on the same time axis. Writes a
-// self-contained SVG, or an HTML page around it when the output ends in .html.
+// jsonl:PATH) as one picture: per node, its agent's lane (rendezvous rounds,
+// restarts, failures) heading a lane per worker with each worker's lifetime
+// coloured by outcome, timer expiries and hangs on the same time axis; a
+// node of many workers as one summary lane. Writes a self-contained SVG, an
+// HTML page around it whose nodes open and close (.html), or the run as a
+// Chrome / Perfetto trace (.json).
 //
-//   tide-timeline EVENTS.jsonl -o OUT.svg [--title TEXT] [--run-id ID]
+//   tide-timeline EVENTS.jsonl -o OUT.svg|OUT.html|OUT.json [--title TEXT]
+//       [--run-id ID] [--expand] [--format svg|html|trace]
 //
 // Exits 0 when the picture is written, 1 when the events cannot be read, hold
 // no events or the output cannot be written, 2 on bad flags. Lines that are
@@ -12,7 +15,10 @@
 // not events, and events of unknown names, are skipped silently.
 //
 // The program's parts: events.h (reading the file), model.h (the timeline
-// it describes), render.h (the SVG), text.h (text for the picture).
+// it describes), nodes.h (its lanes grouped per node), render.h (the SVG),
+// layout.h (where labels go), svg.h (SVG elements), font.h (how wide text
+// is), text.h (text for the picture), html.h (the page), trace.h (the
+// trace).
 #include <errno.h>
 #include <string.h>
 
@@ -28,20 +34,26 @@
 
 #include "cli.h"
 #include "tide-timeline/events.h"
+#include "tide-timeline/html.h"
 #include "tide-timeline/model.h"
+#include "tide-timeline/nodes.h"
 #include "tide-timeline/render.h"
-#include "tide-timeline/text.h"
+#include "tide-timeline/trace.h"
 
 namespace {
 
 using namespace tide::timeline;
 
-bool ends_with_html(const std::string& path) {
+// The format the output's name asks for: .html or .htm a page, .json a
+// trace, anything else an SVG.
+std::string format_of(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) {
     return static_cast<char>(std::tolower(c));
   });
-  return ext == ".html" || ext == ".htm";
+  return ext == ".html" || ext == ".htm" ? "html"
+         : ext == ".json"                ? "trace"
+                                         : "svg";
 }
 
 }  // namespace
@@ -51,14 +63,26 @@ int main(int argc, char** argv) {
   std::string output_path;
   std::string title;
   std::string run_id;
+  std::string format;
+  bool expand = false;
   CLI::App app{
       "tide-timeline: draw a run's events file (tiderun --events jsonl:PATH) "
-      "as an SVG timeline, or an HTML page when OUT ends in .html",
+      "as an SVG timeline, an HTML page when OUT ends in .html, or a Chrome / "
+      "Perfetto trace when it ends in .json",
       "tide-timeline"};
   app.add_option("events", input_path, "events file, one JSON object a line")
       ->required();
-  app.add_option("-o,--output", output_path, "the .svg or .html to write")
+  app.add_option(
+         "-o,--output", output_path, "the .svg, .html or .json to write")
       ->required();
+  app.add_option(
+         "--format", format, "svg, html or trace (default: by OUT's extension)")
+      ->check(CLI::IsMember({"svg", "html", "trace"}));
+  app.add_flag(
+      "--expand",
+      expand,
+      "draw every worker's lane (by default a node of more than " +
+          std::to_string(kCollapseAbove) + " workers is one summary lane)");
   app.add_option("--title", title, "heading (default: the events file's name)");
   app.add_option(
       "--run-id",
@@ -89,18 +113,17 @@ int main(int argc, char** argv) {
       title = "Timeline of " +
               std::filesystem::path(input_path).filename().string();
     }
-    std::string svg = render_svg(tl, title);
-    std::ofstream out(output_path, std::ios::binary | std::ios::trunc);
-    if (ends_with_html(output_path)) {
-      out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta "
-             "charset=\"utf-8\">\n"
-          << "<title>" << xml(title) << "</title>\n"
-          << "<style>body { margin: 16px; background: #ffffff; }</style>\n"
-          << "</head>\n<body>\n"
-          << svg << "</body>\n</html>\n";
-    } else {
-      out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" << svg;
+    if (format.empty()) {
+      format = format_of(output_path);
     }
+    RenderOptions options{.expand = expand};
+    std::string text = format == "html" ? render_html(tl, title, options)
+                       : format == "trace"
+                           ? render_trace(tl, title)
+                           : "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" +
+                                 render_svg(tl, title, options);
+    std::ofstream out(output_path, std::ios::binary | std::ios::trunc);
+    out << text;
     out.close();
     if (!out) {
       throw Fatal("cannot write " + output_path + ": " + ::strerror(errno));

@@ -22,12 +22,37 @@ const char* css_class(Outcome o) {
   return "running";
 }
 
+int severity(Outcome o) {
+  switch (o) {
+    case Outcome::kSucceeded:
+      return 0;
+    case Outcome::kRunning:
+      return 1;
+    case Outcome::kTerminated:
+      return 2;
+    case Outcome::kFailed:
+      return 3;
+  }
+  return 0;
+}
+
 namespace {
 
 std::string signal_text(int64_t sig) {
   const char* name =
       sig > 0 && sig < 65 ? sigabbrev_np(static_cast<int>(sig)) : nullptr;
   return name ? std::string("SIG") + name : "signal " + std::to_string(sig);
+}
+
+// The fields of j named in keys that it holds, for a note's args.
+json fields(const json& j, std::initializer_list<const char*> keys) {
+  json out = json::object();
+  for (const char* key : keys) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) {
+      out[key] = *it;
+    }
+  }
+  return out;
 }
 
 // Turns time-ordered records into a Timeline.
@@ -62,6 +87,10 @@ class Builder {
       restart(r, host, restarts);
     } else if (r.name == "torchelastic.agent.timer_expired") {
       timer_expired(r, host);
+    } else if (r.name == "torchelastic.agent.worker_hung") {
+      worker_hung(r, host);
+    } else if (r.name == "torchelastic.agent.health_check") {
+      health_check(r, host);
     }
   }
 
@@ -72,13 +101,7 @@ class Builder {
           bar.end_ms = tl_.t1;
         }
         if (bar.outcome == Outcome::kFailed) {
-          lane.notes.push_back(Note{
-              .mark = Mark::kFailure,
-              .t_ms = bar.end_ms,
-              .from_ms = bar.start_ms,
-              .label = short_error(bar.error),
-              .tooltip = "rank " + std::to_string(lane.rank) + " (pid " +
-                         bar.pid + ") failed:\n" + bar.error});
+          lane.notes.push_back(failure_note(lane, bar));
         }
       }
     }
@@ -102,6 +125,28 @@ class Builder {
  private:
   static constexpr std::string_view kStatus = "torchelastic.worker.status.";
 
+  static Note failure_note(const WorkerLane& lane, const Bar& bar) {
+    std::string message = short_error(bar.error);
+    std::string tooltip = message + "\nrank " + std::to_string(lane.rank) +
+                          " on " + lane.host + ", pid " + bar.pid +
+                          ", attempt " + std::to_string(bar.attempt);
+    // The raw error too when the label is only part of it (torch's JSON).
+    if (one_line(bar.error) != message && !one_line(bar.error).empty()) {
+      tooltip += "\n\n" + bar.error;
+    }
+    return Note{
+        .mark = Mark::kFailure,
+        .t_ms = bar.end_ms,
+        .from_ms = bar.start_ms,
+        .label = message,
+        .tooltip = tooltip,
+        .args = {
+            {"rank", lane.rank},
+            {"pid", bar.pid},
+            {"attempt", bar.attempt},
+            {"error", message}}};
+  }
+
   void worker_status(
       const Record& r, const std::string& host, int64_t restarts) {
     const json& md = r.body;
@@ -113,6 +158,7 @@ class Builder {
       return;
     }
     WorkerLane& lane = tl_.workers[{host, *rank}];
+    lane.host = host;
     lane.rank = *rank;
     lane.role = str(md, "role").value_or("");
     tl_.roles.insert(lane.role);
@@ -183,7 +229,13 @@ class Builder {
         .label = label,
         .tooltip = label + "\ngroup rank " +
                    str(md, "group_rank").value_or("?") + ", master " +
-                   str(md, "master_endpoint").value_or("?")});
+                   str(md, "master_endpoint").value_or("?"),
+        .args = fields(
+            md,
+            {"group_rank",
+             "group_world_size",
+             "master_endpoint",
+             "duration_ms"})});
   }
 
   void restart(const Record& r, const std::string& host, int64_t restarts) {
@@ -192,11 +244,14 @@ class Builder {
     if (auto left = integer(r.body, "remaining_restarts")) {
       label += " (" + std::to_string(*left) + " left)";
     }
+    json args = fields(r.body, {"reason", "remaining_restarts"});
+    args["next_attempt"] = restarts;
     tl_.agent_notes[host].push_back(Note{
         .mark = Mark::kRestart,
         .t_ms = r.t_ms,
         .label = label,
-        .tooltip = label + "\nthen attempt " + std::to_string(restarts)});
+        .tooltip = label + "\nthen attempt " + std::to_string(restarts),
+        .args = std::move(args)});
     tl_.boundaries.push_back(Boundary{
         .t_ms = r.t_ms, .label = "attempt " + std::to_string(restarts)});
   }
@@ -206,7 +261,7 @@ class Builder {
     std::string pid = str(md, "worker_id").value_or("?");
     std::string label = "timer expired";
     if (auto scope = str(md, "scope_id")) {
-      label += ": " + truncate(one_line(*scope), 40);
+      label += ": " + one_line(*scope);
     }
     if (auto over = integer(md, "overrun_ms"); over && *over > 0) {
       label += " +" + std::to_string(*over) + " ms";
@@ -214,17 +269,78 @@ class Builder {
     if (auto sig = integer(md, "signal")) {
       label += ", " + signal_text(*sig);
     }
-    Note note{
-        .mark = Mark::kTimer,
+    place_on_worker(
+        host,
+        pid,
+        std::nullopt,
+        Note{
+            .mark = Mark::kTimer,
+            .t_ms = r.t_ms,
+            .label = label,
+            .tooltip = label + "\nworker pid " + pid,
+            .args =
+                fields(md, {"worker_id", "scope_id", "overrun_ms", "signal"})});
+  }
+
+  void worker_hung(const Record& r, const std::string& host) {
+    const json& md = r.body;
+    std::string label = "hung";
+    if (auto age = integer(md, "heartbeat_age_ms")) {
+      label += ": no heartbeat for " +
+               seconds_text(static_cast<double>(*age) / 1000);
+    }
+    std::string pid = str(md, "pid").value_or("?");
+    std::string tooltip = label + "\nrank " + str(md, "rank").value_or("?") +
+                          ", pid " + pid + "; killed with SIGKILL";
+    if (auto stack = str(md, "stack"); stack && !one_line(*stack).empty()) {
+      tooltip += "\n\n" + *stack;
+    }
+    place_on_worker(
+        host,
+        pid,
+        integer(md, "rank"),
+        Note{
+            .mark = Mark::kHang,
+            .t_ms = r.t_ms,
+            .label = label,
+            .tooltip = tooltip,
+            .args = fields(
+                md,
+                {"rank", "local_rank", "pid", "heartbeat_age_ms", "stack"})});
+  }
+
+  // Only failed checks: a passing one changes nothing worth drawing.
+  void health_check(const Record& r, const std::string& host) {
+    const json& md = r.body;
+    if (str(md, "healthy").value_or("true") != "false") {
+      return;
+    }
+    std::string label = "health check " + str(md, "check").value_or("?") +
+                        " failed: " + one_line(str(md, "detail").value_or(""));
+    tl_.agent_notes[host].push_back(Note{
+        .mark = Mark::kFailure,
         .t_ms = r.t_ms,
         .label = label,
-        .tooltip = label + "\nworker pid " + pid};
-    auto lane = by_pid_.find({host, pid});
-    if (lane != by_pid_.end()) {
-      lane->second->notes.push_back(std::move(note));
-    } else {
-      tl_.agent_notes[host].push_back(std::move(note));
+        .tooltip = label,
+        .args = fields(md, {"check", "detail", "duration_ms", "attempt"})});
+  }
+
+  // On the lane of the worker with that pid (or else rank) on host, or on
+  // the host's agent lane when the worker is not known.
+  void place_on_worker(
+      const std::string& host,
+      const std::string& pid,
+      std::optional<int64_t> rank,
+      Note note) {
+    WorkerLane* lane = nullptr;
+    if (auto it = by_pid_.find({host, pid}); it != by_pid_.end()) {
+      lane = it->second;
+    } else if (auto w =
+                   rank ? tl_.workers.find({host, *rank}) : tl_.workers.end();
+               w != tl_.workers.end()) {
+      lane = &w->second;
     }
+    (lane ? lane->notes : tl_.agent_notes[host]).push_back(std::move(note));
   }
 
   // Rendezvous events go on their host's agent lane; a host name that no
@@ -248,13 +364,15 @@ class Builder {
         std::string message = one_line(str(r->body, "message").value_or(""));
         std::string trace = str(r->body, "error_trace").value_or("");
         if (str(r->body, "node_state") == "FAILED" || !trace.empty()) {
+          std::string label = "rendezvous failed: " +
+                              (message.empty() ? one_line(trace) : message);
           notes.push_back(Note{
               .mark = Mark::kFailure,
               .t_ms = r->t_ms,
-              .label =
-                  "rendezvous failed: " +
-                  truncate(message.empty() ? one_line(trace) : message, 80),
-              .tooltip = message + "\n" + trace});
+              .label = label,
+              .tooltip = label + (trace.empty() ? "" : "\n\n" + trace),
+              .args =
+                  fields(r->body, {"message", "node_state", "error_trace"})});
         }
       }
       const Record* last = events.back();
@@ -263,11 +381,13 @@ class Builder {
       });
       if (!done && str(last->body, "node_state") == "INIT") {
         std::string message = one_line(str(last->body, "message").value_or(""));
+        std::string label = "in rendezvous: " + message;
         notes.push_back(Note{
             .mark = Mark::kRdzvPending,
             .t_ms = last->t_ms,
-            .label = "in rendezvous: " + truncate(message, 80),
-            .tooltip = message});
+            .label = label,
+            .tooltip = label,
+            .args = fields(last->body, {"message", "node_state"})});
       }
     }
   }

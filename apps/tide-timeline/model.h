@@ -20,6 +20,10 @@ enum class Outcome { kSucceeded, kFailed, kTerminated, kRunning };
 // The CSS class a bar of this outcome is drawn with.
 const char* css_class(Outcome o);
 
+// Worse outcomes compare greater: a node's attempt is as bad as its worst
+// worker's.
+int severity(Outcome o);
+
 // One worker process, from its HEALTHY event to its end.
 struct Bar {
   int64_t start_ms = 0;
@@ -31,18 +35,27 @@ struct Bar {
   std::string error;  // raw_error, for FAILED
 };
 
-enum class Mark { kRendezvous, kRestart, kTimer, kFailure, kRdzvPending };
+enum class Mark {
+  kRendezvous,
+  kRestart,
+  kTimer,
+  kFailure,
+  kRdzvPending,
+  kHang,
+};
 
 // A point (or, for a rendezvous, the span it waited) with a label.
 struct Note {
   Mark mark;
   int64_t t_ms = 0;
   int64_t from_ms = 0;  // where a rendezvous began waiting
-  std::string label;
-  std::string tooltip;
+  std::string label;    // in full: the picture shortens it to fit
+  std::string tooltip;  // starts with the label
+  json args;            // the event's fields, for a trace viewer
 };
 
 struct WorkerLane {
+  std::string host;
   int64_t rank = 0;
   std::optional<int64_t> local_rank;
   std::string role;

@@ -3,33 +3,35 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
-#include <sstream>
 #include <vector>
 
+#include "tide-timeline/font.h"
+#include "tide-timeline/layout.h"
+#include "tide-timeline/nodes.h"
+#include "tide-timeline/svg.h"
 #include "tide-timeline/text.h"
 
 namespace tide::timeline {
 namespace {
 
-constexpr double kWidth = 1200;
-constexpr double kPlotLeft = 200;
-constexpr double kPlotRight = 1150;
-constexpr double kFont = 11;
 constexpr double kNoteRow = 17;  // agent lane rows
 constexpr double kTextRow = 14;  // text rows under a worker's bars
 constexpr double kBarHeight = 16;
-constexpr size_t kMaxRows = 4;
+constexpr double kNameX = 28;  // where lane names start
+// The column of lane names: as wide as the longest, within these bounds.
+constexpr double kMinNameColumn = 120;
+constexpr double kMaxNameColumn = 420;
+constexpr double kBelowLanes = 52;  // the time axis under the lanes
 
 constexpr const char* kStyle = R"(
-  text { font-family: 'DejaVu Sans', Helvetica, Arial, sans-serif; font-size: 11px; fill: #24292f; }
+  text { font-family: 'DejaVu Sans', Verdana, sans-serif; font-size: 11px; fill: #24292f; }
   .title { font-size: 18px; font-weight: bold; }
   .sub { font-size: 12px; fill: #57606a; }
   .dim { font-size: 10px; fill: #6e7781; }
   .host { font-size: 12px; font-weight: bold; }
   .rank { font-size: 12px; font-weight: bold; }
   .agent { font-style: italic; fill: #57606a; }
-  .zebra { fill: #f6f8fa; }
+  .zebra { fill: #1f2328; fill-opacity: 0.035; }
   .grid { stroke: #e1e4e8; stroke-width: 1; }
   .axis { stroke: #57606a; stroke-width: 1; }
   .boundary { stroke: #57606a; stroke-width: 1.2; stroke-dasharray: 6 4; }
@@ -46,238 +48,25 @@ constexpr const char* kStyle = R"(
   .timer { fill: #ffffff; stroke: #9a6700; stroke-width: 2; }
   .hand { stroke: #9a6700; stroke-width: 1.5; }
   .timertext { fill: #9a6700; }
+  .hang { fill: #9a6700; }
   .cross { stroke: #cf222e; stroke-width: 2.5; stroke-linecap: round; }
   .halo { stroke: #ffffff; stroke-width: 5.5; stroke-linecap: round; }
   .pending { fill: none; stroke: #8250df; stroke-width: 2; }
   .label { paint-order: stroke; stroke: #ffffff; stroke-width: 3px; stroke-linejoin: round; }
+  .node.closed > .workers, .node:not(.closed) > .summary-lane { display: none; }
+  .node-header { cursor: pointer; }
+  .node-header:focus { outline: none; }
+  .hit { fill: transparent; }
+  .node-header:focus-visible .hit { stroke: #0969da; stroke-width: 1.5; }
+  .twisty { font-size: 10px; fill: #57606a; }
 )";
 
-// SVG text accumulated element by element.
-class Svg {
- public:
-  void raw(const std::string& s) {
-    out_ += s;
-  }
-  void text(
-      double x,
-      double y,
-      const std::string& content,
-      const std::string& cls = "",
-      const char* anchor = "start") {
-    out_ += "<text x=\"" + num(x) + "\" y=\"" + num(y) + "\"";
-    if (!cls.empty()) {
-      out_ += " class=\"" + cls + "\"";
-    }
-    if (std::string(anchor) != "start") {
-      out_ += std::string(" text-anchor=\"") + anchor + "\"";
-    }
-    out_ += ">" + xml(content) + "</text>\n";
-  }
-  void line(
-      double x1, double y1, double x2, double y2, const std::string& cls) {
-    out_ += "<line x1=\"" + num(x1) + "\" y1=\"" + num(y1) + "\" x2=\"" +
-            num(x2) + "\" y2=\"" + num(y2) + "\" class=\"" + cls + "\"/>\n";
-  }
-  void rect(
-      double x,
-      double y,
-      double w,
-      double h,
-      const std::string& cls,
-      double radius = 0) {
-    out_ += "<rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" +
-            num(w) + "\" height=\"" + num(h) + "\"";
-    if (radius > 0) {
-      out_ += " rx=\"" + num(radius) + "\"";
-    }
-    out_ += " class=\"" + cls + "\"/>\n";
-  }
-  // Opens a group whose tooltip is title.
-  void begin(const std::string& attrs, const std::string& title) {
-    out_ += "<g" + attrs + "><title>" + xml(title, true) + "</title>\n";
-  }
-  void end() {
-    out_ += "</g>\n";
-  }
-  // The marker of a note, centred on (x, y).
-  void marker(Mark m, double x, double y) {
-    auto pt = [&](double dx, double dy) {
-      return num(x + dx) + "," + num(y + dy) + " ";
-    };
-    switch (m) {
-      case Mark::kRendezvous:
-        raw("<polygon points=\"" + pt(0, -6) + pt(6, 0) + pt(0, 6) + pt(-6, 0) +
-            "\" class=\"rdzv\"/>\n");
-        break;
-      case Mark::kRestart:
-        raw("<polygon points=\"" + pt(0, -6) + pt(6, 5) + pt(-6, 5) +
-            "\" class=\"restart\"/>\n");
-        break;
-      case Mark::kTimer:
-        raw("<circle cx=\"" + num(x) + "\" cy=\"" + num(y) +
-            "\" r=\"6\" class=\"timer\"/>\n");
-        line(x, y, x, y - 4, "hand");
-        line(x, y, x + 3, y, "hand");
-        break;
-      case Mark::kFailure:
-        for (const char* cls : {"halo", "cross"}) {
-          line(x - 4.5, y - 4.5, x + 4.5, y + 4.5, cls);
-          line(x - 4.5, y + 4.5, x + 4.5, y - 4.5, cls);
-        }
-        break;
-      case Mark::kRdzvPending:
-        raw("<polygon points=\"" + pt(0, -6) + pt(6, 0) + pt(0, 6) + pt(-6, 0) +
-            "\" class=\"pending\"/>\n");
-        break;
-    }
-  }
-  const std::string& str() const {
-    return out_;
-  }
-
- private:
-  std::string out_;
-};
-
-// Assigns labels to rows so that none overlaps another in its row.
-class RowPacker {
- public:
-  // The first row where [x0, x1] is free, or nullopt past kMaxRows.
-  std::optional<size_t> place(double x0, double x1) {
-    for (size_t row = 0; row < kMaxRows; ++row) {
-      if (row == rows_.size()) {
-        rows_.emplace_back();
-      }
-      bool free = std::none_of(
-          rows_[row].begin(), rows_[row].end(), [&](const auto& span) {
-            return x0 < span.second + 6 && span.first < x1 + 6;
-          });
-      if (free) {
-        rows_[row].emplace_back(x0, x1);
-        return row;
-      }
-    }
-    return std::nullopt;
-  }
-  size_t rows() const {
-    size_t n = 0;
-    for (size_t i = 0; i < rows_.size(); ++i) {
-      n = rows_[i].empty() ? n : i + 1;
-    }
-    return n;
-  }
-
- private:
-  std::vector<std::vector<std::pair<double, double>>> rows_;
-};
-
-// A label laid out in a lane: its row, where its text starts, its anchor.
-struct Placed {
-  const Note* note;
-  size_t row;
-  double text_x;
-  const char* anchor;
-  std::string text;
-};
-
-// Time axis: milliseconds to x, and round tick steps in a readable unit.
-struct Axis {
-  int64_t t0 = 0;
-  double span_ms = 1;
-  double unit_ms = 1000;
-  std::string unit = "seconds";
-
-  double x(int64_t t) const {
-    return kPlotLeft + static_cast<double>(std::max(t, t0) - t0) / span_ms *
-                           (kPlotRight - kPlotLeft);
-  }
-  double step_units() const {
-    double raw = span_ms / unit_ms / 10;
-    double mag = std::pow(10, std::floor(std::log10(raw)));
-    for (double m : {1.0, 2.0, 5.0}) {
-      if (m * mag >= raw) {
-        return m * mag;
-      }
-    }
-    return 10 * mag;
-  }
-};
-
-Axis make_axis(const Timeline& tl) {
-  Axis a;
-  a.t0 = tl.t0;
-  a.span_ms = std::max<double>(static_cast<double>(tl.t1 - tl.t0), 100);
-  if (a.span_ms > 5 * 3600e3) {
-    a.unit_ms = 3600e3;
-    a.unit = "hours";
-  } else if (a.span_ms > 300e3) {
-    a.unit_ms = 60e3;
-    a.unit = "minutes";
-  }
-  return a;
+// The widths of the text classes that lane names and headings use.
+double rank_width(const std::string& s) {
+  return text_width(s, 12, Weight::kBold);
 }
-
-// Lays out notes as marker plus label; labels go right of the marker, or left
-// when they would run off the picture.
-std::vector<Placed> place_notes(
-    const std::vector<Note>& notes, const Axis& axis, RowPacker& packer) {
-  std::vector<Placed> placed;
-  for (const Note& n : notes) {
-    double x = axis.x(n.t_ms);
-    double w = text_width(n.label, kFont);
-    double from =
-        n.mark == Mark::kRendezvous ? std::min(axis.x(n.from_ms), x) : x;
-    Placed p{
-        .note = &n,
-        .row = 0,
-        .text_x = x + 10,
-        .anchor = "start",
-        .text = n.label};
-    double x0 = from - 7;
-    double x1 = x + 10 + w;
-    if (x1 > kWidth - 8) {
-      p.text_x = from - 10;
-      p.anchor = "end";
-      x0 = from - 10 - w;
-      x1 = x + 7;
-    }
-    if (auto row = packer.place(x0, x1)) {
-      p.row = *row;
-      placed.push_back(std::move(p));
-    }
-  }
-  return placed;
-}
-
-// Lays out the labels under a worker's bars: a failure's from the start of
-// its bar, a timer's from its marker; either ends at its marker instead when
-// it would run off the picture.
-std::vector<Placed> place_lane_labels(
-    const std::vector<Note>& notes, const Axis& axis, RowPacker& packer) {
-  std::vector<Placed> placed;
-  for (const Note& n : notes) {
-    double x =
-        n.mark == Mark::kFailure ? axis.x(n.from_ms) + 2 : axis.x(n.t_ms) - 6;
-    double end = axis.x(n.t_ms) + 6;
-    Placed p{
-        .note = &n, .row = 0, .text_x = x, .anchor = "start", .text = n.label};
-    double w = text_width(p.text, kFont);
-    if (x + w > kWidth - 10) {
-      if (end - w >= kPlotLeft) {
-        p.text_x = end;
-        p.anchor = "end";
-        x = end - w;
-      } else {
-        p.text = fit(p.text, kWidth - 10 - x, kFont);
-        w = text_width(p.text, kFont);
-      }
-    }
-    if (auto row = packer.place(x, x + w)) {
-      p.row = *row;
-      placed.push_back(std::move(p));
-    }
-  }
-  return placed;
+double dim_width(const std::string& s) {
+  return text_width(s, 10);
 }
 
 std::string outcome_text(const Timeline& tl) {
@@ -303,14 +92,41 @@ std::string plural(size_t n, const std::string& what) {
   return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
 }
 
-// Draws a Timeline top to bottom: heading, legend, per host an agent lane
-// and a lane per worker, then the time axis. Layers, bottom up: top_ (heading
-// and legend), stripes_, grid_ (which needs the lanes' height), lanes_,
-// marks_ (attempt boundaries).
+// A bar of a lane: a worker's process, or a node's attempt.
+struct LaneBar {
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;
+  Outcome outcome = Outcome::kRunning;
+  // Written in the bar: the first of these that fits; the last is shortened
+  // to fit when may_shorten.
+  std::vector<std::string> texts;
+  bool may_shorten = false;
+  std::string tooltip;
+};
+
+// A lane as drawn: a name in the left column, bars, notes under them.
+struct LaneView {
+  std::string attrs;  // of its <g>, starting with a blank
+  std::string name;
+  std::string detail;
+  std::vector<LaneBar> bars;
+  const std::vector<Note>* notes = nullptr;
+  bool striped = false;
+};
+
+// Draws a Timeline top to bottom: heading, legend, per node its agent's lane
+// and its workers' lanes (or their summary), then the time axis. Layers,
+// bottom up: top_ (heading and legend), grid_ (which needs the lanes'
+// height), lanes_, bottom_ (the axis), marks_ (attempt boundaries).
 class Renderer {
  public:
-  Renderer(const Timeline& tl, std::string title)
-      : tl_(tl), axis_(make_axis(tl)), title_(std::move(title)) {}
+  Renderer(const Timeline& tl, std::string title, RenderOptions options)
+      : tl_(tl),
+        nodes_(group_by_node(tl)),
+        options_(options),
+        name_column_(name_column()),
+        axis_(make_axis(tl, name_column_)),
+        title_(std::move(title)) {}
 
   std::string svg() {
     heading();
@@ -319,61 +135,99 @@ class Renderer {
     attempts_y_ = y_;
     y_ += 8;
     lanes_top_ = y_;
-    for (const std::string& host : hosts()) {
-      host_section(host);
+    for (const Node& node : nodes_) {
+      node_section(node);
     }
     lanes_bottom_ = y_;
     time_axis();
     boundaries();
     std::string w = num(kWidth, 0);
-    std::string h = num(lanes_bottom_ + 52, 0);
-    return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + w +
-           "\" height=\"" + h + "\" viewBox=\"0 0 " + w + " " + h +
-           "\">\n<title>" + xml(title_) + "</title>\n<style>" + kStyle +
+    std::string h = num(lanes_bottom_ + kBelowLanes, 0);
+    std::string root =
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"tide-timeline\" "
+        "width=\"" +
+        w + "\" height=\"" + h + "\" viewBox=\"0 0 " + w + " " + h +
+        "\" font-family=\"" + kFontFamily + "\"";
+    if (options_.interactive) {
+      root += " data-lanes-top=\"" + num(lanes_top_) +
+              "\" data-lanes-bottom=\"" + num(lanes_bottom_) +
+              "\" data-below=\"" + num(kBelowLanes) + "\"";
+    }
+    return root + ">\n<title>" + xml(title_) + "</title>\n<style>" + kStyle +
            "</style>\n<rect width=\"" + w + "\" height=\"" + h +
-           "\" fill=\"#ffffff\"/>\n" + top_.str() + stripes_.str() +
-           grid_.str() + lanes_.str() + marks_.str() + "</svg>\n";
+           "\" fill=\"#ffffff\" class=\"background\"/>\n" + top_.str() +
+           grid_.str() + lanes_.str() + "<g class=\"bottom\">\n" +
+           bottom_.str() + "</g>\n" + marks_.str() + "</svg>\n";
   }
 
  private:
-  std::set<std::string> worker_hosts() const {
-    std::set<std::string> hosts;
-    for (const auto& [key, lane] : tl_.workers) {
-      hosts.insert(key.first);
-    }
-    return hosts;
+  bool collapsed(const Node& node) const {
+    return !options_.expand && node.workers.size() > kCollapseAbove;
   }
 
-  // Hosts by group rank, then name.
-  std::vector<std::string> hosts() const {
-    std::set<std::string> all = worker_hosts();
-    for (const auto& [host, notes] : tl_.agent_notes) {
-      all.insert(host);
+  std::string worker_detail(const WorkerLane& lane) const {
+    std::string detail =
+        lane.local_rank ? "local " + std::to_string(*lane.local_rank) : "";
+    if (tl_.roles.size() > 1 && !lane.role.empty()) {
+      detail += (detail.empty() ? "" : " \u00b7 ") + lane.role;
     }
-    std::vector<std::string> order(all.begin(), all.end());
-    auto rank = [&](const std::string& h) {
-      auto it = tl_.host_order.find(h);
-      return it == tl_.host_order.end() ? std::numeric_limits<int64_t>::max()
-                                        : it->second;
+    return detail;
+  }
+
+  // The x where the plot starts: right of the longest lane name, measured,
+  // of every lane the picture may show.
+  double name_column() const {
+    double widest = text_width("agent", 11);
+    auto name = [&](const std::string& n, const std::string& detail) {
+      widest = std::max(
+          widest, rank_width(n) + (detail.empty() ? 0 : 6 + dim_width(detail)));
     };
-    std::stable_sort(
-        order.begin(), order.end(), [&](const auto& a, const auto& b) {
-          return rank(a) < rank(b);
-        });
-    return order;
+    for (const Node& node : nodes_) {
+      name(plural(node.workers.size(), "worker"), rank_ranges(node.workers));
+      for (const WorkerLane* lane : node.workers) {
+        name("rank " + std::to_string(lane->rank), worker_detail(*lane));
+      }
+    }
+    return std::clamp(kNameX + widest + 14, kMinNameColumn, kMaxNameColumn);
   }
 
   void heading() {
     y_ = 30;
-    top_.text(20, y_, title_, "title");
+    top_.text(20, y_, fit(title_, kWidth - 40, 18, Weight::kBold), "title");
     const char* dot = " \u00b7 ";
     std::string sub = tl_.run_id.empty() ? "" : "run " + tl_.run_id + dot;
     sub += plural(tl_.workers.size(), "worker") + " on " +
-           plural(worker_hosts().size(), "host") + dot +
+           plural(nodes_with_workers(), "host") + dot +
            plural(static_cast<size_t>(tl_.attempts), "attempt") + dot +
            seconds_text(static_cast<double>(tl_.t1 - tl_.t0) / 1000) + dot +
            outcome_text(tl_);
-    top_.text(20, y_ += 20, sub, "sub");
+    top_.text(20, y_ += 20, fit(sub, kWidth - 40, 12), "sub");
+    std::string hint;
+    bool any_collapsed =
+        std::any_of(nodes_.begin(), nodes_.end(), [&](const Node& n) {
+          return collapsed(n);
+        });
+    if (options_.interactive && !tl_.workers.empty()) {
+      hint = "click a node's header to show or hide its workers' lanes";
+      if (any_collapsed) {
+        hint += "; nodes of more than " + std::to_string(kCollapseAbove) +
+                " workers start as one summary lane";
+      }
+    } else if (any_collapsed) {
+      hint = "nodes of more than " + std::to_string(kCollapseAbove) +
+             " workers are drawn as one lane, coloured by each attempt's "
+             "worst outcome; tide-timeline --expand draws every worker";
+    }
+    if (!hint.empty()) {
+      top_.text(20, y_ += 16, fit(hint, kWidth - 40, 10), "dim");
+    }
+  }
+
+  size_t nodes_with_workers() const {
+    return static_cast<size_t>(
+        std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
+          return !n.workers.empty();
+        }));
   }
 
   void legend() {
@@ -402,6 +256,7 @@ class Renderer {
          {std::pair{Mark::kRendezvous, "rendezvous (band: wait)"},
           std::pair{Mark::kRestart, "restart"},
           std::pair{Mark::kTimer, "timer expired"},
+          std::pair{Mark::kHang, "hung"},
           std::pair{Mark::kFailure, "failure"}}) {
       item(label, [&](double cx, double cy) { top_.marker(m, cx, cy); });
     }
@@ -410,49 +265,119 @@ class Renderer {
     });
   }
 
-  void host_section(const std::string& host) {
-    lanes_.line(12, y_, kWidth - 12, y_, "grid");
-    std::string header = host;
-    if (auto it = tl_.host_order.find(host); it != tl_.host_order.end()) {
-      header += "  \u00b7  group rank " + std::to_string(it->second);
+  // A node's group: its header, its agent's lane, then its workers' lanes
+  // or, collapsed, their summary lane. For the page, both, with the heights
+  // of the group each way, which its script moves the nodes below by.
+  void node_section(const Node& node) {
+    bool closed = collapsed(node);
+    double top = y_;
+    Svg body;
+    header(body, node, closed);
+    if (!node.agent_notes.empty()) {
+      agent_lane(body, node);
     }
-    lanes_.text(14, y_ + 16, header, "host");
-    y_ += 24;
-    if (auto it = tl_.agent_notes.find(host);
-        it != tl_.agent_notes.end() && !it->second.empty()) {
-      agent_lane(host, it->second);
+    double lanes_y = y_;
+    double summary_height = 0;
+    double workers_height = 0;
+    if (!node.workers.empty() && (closed || options_.interactive)) {
+      lane(body, summary_view(node));
+      summary_height = y_ - lanes_y;
+      y_ = lanes_y;
     }
-    for (const auto& [key, lane] : tl_.workers) {
-      if (key.first == host) {
-        worker_lane(host, lane);
+    if (!closed || options_.interactive) {
+      body.raw("<g class=\"workers\">\n");
+      bool striped = true;
+      for (const WorkerLane* w : node.workers) {
+        lane(body, worker_view(node, *w, striped));
+        striped = !striped;
       }
+      body.raw("</g>\n");
+      workers_height = y_ - lanes_y;
     }
+    y_ = lanes_y + (closed ? summary_height : workers_height);
+    lanes_.raw(
+        std::string("<g class=\"node") + (closed ? " closed" : "") +
+        "\" data-host=\"" + xml(node.host) + "\"");
+    if (options_.interactive) {
+      lanes_.raw(
+          " data-top=\"" + num(top) + "\" data-open-height=\"" +
+          num(lanes_y - top + workers_height) + "\" data-closed-height=\"" +
+          num(lanes_y - top + summary_height) + "\"");
+    }
+    lanes_.raw(">\n" + body.str() + "</g>\n");
   }
 
-  void agent_lane(const std::string& host, const std::vector<Note>& notes) {
+  void header(Svg& out, const Node& node, bool closed) {
+    out.line(12, y_, kWidth - 12, y_, "grid");
+    std::string text = node.host;
+    if (node.group_rank) {
+      text += "  \u00b7  group rank " + std::to_string(*node.group_rank);
+    }
+    if (!node.workers.empty()) {
+      text += "  \u00b7  " + plural(node.workers.size(), "worker");
+    }
+    if (!options_.interactive) {
+      out.text(14, y_ + 16, fit(text, kWidth - 28, 12, Weight::kBold), "host");
+      y_ += 24;
+      return;
+    }
+    out.raw(
+        std::string("<g class=\"node-header\" tabindex=\"0\" role=\"button\" "
+                    "aria-expanded=\"") +
+        (closed ? "false" : "true") + "\"><title>" + xml(node.host) +
+        ": show or hide its workers' lanes</title>\n");
+    out.rect(12, y_ + 2, kWidth - 24, 20, "hit", 3);
+    out.text(16, y_ + 15, closed ? "\u25b8" : "\u25be", "twisty");
+    out.text(28, y_ + 16, fit(text, kWidth - 40, 12, Weight::kBold), "host");
+    out.end();
+    y_ += 24;
+  }
+
+  // A label, with the whole note as its tooltip (which starts with the whole
+  // label when the label was shortened).
+  void label(Svg& out, const Placed& p, double y, const std::string& cls) {
+    out.begin("", p.note->tooltip);
+    out.text(p.text_x, y, p.text, cls, p.anchor);
+    out.end();
+  }
+
+  void agent_lane(Svg& out, const Node& node) {
     RowPacker packer;
-    auto placed = place_notes(notes, axis_, packer);
-    lanes_.begin(
-        " class=\"agent-lane\" data-host=\"" + xml(host) + "\"",
-        "agent on " + host);
-    lanes_.text(28, y_ + 15, "agent", "agent");
+    auto placed = place_notes(node.agent_notes, axis_, packer);
+    out.begin(
+        " class=\"agent-lane\" data-host=\"" + xml(node.host) + "\"",
+        "agent on " + node.host);
+    out.text(kNameX, y_ + 15, "agent", "agent");
+    auto row_y = [&](size_t row) {
+      return y_ + 3 + kNoteRow * (static_cast<double>(row) + 0.5);
+    };
+    // A note without room for its label keeps its marker, in the first row.
+    for (const Note& n : node.agent_notes) {
+      if (std::none_of(placed.begin(), placed.end(), [&](const Placed& p) {
+            return p.note == &n;
+          })) {
+        out.begin("", n.tooltip);
+        out.marker(n.mark, axis_.x(n.t_ms), row_y(0));
+        out.end();
+      }
+    }
     for (const Placed& p : placed) {
       const Note& n = *p.note;
-      double cy = y_ + 3 + kNoteRow * (static_cast<double>(p.row) + 0.5);
+      double cy = row_y(p.row);
       double x = axis_.x(n.t_ms);
-      lanes_.begin("", n.tooltip);
+      out.begin("", n.tooltip);
       if (n.mark == Mark::kRendezvous && axis_.x(n.from_ms) < x) {
         double x0 = axis_.x(n.from_ms);
-        lanes_.rect(x0, cy - 3, x - x0, 6, "wait", 2);
+        out.rect(x0, cy - 3, x - x0, 6, "wait", 2);
       }
-      lanes_.marker(n.mark, x, cy);
+      out.marker(n.mark, x, cy);
       std::string cls = n.mark == Mark::kFailure ? "err label"
                         : n.mark == Mark::kTimer ? "timertext label"
                                                  : "label";
-      lanes_.text(p.text_x, cy + 4, p.text, cls, p.anchor);
-      lanes_.end();
+      out.text(p.text_x, cy + 4, p.text, cls, p.anchor);
+      out.end();
     }
-    lanes_.end();
+    out.end();
     y_ +=
         6 + static_cast<double>(std::max<size_t>(packer.rows(), 1)) * kNoteRow;
   }
@@ -461,31 +386,22 @@ class Renderer {
     return num(static_cast<double>(t_ms - tl_.t0) / 1000, 3) + " s";
   }
 
-  void worker_lane(const std::string& host, const WorkerLane& lane) {
-    RowPacker packer;
-    auto placed = place_lane_labels(lane.notes, axis_, packer);
-    double height = 28 + static_cast<double>(packer.rows()) * kTextRow;
-    if (zebra_++ % 2 == 0) {
-      stripes_.rect(0, y_, kWidth, height, "zebra");
-    }
-    std::string rank = "rank " + std::to_string(lane.rank);
-    lanes_.raw(
-        "<g class=\"lane\" data-host=\"" + xml(host) + "\" data-rank=\"" +
-        std::to_string(lane.rank) + "\">\n");
-    double bar_y = y_ + 6;
-    lanes_.text(28, bar_y + 12, rank, "rank");
-    std::string detail =
-        lane.local_rank ? "local " + std::to_string(*lane.local_rank) : "";
-    if (tl_.roles.size() > 1 && !lane.role.empty()) {
-      detail += (detail.empty() ? "" : " \u00b7 ") + lane.role;
-    }
-    lanes_.text(34 + text_width(rank, 12), bar_y + 12, detail, "dim");
-    for (const Bar& bar : lane.bars) {
-      // Inset a pixel so that back-to-back workers read as two bars.
-      double x0 = axis_.x(bar.start_ms) + 1;
-      double w = std::max(2.0, axis_.x(bar.end_ms) - x0 - 1);
+  std::string ran(int64_t start_ms, int64_t end_ms) const {
+    return seconds_text(static_cast<double>(end_ms - start_ms) / 1000);
+  }
+
+  LaneView worker_view(const Node& node, const WorkerLane& w, bool striped) {
+    std::string rank = "rank " + std::to_string(w.rank);
+    LaneView v{
+        .attrs = " class=\"lane\" data-host=\"" + xml(node.host) +
+                 "\" data-rank=\"" + std::to_string(w.rank) + "\"",
+        .name = rank,
+        .detail = worker_detail(w),
+        .notes = &w.notes,
+        .striped = striped};
+    for (const Bar& bar : w.bars) {
       std::string outcome = css_class(bar.outcome);
-      std::string tip = rank + " on " + host + ", pid " + bar.pid +
+      std::string tip = rank + " on " + node.host + ", pid " + bar.pid +
                         ", attempt " + std::to_string(bar.attempt) + "\n";
       tip += bar.start_seen ? "started at " + at(bar.start_ms)
                             : "started before the file begins";
@@ -493,45 +409,127 @@ class Renderer {
       if (bar.outcome != Outcome::kRunning) {
         tip += " at " + at(bar.end_ms);
       }
-      tip +=
-          " (ran " +
-          seconds_text(static_cast<double>(bar.end_ms - bar.start_ms) / 1000) +
-          ")";
-      lanes_.begin("", tip);
-      lanes_.rect(x0, bar_y, w, kBarHeight, "bar " + outcome, 3);
-      for (const std::string& pid : {"pid " + bar.pid, bar.pid}) {
-        if (text_width(pid, 10) + 10 <= w) {
-          lanes_.text(x0 + 7, bar_y + 12, pid, "pid");
-          break;
-        }
-      }
-      lanes_.end();
+      tip += " (ran " + ran(bar.start_ms, bar.end_ms) + ")";
+      v.bars.push_back(LaneBar{
+          .start_ms = bar.start_ms,
+          .end_ms = bar.end_ms,
+          .outcome = bar.outcome,
+          .texts = {"pid " + bar.pid, bar.pid},
+          .tooltip = std::move(tip)});
     }
-    for (const Note& n : lane.notes) {
-      // A timer that killed the worker: its clock beside the failure's cross.
+    return v;
+  }
+
+  LaneView summary_view(const Node& node) {
+    LaneView v{
+        .attrs = " class=\"summary-lane\" data-host=\"" + xml(node.host) + "\"",
+        .name = plural(node.workers.size(), "worker"),
+        .detail = rank_ranges(node.workers),
+        .notes = &node.summary_notes,
+        .striped = true};
+    for (const AttemptSummary& a : node.attempts) {
+      size_t workers = 0;
+      for (const auto& [o, n] : a.outcomes) {
+        workers += n;
+      }
+      std::string counts = outcome_counts(a);
+      std::string tip = plural(workers, "worker") + " on " + node.host +
+                        ", attempt " + std::to_string(a.attempt) + ": " +
+                        counts + "\n";
+      tip += a.start_seen ? "first started at " + at(a.start_ms)
+                          : "started before the file begins";
+      tip += a.worst == Outcome::kRunning ? "\nrunning at end of file"
+                                          : "\nlast ended at " + at(a.end_ms);
+      tip += " (" + ran(a.start_ms, a.end_ms) + ")";
+      v.bars.push_back(LaneBar{
+          .start_ms = a.start_ms,
+          .end_ms = a.end_ms,
+          .outcome = a.worst,
+          .texts = {counts},
+          .may_shorten = true,
+          .tooltip = std::move(tip)});
+    }
+    return v;
+  }
+
+  // A lane's name, its detail after it, shortened to the name column.
+  void lane_name(Svg& out, double y, const LaneView& v) {
+    double room = name_column_ - 14 - kNameX;
+    std::string name = fit(v.name, room, 12, Weight::kBold);
+    out.text(kNameX, y, name, "rank");
+    double x = kNameX + rank_width(name) + 6;
+    std::string detail = fit(v.detail, name_column_ - 14 - x, 10);
+    if (detail.empty() || detail == v.detail) {
+      out.text(x, y, detail, "dim");
+      return;
+    }
+    out.begin("", v.detail);
+    out.text(x, y, detail, "dim");
+    out.end();
+  }
+
+  std::string bar_text(const LaneBar& bar, double width) const {
+    for (const std::string& t : bar.texts) {
+      if (text_width(t, 10) + 10 <= width) {
+        return t;
+      }
+    }
+    if (bar.may_shorten && !bar.texts.empty() && width > 40) {
+      return fit(bar.texts.back(), width - 10, 10);
+    }
+    return "";
+  }
+
+  void lane(Svg& out, const LaneView& v) {
+    RowPacker packer;
+    auto placed = place_lane_labels(*v.notes, axis_, packer);
+    double height = 28 + static_cast<double>(packer.rows()) * kTextRow;
+    out.raw("<g" + v.attrs + ">\n");
+    if (v.striped) {
+      out.rect(0, y_, kWidth, height, "zebra");
+    }
+    double bar_y = y_ + 6;
+    lane_name(out, bar_y + 12, v);
+    for (const LaneBar& bar : v.bars) {
+      // Inset a pixel so that back-to-back bars read as two.
+      double x0 = axis_.x(bar.start_ms) + 1;
+      double w = std::max(2.0, axis_.x(bar.end_ms) - x0 - 1);
+      out.begin("", bar.tooltip);
+      out.rect(
+          x0,
+          bar_y,
+          w,
+          kBarHeight,
+          std::string("bar ") + css_class(bar.outcome),
+          3);
+      if (std::string text = bar_text(bar, w); !text.empty()) {
+        out.text(x0 + 7, bar_y + 12, text, "pid");
+      }
+      out.end();
+    }
+    const std::vector<Note>& notes = *v.notes;
+    for (const Note& n : notes) {
+      // A timer or hang that killed the worker: its mark beside the
+      // failure's cross.
       double x = axis_.x(n.t_ms);
       bool beside_failure =
-          n.mark == Mark::kTimer &&
-          std::any_of(lane.notes.begin(), lane.notes.end(), [&](const Note& f) {
+          n.mark != Mark::kFailure &&
+          std::any_of(notes.begin(), notes.end(), [&](const Note& f) {
             return f.mark == Mark::kFailure &&
                    std::abs(axis_.x(f.t_ms) - x) < 12;
           });
-      lanes_.begin("", n.tooltip);
-      lanes_.marker(
-          n.mark, beside_failure ? x - 14 : x, bar_y + kBarHeight / 2);
-      lanes_.end();
+      out.begin("", n.tooltip);
+      out.marker(n.mark, beside_failure ? x - 14 : x, bar_y + kBarHeight / 2);
+      out.end();
     }
     for (const Placed& p : placed) {
-      lanes_.begin("", p.note->tooltip);
-      lanes_.text(
-          p.text_x,
+      label(
+          out,
+          p,
           bar_y + kBarHeight + 12 + kTextRow * static_cast<double>(p.row),
-          p.text,
-          p.note->mark == Mark::kFailure ? "err label" : "timertext label",
-          p.anchor);
-      lanes_.end();
+          p.note->mark == Mark::kFailure ? "err label" : "timertext label");
     }
-    lanes_.raw("</g>\n");
+    out.raw("</g>\n");
     y_ += height;
   }
 
@@ -541,15 +539,15 @@ class Renderer {
         std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
     for (int i = 0; step * i * axis_.unit_ms <= axis_.span_ms + 1e-6; ++i) {
       double v = step * i;
-      double x = kPlotLeft +
-                 v * axis_.unit_ms / axis_.span_ms * (kPlotRight - kPlotLeft);
-      grid_.line(x, lanes_top_, x, lanes_bottom_, "grid");
-      grid_.line(x, lanes_bottom_, x, lanes_bottom_ + 5, "axis");
-      grid_.text(x, lanes_bottom_ + 18, num(v, decimals), "", "middle");
+      double x = axis_.left +
+                 v * axis_.unit_ms / axis_.span_ms * (axis_.right - axis_.left);
+      grid_.line(x, lanes_top_, x, lanes_bottom_, "grid spans");
+      bottom_.line(x, lanes_bottom_, x, lanes_bottom_ + 5, "axis");
+      bottom_.text(x, lanes_bottom_ + 18, num(v, decimals), "", "middle");
     }
-    grid_.line(kPlotLeft, lanes_bottom_, kPlotRight, lanes_bottom_, "axis");
-    grid_.text(
-        (kPlotLeft + kPlotRight) / 2,
+    bottom_.line(axis_.left, lanes_bottom_, axis_.right, lanes_bottom_, "axis");
+    bottom_.text(
+        (axis_.left + axis_.right) / 2,
         lanes_bottom_ + 36,
         axis_.unit + " since the first event (" + utc_text(tl_.t0) + ")",
         "sub",
@@ -560,8 +558,8 @@ class Renderer {
   void boundaries() {
     RowPacker labels;
     auto label = [&](double x, const std::string& text) {
-      double w = text_width(text, kFont);
-      bool left = x + 4 + w > kWidth - 8;
+      double w = text_width(text, kFont, Weight::kBold);
+      bool left = x + 4 + w > kRightEdge;
       double x0 = left ? x - 4 - w : x + 4;
       if (auto row = labels.place(x0, x0 + w); row && *row == 0) {
         marks_.text(
@@ -572,7 +570,7 @@ class Renderer {
             left ? "end" : "start");
       }
     };
-    label(kPlotLeft, "attempt 0");
+    label(axis_.left, "attempt 0");
     double last_x = -100;
     std::string last_label;
     for (const Boundary& b : tl_.boundaries) {
@@ -582,30 +580,35 @@ class Renderer {
       }
       last_x = x;
       last_label = b.label;
-      marks_.line(x, attempts_y_ - 12, x, lanes_bottom_, "boundary");
+      marks_.line(x, attempts_y_ - 12, x, lanes_bottom_, "boundary spans");
       label(x, b.label);
     }
   }
 
   const Timeline& tl_;
+  std::vector<Node> nodes_;
+  RenderOptions options_;
+  double name_column_;
   Axis axis_;
   std::string title_;
   double y_ = 0;
   double attempts_y_ = 0;
   double lanes_top_ = 0;
   double lanes_bottom_ = 0;
-  size_t zebra_ = 0;
   Svg top_;
-  Svg stripes_;
   Svg grid_;
   Svg lanes_;
+  Svg bottom_;
   Svg marks_;
 };
 
 }  // namespace
 
-std::string render_svg(const Timeline& timeline, const std::string& title) {
-  return Renderer(timeline, title).svg();
+std::string render_svg(
+    const Timeline& timeline,
+    const std::string& title,
+    const RenderOptions& options) {
+  return Renderer(timeline, title, options).svg();
 }
 
 }  // namespace tide::timeline

@@ -84,19 +84,6 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
-// The rendered width of text in a sans-serif font, estimated generously so
-// that labels placed side by side never touch.
-double text_width(const std::string& s, double font_size) {
-  return static_cast<double>(code_points(s)) * font_size * 0.6;
-}
-
-// The longest prefix of s (cut with an ellipsis) that fits in width pixels.
-std::string fit(const std::string& s, double width, double font_size) {
-  auto max_chars =
-      static_cast<size_t>(std::max(0.0, width / (font_size * 0.6)));
-  return max_chars < 4 ? "" : truncate(s, max_chars);
-}
-
 std::string num(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -161,8 +148,7 @@ std::string short_error(const std::string& raw) {
     msg = last;
   }
   msg = one_line(msg);
-  return msg.empty() || msg == "<NONE>" ? "failed (no error message)"
-                                        : truncate(msg, 90);
+  return msg.empty() || msg == "<NONE>" ? "failed (no error message)" : msg;
 }
 
 }  // namespace tide::timeline

@@ -454,7 +454,18 @@ void add_flags(CLI::App& app, Flags& f) {
   opt("--health-port,--health_port",
       f.health_port,
       "PET_HEALTH_PORT",
-      "serve GET /health on [HOST:]PORT");
+      "serve the live job page (/), its JSON (/api/job), GET /health and "
+      "/metrics on [HOST:]PORT");
+  opt("--status-interval,--status_interval",
+      f.status_interval,
+      "TIDE_STATUS_INTERVAL",
+      "seconds between this node's status records in the rendezvous store "
+      "(tiderun status, the live page; 0: none)");
+  opt("--straggler-threshold,--straggler_threshold",
+      f.straggler_threshold,
+      "TIDE_STRAGGLER_THRESHOLD",
+      "a rank whose step-time score falls below this (0 to 1) is flagged as "
+      "a straggler: an event and a metric");
   opt("--heartbeat-timeout,--heartbeat_timeout",
       f.heartbeat_timeout,
       "TIDE_HEARTBEAT_TIMEOUT",
@@ -579,6 +590,16 @@ LaunchConfig make_config(const Flags& f) {
     c.heartbeat_timeout =
         seconds_flag(f.heartbeat_timeout, "--heartbeat-timeout");
   }
+  c.status_interval =
+      f.status_interval == 0
+          ? std::chrono::milliseconds(0)
+          : seconds_flag(f.status_interval, "--status-interval");
+  if (!(f.straggler_threshold > 0 && f.straggler_threshold <= 1)) {
+    throw InvalidArgument(
+        "--straggler-threshold must be in (0, 1], not " +
+        std::to_string(f.straggler_threshold));
+  }
+  c.straggler_threshold = f.straggler_threshold;
   c.prestart.enabled = f.prestart;
   c.prestart.spares = f.prestart_spares;
   c.prestart.imports.clear();

@@ -56,6 +56,8 @@ struct Flags {
   std::string rdzv_plugins;
   std::string numa_binding = "none";
   double heartbeat_timeout = 0;
+  double status_interval = 5;
+  double straggler_threshold = 0.7;
   bool prestart = false;
   int prestart_spares = 0;
   std::string prestart_imports = "torch,torch.distributed";

@@ -16,7 +16,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tide/agent/job_status.h"
 #include "tide/common/error.h"
+#include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
 #include "tide/events/events.h"
@@ -26,7 +28,9 @@
 #include "tide/rendezvous/registry.h"
 
 #include "cli.h"
+#include "common/clock.h"
 #include "flags.h"
+#include "status.h"
 
 namespace {
 
@@ -115,9 +119,66 @@ void write_own_error_file(
   tide::launcher::write_error_file_for_launcher(path, result, summary);
 }
 
+// The job's view for the live page (/api/job): from the job store, on a
+// connection of the page's own opened at the first request, or this node's
+// record alone when the backend keeps no job store (static).
+std::string job_view_json() {
+  static std::mutex mutex;
+  static std::shared_ptr<tide::store::Store> store;  // Guarded by mutex.
+  std::shared_ptr<tide::rendezvous::RendezvousHandler> handler;
+  tide::agent::NodeStatus own;
+  double threshold = 0;
+  {
+    std::lock_guard lock(g_health_mutex);
+    if (g_health_agent == nullptr) {
+      throw tide::Error("the agent has not started yet");
+    }
+    handler = g_health_agent->spec().rdzv_handler;
+    threshold = g_health_agent->spec().straggler_threshold;
+    own = g_health_agent->node_status();
+  }
+  std::lock_guard lock(mutex);
+  try {
+    if (!store) {
+      store = handler->open_job_store();
+    }
+    if (store) {
+      return tide::agent::to_json(
+          tide::agent::read_job_view(*store, handler->get_run_id(), threshold));
+    }
+  } catch (const std::exception&) {
+    store.reset();  // connect again at the next request
+    throw;
+  }
+  std::vector<tide::agent::NodeStatus> records;
+  if (own.updated_at > 0) {
+    own.slot = 0;
+    records.push_back(own);
+  }
+  return tide::agent::to_json(tide::agent::make_job_view(
+      handler->get_run_id(), records, tide::now_seconds(), threshold));
+}
+
+// Where other hosts reach this node's health endpoint: the host it was
+// given, else --local-addr, else this host's name.
+std::string health_endpoint(
+    const std::string& flag, uint16_t port, const LaunchConfig& config) {
+  std::string host;
+  if (auto colon = flag.rfind(':'); colon != std::string::npos) {
+    host = flag.substr(0, colon);
+  }
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+    host = config.local_addr.empty() ? tide::fqdn() : config.local_addr;
+  }
+  return host + ":" + std::to_string(port);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "status") {
+    return tiderun::status_main(argc - 1, argv + 1);
+  }
   CLI::App app{
       "tiderun: launch a fault-tolerant, elastic group of workers, as torchrun "
       "does.\n"
@@ -185,14 +246,27 @@ int main(int argc, char** argv) {
     configure_sinks(flags);
     if (!flags.health_port.empty()) {
       health = new tide::launcher::HealthServer(
-          flags.health_port, []() -> std::optional<tide::agent::AgentStatus> {
-            std::lock_guard lock(g_health_mutex);
-            if (g_health_agent == nullptr) {
-              return std::nullopt;
-            }
-            return g_health_agent->status();
-          });
-      TIDE_LOG_INFO("health checks on port {} (/health)", health->port());
+          flags.health_port,
+          {.status = []() -> std::optional<tide::agent::AgentStatus> {
+             std::lock_guard lock(g_health_mutex);
+             if (g_health_agent == nullptr) {
+               return std::nullopt;
+             }
+             return g_health_agent->status();
+           },
+           .job = job_view_json,
+           .log_dir = [](int local_rank) -> std::string {
+             std::lock_guard lock(g_health_mutex);
+             return g_health_agent == nullptr
+                        ? ""
+                        : g_health_agent->worker_log_dir(local_rank);
+           }});
+      config.health_endpoint =
+          health_endpoint(flags.health_port, health->port(), config);
+      TIDE_LOG_INFO(
+          "health checks on port {} (/health; the job's page at http://{}/)",
+          health->port(),
+          config.health_endpoint);
     }
   } catch (const tide::Error& e) {
     std::fprintf(stderr, "tiderun: error: %s\n", e.what());

@@ -33,6 +33,7 @@
 #include "server_process.h"
 #include "sim.h"
 #include "startup.h"
+#include "status_sim.h"
 
 namespace tide::bench::scale {
 namespace {
@@ -341,6 +342,13 @@ int bench_main(int argc, char** argv) {
       "keep-alive traffic, and the re-rendezvous after a node is killed");
   add_rendezvous_options(*rdzv, ro);
 
+  StatusOptions sto;
+  auto* status = app.add_subcommand(
+      "status",
+      "the job's status records with N simulated agents publishing them: "
+      "what they cost the store server");
+  add_status_options(*status, sto);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -349,6 +357,9 @@ int bench_main(int argc, char** argv) {
   install_interrupt_handlers();
   if (startup->parsed()) {
     return run_startup_bench(so);
+  }
+  if (status->parsed()) {
+    return run_status_bench(sto);
   }
   return run_rendezvous_bench(ro);
 }

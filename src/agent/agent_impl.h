@@ -19,16 +19,19 @@
 #include <string>
 #include <vector>
 
+#include "tide/agent/job_status.h"
 #include "tide/agent/local_elastic_agent.h"
 #include "tide/common/fd.h"
 #include "tide/common/host.h"
 #include "tide/events/events.h"
+#include "tide/metrics/registry.h"
 #include "tide/rendezvous/rendezvous_handler.h"
 #include "tide/timer/heartbeat.h"
 #include "tide/timer/timer_server.h"
 
 #include "agent/janitor.h"
 #include "agent/prestart.h"
+#include "agent/status_publisher.h"
 #include "agent/worker_process.h"
 #include "common/clock.h"
 
@@ -140,6 +143,16 @@ struct LocalElasticAgent::Impl {
       const Worker& w, const char* state, const std::string& raw_error = "");
   void agent_event(const std::string& what, events::Event::Metadata meta);
   void record_run_metrics(bool succeeded);
+  // Native metrics (registry.h, docs/observability.md), labelled role, run
+  // and node (the host); reporting.cpp. A restart is counted when decided
+  // and timed from `seen` (the failure or change) to its workers' start.
+  metrics::Labels metric_labels(metrics::Labels more = {}) const;
+  void set_state_metrics(WorkerState s);
+  void count_restart(const char* reason);
+  void time_restart(const char* reason, Clock::time_point seen);
+  void count_round(Clock::time_point start, bool completed);
+  // Adds n to the counter `name` (..._total) of this agent.
+  void count_agent_event(const char* name, const char* help, double n = 1);
   std::string metric(const std::string& name) const {
     return "workers." + self.spec_.role + "." + name;
   }
@@ -182,6 +195,47 @@ struct LocalElasticAgent::Impl {
   void check_heartbeats();
   std::unique_ptr<timer::HeartbeatReceiver> heartbeats;
   std::vector<std::optional<Clock::time_point>> last_beat;
+
+  // The job's status board (status.cpp): this node's record, posted to a
+  // publisher thread every status_interval and at each state change; the
+  // group's attempts; the ranks' step times from their heartbeats' step
+  // numbers, scored for stragglers each interval.
+  void start_status();
+  void post_status(bool urgent);
+  void begin_attempt();
+  // Ends the running attempt (RUNNING -> outcome), if one runs.
+  void end_attempt(const std::string& outcome, const std::string& reason);
+  void note_restart(const std::string& reason);
+  void note_step(size_t local_rank, int64_t step, Clock::time_point at);
+  // Each status interval: the step times of the interval, then the flags.
+  void measure_steps();
+  void flag_stragglers();
+  // A rank's pace: its last step, the start of the interval being
+  // measured, its step time over the last interval and its best.
+  struct StepClock {
+    struct Mark {
+      int64_t step = 0;
+      Clock::time_point at;
+    };
+    std::optional<int64_t> step;
+    Clock::time_point at;
+    std::optional<Mark> mark;
+    std::optional<double> step_time;
+    std::optional<double> best;
+    bool flagged = false;  // a straggler now
+  };
+  std::unique_ptr<detail::StatusPublisher> status_publisher;
+  Clock::time_point next_status = Clock::time_point::max();
+  std::vector<AttemptStatus> attempts;
+  struct LastRestart {
+    double at = 0;
+    std::string reason;
+  } last_restart;
+  std::vector<StepClock> steps;  // by local rank
+  // Guarded by status_mutex: the last record made, and the attempt's log
+  // directory.
+  NodeStatus last_record;
+  std::string attempt_log_dir;
 };
 
 }  // namespace tide::agent

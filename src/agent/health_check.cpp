@@ -15,6 +15,7 @@
 #include "tide/common/strings.h"
 #include "tide/events/events.h"
 #include "tide/metrics/metrics.h"
+#include "tide/metrics/registry.h"
 
 #include "agent/agent_impl.h"
 #include "agent/command.h"
@@ -212,6 +213,18 @@ void LocalElasticAgent::Impl::check_health() {
           "health_check." + check->name() + ".healthy", r.healthy ? 1 : 0);
       metrics::put_metric(
           "health_check." + check->name() + ".duration_ms", took.count());
+      metrics::histogram(
+          "tide_agent_health_check_seconds",
+          "Time a health check before a rendezvous took.",
+          metric_labels({{"check", check->name()}}))
+          .observe(std::chrono::duration<double>(took).count());
+      if (!r.healthy) {
+        metrics::counter(
+            "tide_agent_health_check_failures_total",
+            "Health checks before a rendezvous that found the node unhealthy.",
+            metric_labels({{"check", check->name()}}))
+            .inc();
+      }
       agent_event(
           "health_check",
           {{"check", check->name()},

@@ -82,7 +82,25 @@ std::string capture_stack(pid_t pid) {
 
 void LocalElasticAgent::Impl::start_heartbeats() {
   const WorkerSpec& spec = self.spec_;
-  if (spec.heartbeat_timeout.count() <= 0 || heartbeats) {
+  // Open for hang detection, and for the step numbers of the job's status.
+  if ((spec.heartbeat_timeout.count() <= 0 &&
+       spec.status_interval.count() <= 0) ||
+      heartbeats) {
+    return;
+  }
+  if (spec.heartbeat_timeout.count() <= 0) {
+    // For step numbers alone: a socket that cannot be bound (a log
+    // directory too deep for a socket's path) costs the job only those.
+    try {
+      heartbeats = std::make_unique<timer::HeartbeatReceiver>(
+          run_log_dir + "/heartbeat.sock");
+    } catch (const Error& e) {
+      TIDE_LOG_WARN(
+          "[{}] no heartbeat socket, so no step times in the job's status: "
+          "{}",
+          spec.role,
+          e.what());
+    }
     return;
   }
   heartbeats = std::make_unique<timer::HeartbeatReceiver>(
@@ -108,13 +126,16 @@ void LocalElasticAgent::Impl::read_heartbeats() {
     return;
   }
   auto now = Clock::now();
-  for (pid_t pid : heartbeats->drain()) {
-    int i = local_rank_of(pid);
+  for (const timer::Beat& beat : heartbeats->drain()) {
+    int i = local_rank_of(beat.pid);
     if (i < 0) {
       continue;  // a process gone by now, or not a worker's
     }
+    if (beat.step) {
+      note_step(static_cast<size_t>(i), *beat.step, now);
+    }
     auto& last = last_beat[static_cast<size_t>(i)];
-    if (!last) {
+    if (!last && self.spec_.heartbeat_timeout.count() > 0) {
       TIDE_LOG_INFO(
           "[{}] local rank {} sent its first heartbeat: it is watched for "
           "hangs from now on",
@@ -142,6 +163,9 @@ int LocalElasticAgent::Impl::local_rank_of(pid_t pid) const {
 
 Clock::time_point LocalElasticAgent::Impl::next_heartbeat_deadline() const {
   auto next = Clock::time_point::max();
+  if (self.spec_.heartbeat_timeout.count() <= 0) {
+    return next;  // heartbeats for the status only: no hang detection
+  }
   for (size_t i = 0; i < last_beat.size(); ++i) {
     if (last_beat[i] && !processes[i]->exited()) {
       next = std::min(next, *last_beat[i] + self.spec_.heartbeat_timeout);
@@ -152,6 +176,9 @@ Clock::time_point LocalElasticAgent::Impl::next_heartbeat_deadline() const {
 
 void LocalElasticAgent::Impl::check_heartbeats() {
   const WorkerSpec& spec = self.spec_;
+  if (spec.heartbeat_timeout.count() <= 0) {
+    return;
+  }
   auto now = Clock::now();
   for (size_t i = 0; i < last_beat.size(); ++i) {
     auto& p = *processes[i];
@@ -176,6 +203,7 @@ void LocalElasticAgent::Impl::check_heartbeats() {
     // the failure summary and tiderun's error.json carry the stack.
     write_error_file(error_files[i], message, stack);
     metrics::put_metric(metric("hung"), 1);
+    count_agent_event("tide_agent_worker_hangs_total", "Workers found hung.");
     agent_event(
         "worker_hung",
         {{"rank", int64_t{w.global_rank}},

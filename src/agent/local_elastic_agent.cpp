@@ -131,8 +131,10 @@ void LocalElasticAgent::Impl::rendezvous() {
     rdzv = spec.rdzv_handler->next_rendezvous();
   } catch (const RendezvousError&) {
     check_stop();  // interrupted by a stop request: report the signal
+    count_round(start, /*completed=*/false);
     throw;
   }
+  count_round(start, /*completed=*/true);
   agent_event(
       "rendezvous",
       {{"group_rank", int64_t{rdzv.rank}},
@@ -249,6 +251,10 @@ void LocalElasticAgent::Impl::start_workers() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("LocalElasticAgent._start_workers");
   std::string dir = attempt_dir();
+  {
+    std::lock_guard lock(status_mutex);
+    attempt_log_dir = dir;
+  }
   result_files.assign(static_cast<size_t>(spec.local_world_size), "");
   error_files.assign(static_cast<size_t>(spec.local_world_size), "");
   for (int i = 0; i < spec.local_world_size; ++i) {
@@ -277,6 +283,7 @@ void LocalElasticAgent::Impl::start_workers() {
   // (a line of output, a store key) happens after the agent's state says
   // this group is running.
   metrics::put_metric(metric("remaining_restarts"), restarts.left);
+  begin_attempt();
   set_state(WorkerState::kHealthy);
   for (const Worker& w : group.workers) {
     if (!numa.empty()) {
@@ -291,6 +298,7 @@ void LocalElasticAgent::Impl::start_workers() {
     group.workers[static_cast<size_t>(w.local_rank)].pid =
         processes.back()->pid();
   }
+  post_status(/*urgent=*/true);  // with the workers' pids
   fill_prestart(exe, numa);
   std::set<pid_t> old_pids;
   {
@@ -334,6 +342,8 @@ void LocalElasticAgent::Impl::check_stop() {
     for (const Worker& w : group.workers) {
       worker_event(w, "TERMINATED");
     }
+    end_attempt(
+        "TERMINATED", std::string("stopped by SIG") + (name ? name : "?"));
     set_state(WorkerState::kStopped);
     throw SignalException(
         sig, std::string("agent stopped by SIG") + (name ? name : "?"));
@@ -589,6 +599,7 @@ RunResult LocalElasticAgent::Impl::run() {
   janitor = std::make_unique<detail::Janitor>();
   start_timer_server();
   start_heartbeats();
+  start_status();
   TIDE_LOG_INFO(
       "[{}] starting: {} workers per node, {} restarts allowed, logs in {}",
       spec.role,
@@ -612,11 +623,18 @@ RunResult LocalElasticAgent::Impl::run() {
   initialize_workers();
   auto next_membership_check = Clock::now() + spec.monitor_interval;
   for (;;) {
-    wait_for_events(std::min(next_membership_check, next_heartbeat_deadline()));
+    wait_for_events(std::min(
+        {next_membership_check, next_heartbeat_deadline(), next_status}));
     check_stop();
     check_heartbeats();
+    if (Clock::now() >= next_status) {
+      next_status = Clock::now() + spec.status_interval;
+      measure_steps();
+      post_status(/*urgent=*/false);
+    }
     WorkerState state = group_state();
     if (state == WorkerState::kSucceeded) {
+      end_attempt("SUCCEEDED", "");
       set_state(state);
       for (const Worker& w : group.workers) {
         worker_event(w, "SUCCEEDED");
@@ -628,7 +646,12 @@ RunResult LocalElasticAgent::Impl::run() {
       return RunResult{.state = state, .return_values = return_values()};
     }
     if (state == WorkerState::kFailed) {
+      auto failure_seen = Clock::now();
       auto fails = failures();
+      count_agent_event(
+          "tide_agent_worker_failures_total",
+          "Workers that failed (exited non-zero or by a signal).",
+          static_cast<double>(fails.size()));
       for (const auto& [rank, f] : fails) {
         TIDE_LOG_WARN(
             "[{}] worker rank {} (local {}, pid {}) failed: {}",
@@ -639,6 +662,13 @@ RunResult LocalElasticAgent::Impl::run() {
             f.message);
       }
       stop_workers(SIGTERM, spec.shutdown_grace);
+      {
+        const ProcessFailure& first = fails.begin()->second;
+        end_attempt(
+            "FAILED",
+            "rank " + std::to_string(first.global_rank) + " (local " +
+                std::to_string(first.local_rank) + "): " + first.message);
+      }
       for (const Worker& w : group.workers) {
         auto f = fails.find(w.global_rank);
         if (f != fails.end()) {
@@ -664,7 +694,11 @@ RunResult LocalElasticAgent::Impl::run() {
             "restart",
             {{"reason", std::string("worker failure")},
              {"remaining_restarts", int64_t{restarts.left}}});
+        note_restart("worker failure: " + attempts.back().reason);
+        post_status(/*urgent=*/true);
+        count_restart("worker_failure");
         initialize_workers();
+        time_restart("worker_failure", failure_seen);
         next_membership_check = Clock::now() + spec.monitor_interval;
         continue;
       }
@@ -700,6 +734,7 @@ RunResult LocalElasticAgent::Impl::run() {
         for (const Worker& w : group.workers) {
           worker_event(w, "TERMINATED");
         }
+        end_attempt("TERMINATED", std::string("rendezvous: ") + e.what());
         set_state(WorkerState::kFailed);
         if (dynamic_cast<const RendezvousClosedError*>(&e) != nullptr) {
           count_in_failed();  // a backend that is gone has no barrier
@@ -707,6 +742,7 @@ RunResult LocalElasticAgent::Impl::run() {
         throw;
       }
       if (waiting > 0) {
+        auto change_seen = Clock::now();
         TIDE_LOG_INFO(
             "[{}] membership changed ({} node(s) waiting or lost); restarting "
             "the group (not counted as a restart)",
@@ -720,8 +756,15 @@ RunResult LocalElasticAgent::Impl::run() {
             "restart",
             {{"reason", std::string("membership changed")},
              {"nodes_waiting", int64_t{waiting}}});
+        std::string why = "membership changed: " + std::to_string(waiting) +
+                          " node(s) waiting or lost";
+        end_attempt("TERMINATED", why);
+        note_restart(why);
+        post_status(/*urgent=*/true);
         check_stop();
+        count_restart("membership_change");
         initialize_workers();
+        time_restart("membership_change", change_seen);
       }
     }
   }

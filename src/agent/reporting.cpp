@@ -6,10 +6,32 @@
 #include <nlohmann/json.hpp>
 
 #include "tide/metrics/metrics.h"
+#include "tide/metrics/registry.h"
 
 #include "agent/agent_impl.h"
 
 namespace tide::agent {
+
+namespace {
+
+constexpr WorkerState kStates[] = {
+    WorkerState::kUnknown,
+    WorkerState::kInit,
+    WorkerState::kHealthy,
+    WorkerState::kUnhealthy,
+    WorkerState::kStopped,
+    WorkerState::kSucceeded,
+    WorkerState::kFailed,
+};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) {
+    return static_cast<char>(std::tolower(c));
+  });
+  return s;
+}
+
+}  // namespace
 
 AgentStatus LocalElasticAgent::status() const {
   std::lock_guard lock(impl_->status_mutex);
@@ -23,12 +45,9 @@ AgentStatus LocalElasticAgent::status() const {
 
 void LocalElasticAgent::Impl::set_state(WorkerState s) {
   group.state = s;
-  std::string name = to_string(s);
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
-    return static_cast<char>(std::tolower(c));
-  });
-  metrics::put_metric(metric(name), 1);
-  std::lock_guard lock(status_mutex);
+  metrics::put_metric(metric(lower(to_string(s))), 1);
+  set_state_metrics(s);
+  std::unique_lock lock(status_mutex);
   status.state = s;
   status.run_id = self.spec_.rdzv_handler->get_run_id();
   status.restart_count = restarts.used;
@@ -38,6 +57,8 @@ void LocalElasticAgent::Impl::set_state(WorkerState s) {
   status.workers = group.workers;
   status.started_at = started_at;
   status.last_progress = now_seconds();
+  lock.unlock();
+  post_status(/*urgent=*/true);
 }
 
 void LocalElasticAgent::Impl::worker_event(
@@ -118,6 +139,95 @@ void LocalElasticAgent::Impl::record_run_metrics(bool succeeded) {
     flakiness = 100 - 100 * (restarts.left + 1) / (spec.max_restarts + 1);
   }
   metrics::put_metric(metric("flakiness"), flakiness);
+}
+
+metrics::Labels LocalElasticAgent::Impl::metric_labels(
+    metrics::Labels more) const {
+  more["role"] = self.spec_.role;
+  more["run"] = self.spec_.rdzv_handler->get_run_id();
+  more["node"] = host;
+  return more;
+}
+
+void LocalElasticAgent::Impl::set_state_metrics(WorkerState s) {
+  // One series per state, 1 for the group's: a panel or alert selects the
+  // state by label (tide_agent_state{state="failed"} == 1).
+  for (WorkerState each : kStates) {
+    metrics::gauge(
+        "tide_agent_state",
+        "1 for the state the agent's worker group is in, 0 for the others.",
+        metric_labels({{"state", lower(to_string(each))}}))
+        .set(each == s ? 1 : 0);
+  }
+  metrics::gauge(
+      "tide_agent_workers",
+      "Worker processes the agent runs now.",
+      metric_labels())
+      .set(
+          s == WorkerState::kHealthy ? static_cast<double>(group.workers.size())
+                                     : 0);
+  metrics::gauge(
+      "tide_agent_remaining_restarts",
+      "Restarts after failures the agent has left (--max-restarts).",
+      metric_labels())
+      .set(restarts.left);
+}
+
+void LocalElasticAgent::Impl::count_restart(const char* reason) {
+  metrics::counter(
+      "tide_agent_restarts_total",
+      "Restarts of the worker group, after a worker failure or a change of "
+      "membership.",
+      metric_labels({{"reason", reason}}))
+      .inc();
+}
+
+void LocalElasticAgent::Impl::time_restart(
+    const char* reason, Clock::time_point seen) {
+  metrics::histogram(
+      "tide_agent_restart_seconds",
+      "Time from a failure or change of membership seen to the new workers "
+      "started (stop, rendezvous, start).",
+      metric_labels({{"reason", reason}}))
+      .observe(std::chrono::duration<double>(Clock::now() - seen).count());
+}
+
+void LocalElasticAgent::Impl::count_round(
+    Clock::time_point start, bool completed) {
+  const WorkerSpec& spec = self.spec_;
+  metrics::Labels labels = {
+      {"run", spec.rdzv_handler->get_run_id()},
+      {"node", host},
+      {"backend", spec.rdzv_handler->get_backend()}};
+  if (!completed) {
+    metrics::counter(
+        "tide_rendezvous_failures_total",
+        "Rendezvous rounds this node joined that failed.",
+        labels)
+        .inc();
+    return;
+  }
+  metrics::counter(
+      "tide_rendezvous_rounds_total",
+      "Rendezvous rounds this node completed.",
+      labels)
+      .inc();
+  metrics::histogram(
+      "tide_rendezvous_round_seconds",
+      "Time this node spent in a rendezvous round, from joining to the "
+      "group known.",
+      labels)
+      .observe(std::chrono::duration<double>(Clock::now() - start).count());
+  metrics::gauge(
+      "tide_rendezvous_nodes",
+      "Nodes in the last rendezvous round (its world size).",
+      labels)
+      .set(rdzv.world_size);
+}
+
+void LocalElasticAgent::Impl::count_agent_event(
+    const char* name, const char* help, double n) {
+  metrics::counter(name, help, metric_labels()).inc(n);
 }
 
 }  // namespace tide::agent

@@ -119,6 +119,8 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
   }
   if (heartbeats) {
     set(timer::kHeartbeatSocketEnv, heartbeats->path());
+  }
+  if (heartbeats && spec.heartbeat_timeout.count() > 0) {
     char timeout[32];
     std::snprintf(
         timeout,

@@ -81,6 +81,14 @@ void validate(const WorkerSpec& spec) {
   if (spec.monitor_interval.count() <= 0) {
     throw InvalidArgument("WorkerSpec: monitor_interval must be positive");
   }
+  if (spec.status_interval.count() < 0) {
+    throw InvalidArgument("WorkerSpec: status_interval must not be negative");
+  }
+  if (!(spec.straggler_threshold > 0 && spec.straggler_threshold <= 1)) {
+    throw InvalidArgument(
+        "WorkerSpec: straggler_threshold must be in (0, 1], not " +
+        std::to_string(spec.straggler_threshold));
+  }
   if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
     if (c->argv.empty() || c->argv[0].empty()) {
       throw InvalidArgument("WorkerSpec: the command is empty");

@@ -27,6 +27,10 @@ void LocalElasticAgent::Impl::start_timer_server() {
               reaped[e.worker_id] = e;
             }
             metrics::put_metric(metric("timer_expired"), 1);
+            count_agent_event(
+                "tide_agent_timer_expirations_total",
+                "Workers' expiration timers that fired (the worker was "
+                "killed).");
             agent_event(
                 "timer_expired",
                 {{"worker_id", std::to_string(e.worker_id)},

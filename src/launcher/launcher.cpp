@@ -51,6 +51,9 @@ LaunchResult launch(
       .topology_root = config.topology_root,
       .heartbeat_timeout = config.heartbeat_timeout,
       .health = config.health,
+      .status_interval = config.status_interval,
+      .straggler_threshold = config.straggler_threshold,
+      .health_endpoint = config.health_endpoint,
       .prestart = config.prestart,
       .job_secret = config.job_secret,
   };

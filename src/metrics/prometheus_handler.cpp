@@ -1,38 +1,30 @@
-#include <cctype>
-#include <map>
+// torch's metrics on Prometheus: each put_metric() becomes a gauge and a
+// counter of the process's registry (registry.h), which prometheus-cpp's
+// exposer serves whole, the native metrics included.
 #include <mutex>
+#include <unordered_map>
 
-#include <prometheus/counter.h>
 #include <prometheus/exposer.h>
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
 
 #include "tide/common/error.h"
 #include "tide/metrics/metrics.h"
+#include "tide/metrics/registry.h"
+
+#include "metrics/process_registry.h"
+#include "metrics/torch_names.h"
 
 namespace tide::metrics {
 
 struct PrometheusMetricHandler::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
-  std::shared_ptr<prometheus::Registry> registry =
-      std::make_shared<prometheus::Registry>();
   std::mutex mutex;
-  // By "<group>/<name>". Guarded by mutex.
-  std::map<std::string, std::pair<prometheus::Gauge*, prometheus::Counter*>>
-      series;
+  struct Series {
+    Gauge last;
+    Counter sum;
+  };
+  // By "<group>/<name>": the names are converted once. Guarded by mutex.
+  std::unordered_map<std::string, Series> series;
 };
-
-namespace {
-
-std::string sanitize(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    out.push_back(std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
-  }
-  return out;
-}
-
-}  // namespace
 
 PrometheusMetricHandler::PrometheusMetricHandler(const std::string& address)
     : impl_(std::make_unique<Impl>()) {
@@ -42,7 +34,7 @@ PrometheusMetricHandler::PrometheusMetricHandler(const std::string& address)
     throw NetworkError(
         "cannot serve Prometheus metrics on " + address + ": " + e.what());
   }
-  impl_->exposer->RegisterCollectable(impl_->registry);
+  impl_->exposer->RegisterCollectable(detail::process_registry());
 }
 
 PrometheusMetricHandler::~PrometheusMetricHandler() = default;
@@ -53,28 +45,26 @@ uint16_t PrometheusMetricHandler::port() const {
 }
 
 void PrometheusMetricHandler::emit(const MetricData& data) {
-  std::lock_guard lock(impl_->mutex);
   std::string key = data.group_name + "/" + data.name;
-  auto it = impl_->series.find(key);
-  if (it == impl_->series.end()) {
-    std::string family =
-        "tide_" + sanitize(data.group_name) + "_" + sanitize(data.name);
-    auto& gauge = prometheus::BuildGauge()
-                      .Name(family)
-                      .Help("last value of " + data.name)
-                      .Register(*impl_->registry)
-                      .Add({{"metric", data.name}, {"group", data.group_name}});
-    auto& counter =
-        prometheus::BuildCounter()
-            .Name(family + "_sum")
-            .Help("sum of the values of " + data.name)
-            .Register(*impl_->registry)
-            .Add({{"metric", data.name}, {"group", data.group_name}});
-    it = impl_->series.emplace(key, std::make_pair(&gauge, &counter)).first;
+  Impl::Series* s = nullptr;
+  {
+    std::lock_guard lock(impl_->mutex);
+    auto it = impl_->series.find(key);
+    if (it == impl_->series.end()) {
+      auto p = detail::prometheus_name(data.group_name, data.name);
+      Impl::Series made{
+          gauge(p.base, "last value of torch's metric " + data.name, p.labels),
+          counter(
+              p.base + "_total",
+              "sum of the values of torch's metric " + data.name,
+              p.labels)};
+      it = impl_->series.emplace(std::move(key), made).first;
+    }
+    s = &it->second;
   }
-  it->second.first->Set(static_cast<double>(data.value));
+  s->last.set(static_cast<double>(data.value));
   if (data.value > 0) {
-    it->second.second->Increment(static_cast<double>(data.value));
+    s->sum.inc(static_cast<double>(data.value));
   }
 }
 

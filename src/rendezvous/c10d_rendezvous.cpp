@@ -168,6 +168,7 @@ class StoreBackend final : public RendezvousBackend {
       const std::string& run_id,
       bool hosting)
       : store_(std::move(store)),
+        connect_(connect),
         keepalive_(std::make_shared<KeepAliveConnection>(std::move(connect))),
         keys_(run_id),
         run_id_(run_id),
@@ -266,8 +267,13 @@ class StoreBackend final : public RendezvousBackend {
         keys_.round(round, "agents"), store_);
   }
 
+  std::shared_ptr<store::Store> open_job_store() override {
+    return std::make_shared<store::PrefixStore>(keys_.status(), connect_());
+  }
+
  private:
   std::shared_ptr<store::Store> store_;
+  const std::function<std::shared_ptr<store::Store>()> connect_;
   std::shared_ptr<KeepAliveConnection> keepalive_;
   StoreKeys keys_;
   std::string run_id_;
@@ -407,6 +413,24 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
       make_store_backend(main, connect, params.run_id, hosting),
       settings,
       NodeDesc::make(addr));
+}
+
+std::shared_ptr<store::Store> open_c10d_job_store(
+    const RendezvousParameters& params, milliseconds timeout) {
+  if (params.endpoint.empty()) {
+    throw InvalidArgument(
+        "the c10d job store needs --rdzv-endpoint=HOST[:PORT], the "
+        "endpoint the job's agents were given");
+  }
+  auto [host, port] = net::parse_host_port(params.endpoint, 29400);
+  auto store = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+      .host = host,
+      .port = port,
+      .dialect = kDialect,
+      .token = params.token,
+      .timeout = timeout});
+  return std::make_shared<store::PrefixStore>(
+      StoreKeys(params.run_id).status(), std::move(store));
 }
 
 }  // namespace tide::rendezvous

@@ -861,6 +861,10 @@ bool DynamicRendezvousHandler::shutdown() {
   }
 }
 
+std::shared_ptr<store::Store> DynamicRendezvousHandler::open_job_store() {
+  return impl_->backend->open_job_store();
+}
+
 void DynamicRendezvousHandler::interrupt() noexcept {
   impl_->interrupted = true;
 }

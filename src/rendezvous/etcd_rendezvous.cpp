@@ -32,12 +32,16 @@ using etcd::RangeOptions;
 //   r<R>/alive/<i>   arrival i's liveness, attached to its lease
 //   r<R>/left/<i>    arrival i finished
 //   r<R>/agents/...  the round's store for the agents
+//   status/...       the agents' status records (agent/job_status.h)
 class EtcdKeys {
  public:
   EtcdKeys(const std::string& prefix, const std::string& run_id)
       : base_(prefix + "/" + run_id + "/") {}
   std::string state() const {
     return base_ + "state";
+  }
+  std::string status() const {
+    return base_ + "status/";
   }
   std::string round(int64_t r, const std::string& rest) const {
     return base_ + "r" + std::to_string(r) + "/" + rest;
@@ -284,6 +288,11 @@ class EtcdBackend final : public RendezvousBackend {
         endpoints_, keys_.round(round, "agents/"), timeout_);
   }
 
+  std::shared_ptr<store::Store> open_job_store() override {
+    return std::make_shared<etcd::EtcdStore>(
+        endpoints_, keys_.status(), timeout_);
+  }
+
  private:
   std::string value_key(int64_t round, const std::string& name) const {
     return keys_.round(round, "v/" + name);
@@ -332,6 +341,17 @@ std::unique_ptr<RendezvousHandler> make_etcd_handler(
           params.endpoint, prefix, params.run_id, timeout),
       settings,
       NodeDesc::make(addr));
+}
+
+std::shared_ptr<store::Store> open_etcd_job_store(
+    const RendezvousParameters& params, milliseconds timeout) {
+  if (params.endpoint.empty()) {
+    throw InvalidArgument(
+        "the etcd job store needs --rdzv-endpoint=HOST:PORT[,HOST:PORT...]");
+  }
+  EtcdKeys keys(params.get("etcd_prefix", "/tide/rdzv"), params.run_id);
+  return std::make_shared<etcd::EtcdStore>(
+      params.endpoint, keys.status(), timeout);
 }
 
 }  // namespace tide::rendezvous

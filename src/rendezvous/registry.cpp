@@ -74,6 +74,19 @@ HandlerRegistry& handler_registry() {
   return *registry;
 }
 
+std::shared_ptr<store::Store> open_job_store(
+    const RendezvousParameters& params, std::chrono::milliseconds timeout) {
+  if (params.backend == "c10d") {
+    return open_c10d_job_store(params, timeout);
+  }
+  if (params.backend == "etcd") {
+    return open_etcd_job_store(params, timeout);
+  }
+  throw InvalidArgument(
+      "the " + params.backend +
+      " rendezvous keeps no status records to read; c10d and etcd jobs do");
+}
+
 void load_handler_plugin(const std::string& path) {
   void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {

@@ -16,12 +16,17 @@ namespace tide::rendezvous {
 //   r<R>/hb/<i>          arrival i's heartbeat counter
 //   r<R>/left/<i>        arrival i finished
 //   r<R>/agents/...      the round's store for the agents
+//   status/...           the agents' status records (agent/job_status.h)
 class StoreKeys {
  public:
   explicit StoreKeys(const std::string& run_id)
       : base_("tide.rdzv/" + run_id + "/") {}
   std::string state() const {
     return base_ + "state";
+  }
+  // The prefix of the job's status store (PrefixStore adds the '/').
+  std::string status() const {
+    return base_ + "status";
   }
   std::string round(int64_t r, const std::string& rest) const {
     return base_ + "r" + std::to_string(r) + "/" + rest;

@@ -19,6 +19,7 @@
 #include "rpc/messages.h"
 #include "rpc/options.h"
 #include "rpc/rrefs.h"
+#include "rpc_core/call_metrics.h"
 #include "rpc_core/endpoint.h"
 #include "rpc_core/peer_group.h"
 #include "transport/fields.h"
@@ -442,6 +443,7 @@ struct RpcAgent::Impl {
         }
       };
       auto send_error = [&](const std::exception_ptr& error) {
+        rpc_core::call_served(rpc_core::Outcome::kError);
         auto [type, message] = describe(error);
         answer(transport::Message{
             detail::MessageType::kError,
@@ -473,6 +475,7 @@ struct RpcAgent::Impl {
           reply.buffers.push_back(std::move(b));
         }
         pipe.send(std::move(reply));
+        rpc_core::call_served(rpc_core::Outcome::kOk);
       } catch (...) {
         // A result the frame limits refuse: the caller hears why.
         send_error(std::current_exception());

@@ -14,6 +14,7 @@
 #include "tide/common/logging.h"
 
 #include "common/clock.h"
+#include "rpc_core/call_metrics.h"
 #include "transport/transport.h"
 
 // The calls a worker made and waits for, for both rpc front ends: each call
@@ -40,6 +41,10 @@
 // that ends the call (the loop for replies, deadlines and losses; the
 // caller's for kNotSent), never under the table's lock, exactly once; what
 // it throws is logged.
+//
+// Each call is counted in the process's rpc metrics (call_metrics.h) as it
+// starts and ends: kTimedOut is a timeout, kReplied ok unless `is_error`
+// says the reply carries the callee's exception, the rest errors.
 namespace tide::rpc_core {
 
 template <typename Reply>
@@ -60,9 +65,13 @@ class CallTable {
   using End = CallEnd<Reply>;
   using How = typename End::How;
   using Done = std::function<void(End)>;
+  // Whether a reply reports the callee's exception (for the metrics).
+  using IsError = std::function<bool(const Reply&)>;
 
   // `transport` must outlive the table's calls (fail_all() after it stops).
-  explicit CallTable(transport::Transport& transport) : transport_(transport) {}
+  // `is_error` empty: every reply is ok.
+  explicit CallTable(transport::Transport& transport, IsError is_error = {})
+      : transport_(transport), is_error_(std::move(is_error)) {}
   CallTable(const CallTable&) = delete;
   CallTable& operator=(const CallTable&) = delete;
 
@@ -80,8 +89,9 @@ class CallTable {
       std::chrono::milliseconds timeout,
       Done done) {
     count_.fetch_add(1);
+    call_started();
     uint64_t id = request.id;
-    Call call{nullptr, to, {}, std::move(done)};
+    Call call{nullptr, to, {}, std::move(done), Clock::now()};
     transport::Pipe pipe;
     try {
       pipe = transport_.pipe_to(to);
@@ -157,6 +167,7 @@ class CallTable {
     int peer = 0;
     transport::Timer deadline;
     Done done;
+    Clock::time_point started;
   };
 
   // Takes call `id` off the books (only when it went out on `pipe`, when
@@ -207,6 +218,18 @@ class CallTable {
 
   void end(Call& call, End how) {
     count_.fetch_sub(1);
+    Outcome outcome = Outcome::kError;
+    if (how.how == How::kTimedOut) {
+      outcome = Outcome::kTimeout;
+    } else if (how.how == How::kReplied) {
+      try {
+        outcome =
+            is_error_ && is_error_(how.reply) ? Outcome::kError : Outcome::kOk;
+      } catch (const std::exception& e) {
+        TIDE_LOG_ERROR("reading a reply's outcome threw: {}", e.what());
+      }
+    }
+    call_ended(outcome, Clock::now() - call.started);
     // `done` completes futures whose continuations run user code: one that
     // throws must not take the loop (or a reader) down with it.
     try {
@@ -219,6 +242,7 @@ class CallTable {
   }
 
   transport::Transport& transport_;
+  const IsError is_error_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<size_t> count_{0};
 

@@ -4,11 +4,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tide/common/logging.h"
 
 #include "rpc_core/call_table.h"
+#include "rpc_core/message_types.h"
 #include "rpc_core/options.h"
 #include "rpc_core/peer_group.h"
 #include "transport/transport.h"
@@ -43,6 +45,10 @@ class Endpoint {
     // Any connection closing, before its calls end (optional): a front end
     // that retries learns first that the peer is lost.
     std::function<void(const transport::Pipe&, const std::string&)> on_closed;
+    // Whether a reply carries the callee's exception, for the metrics
+    // (CallTable's is_error). Empty: an ERROR message when Reply is a
+    // transport::Message (the C++ agent's), else none.
+    typename CallTable<Reply>::IsError is_error_reply;
   };
 
   // Starts the transport on checked `options` (rpc_core::checked) for
@@ -82,7 +88,15 @@ class Endpoint {
         std::make_unique<transport::Workers>(*transport_, threads, thread_init);
     completions_ = std::make_shared<transport::Workers>(
         *transport_, threads, std::move(thread_init));
-    calls_ = std::make_unique<CallTable<Reply>>(*transport_);
+    auto is_error = handlers_.is_error_reply;
+    if constexpr (std::is_same_v<Reply, transport::Message>) {
+      if (!is_error) {
+        is_error = [](const transport::Message& m) {
+          return m.type == MessageType::kError;
+        };
+      }
+    }
+    calls_ = std::make_unique<CallTable<Reply>>(*transport_, is_error);
   }
   ~Endpoint() {
     stop("the rpc agent of worker '" + name_ + "' is shut down");

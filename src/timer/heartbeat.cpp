@@ -4,7 +4,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -29,7 +31,12 @@ HeartbeatClient::HeartbeatClient(std::string path) : path_(std::move(path)) {
   }
 }
 
-void HeartbeatClient::beat() {
+void HeartbeatClient::beat(std::optional<int64_t> step) {
+  if (step && *step < 0) {
+    throw InvalidArgument(
+        "heartbeat: the step must be >= 0, got " + std::to_string(*step));
+  }
+  const std::string text = step ? std::to_string(*step) : ".";
   std::lock_guard lock(mutex_);
   // A restarted agent's socket refuses the old connection: reconnect once.
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -41,7 +48,9 @@ void HeartbeatClient::beat() {
             std::strerror(errno));
       }
     }
-    if (::send(fd_.get(), ".", 1, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ||
+    if (::send(
+            fd_.get(), text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL) >=
+            0 ||
         errno == EAGAIN) {
       return;
     }
@@ -54,13 +63,13 @@ void HeartbeatClient::beat() {
   }
 }
 
-bool heartbeat() {
+bool heartbeat(std::optional<int64_t> step) {
   static const char* path = std::getenv(kHeartbeatSocketEnv);
   if (path == nullptr || *path == '\0') {
     return false;
   }
   static HeartbeatClient client(path);
-  client.beat();
+  client.beat(step);
   return true;
 }
 
@@ -73,11 +82,21 @@ HeartbeatReceiver::~HeartbeatReceiver() {
   ::unlink(path_.c_str());
 }
 
-std::vector<pid_t> HeartbeatReceiver::drain() {
-  std::vector<pid_t> out;
+std::vector<Beat> HeartbeatReceiver::drain() {
+  std::vector<Beat> out;
   detail::receive_with_credentials(
-      fd_.get(), kMaxBeat, "heartbeat", [&](pid_t pid, std::string_view) {
-        out.push_back(pid);
+      fd_.get(), kMaxBeat, "heartbeat", [&](pid_t pid, std::string_view data) {
+        Beat b{.pid = pid};
+        int64_t step = 0;
+        // The digits alone (no sign, no spaces, no trailing bytes).
+        auto [end, ec] =
+            std::from_chars(data.data(), data.data() + data.size(), step);
+        if (!data.empty() &&
+            std::isdigit(static_cast<unsigned char>(data[0])) &&
+            ec == std::errc() && end == data.data() + data.size()) {
+          b.step = step;
+        }
+        out.push_back(b);
       });
   return out;
 }

@@ -13,6 +13,7 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 
+#include "rpc_core/call_metrics.h"
 #include "rpc_core/endpoint.h"
 #include "torch_rpc/wire.h"
 #include "transport/workers.h"
@@ -337,6 +338,8 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   void respond(const transport::Pipe& pipe, uint64_t id, tr::JitFuture& done) {
     count(server_active, -1);
     count(server_async, -1);
+    rpc_core::call_served(
+        done.hasError() ? rpc_core::Outcome::kError : rpc_core::Outcome::kOk);
     if (!serving.load()) {
       TIDE_LOG_DEBUG(
           "[{}] not answering request {}: rpc is shutting down", name(), id);
@@ -456,6 +459,10 @@ Agent::Agent(
             .on_reply =
                 [&impl](const transport::Pipe& pipe, transport::Message m) {
                   impl.on_reply(pipe, std::move(m));
+                },
+            .is_error_reply =
+                [](const Impl::Reply& reply) {
+                  return reply->type() == tr::MessageType::EXCEPTION;
                 },
         },
         std::move(worker_thread_init));

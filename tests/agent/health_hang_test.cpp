@@ -188,10 +188,55 @@ TEST(HeartbeatTest, TheReceiverLearnsEachSendersPidFromTheKernel) {
           sizeof addr),
       static_cast<ssize_t>(big.size()));
   client.beat();
+  std::vector<pid_t> senders;
+  for (const auto& b : receiver.drain()) {
+    senders.push_back(b.pid);
+  }
   EXPECT_EQ(
-      receiver.drain(),
-      (std::vector<pid_t>{::getpid(), ::getpid(), child, ::getpid()}));
+      senders, (std::vector<pid_t>{::getpid(), ::getpid(), child, ::getpid()}));
   EXPECT_TRUE(receiver.drain().empty());
+}
+
+TEST(HeartbeatTest, ABeatCarriesTheStepNumberOrNothingElse) {
+  test::TempDir tmp;
+  timer::HeartbeatReceiver receiver(tmp.path().string() + "/hb.sock");
+  timer::HeartbeatClient client(receiver.path());
+  client.beat(41);
+  client.beat();
+  client.beat(0);
+  // What Python's helpers send by hand; anything that is not the digits
+  // alone is a beat without a step.
+  Fd raw = Fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, receiver.path().c_str());
+  for (std::string text : {"7", "-3", "12x", " 5", "99999999999999999999"}) {
+    ASSERT_EQ(
+        ::sendto(
+            raw.get(),
+            text.data(),
+            text.size(),
+            0,
+            reinterpret_cast<sockaddr*>(&addr),
+            sizeof addr),
+        static_cast<ssize_t>(text.size()));
+  }
+  std::vector<std::optional<int64_t>> steps;
+  for (const auto& b : receiver.drain()) {
+    steps.push_back(b.step);
+  }
+  EXPECT_EQ(
+      steps,
+      (std::vector<std::optional<int64_t>>{
+          41,
+          std::nullopt,
+          0,
+          7,
+          std::nullopt,
+          std::nullopt,
+          std::nullopt,
+          std::nullopt}));
+  EXPECT_THROW(client.beat(-1), InvalidArgument);
 }
 
 TEST(HeartbeatTest, WithoutAnAgentABeatIsANoOpOrAClearError) {

@@ -1,15 +1,23 @@
 // tiderun's metrics, events and health endpoint, seen from outside: a run
-// with one injected failure and one restart.
+// with one injected failure and one restart; and Debian's Prometheus
+// scraping it, with tide's alert rules and dashboard queries.
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <regex>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "net/socket.h"
 #include "support/http.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
@@ -78,6 +86,30 @@ class ObservabilityTest : public ::testing::Test {
   fs::path script_;
 };
 
+// The pattern of one sample line of an exposition, `name{labels} value`:
+// label values are literal, but "*" matches any (node and run, which the
+// test cannot know); `value` is a regex.
+std::string sample(
+    const std::string& name,
+    const std::map<std::string, std::string>& labels,
+    const std::string& value) {
+  auto literal = [](const std::string& s) {
+    return std::regex_replace(
+        s, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+  };
+  std::string p = literal(name);
+  const char* sep = "\\{";
+  for (const auto& [k, v] : labels) {  // sorted, as exposed
+    p += sep + k + "=\"" + (v == "*" ? "[^\"]+" : literal(v)) + "\"";
+    sep = ",";
+  }
+  return p + (labels.empty() ? "" : "\\}") + " " + value;
+}
+
+bool has_line(const std::string& text, const std::string& pattern) {
+  return std::regex_search(text, std::regex("(^|\n)" + pattern + "\n"));
+}
+
 TEST_F(ObservabilityTest, PrometheusEndpointShowsRestartAndRendezvousMetrics) {
   Subprocess p(
       {TIDERUN_BIN,
@@ -95,22 +127,87 @@ TEST_F(ObservabilityTest, PrometheusEndpointShowsRestartAndRendezvousMetrics) {
   release_workers();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 200);
-  auto has = [&](const std::string& family,
-                 const std::string& metric,
-                 const std::string& value) {
-    std::string line = family + "{group=\"torchelastic\",metric=\"" + metric +
-                       "\"} " + value + "\n";
-    EXPECT_NE(r->body.find(line), std::string::npos) << line << "\n" << r->body;
+  // torch's metrics by Prometheus' conventions: the role a label, the sum
+  // of the values a counter (_total), torch's name in `metric`; and the
+  // process's native metrics beside them.
+  for (const std::string& line : {
+           sample(
+               "tide_torchelastic_workers_remaining_restarts",
+               {{"metric", "workers.default.remaining_restarts"},
+                {"role", "default"}},
+               "0"),
+           sample(
+               "tide_torchelastic_simple_elastic_agent_rendezvous_success_"
+               "total",
+               {{"metric", "SimpleElasticAgent._rendezvous.success"}},
+               "2"),
+           sample(
+               "tide_torchelastic_workers_healthy_total",
+               {{"metric", "workers.default.healthy"}, {"role", "default"}},
+               "2"),
+           sample(
+               "tide_agent_restarts_total",
+               {{"node", "*"},
+                {"reason", "worker_failure"},
+                {"role", "default"},
+                {"run", "*"}},
+               "1"),
+       }) {
+    EXPECT_TRUE(has_line(r->body, line)) << line << "\n" << r->body;
+  }
+  auto status = p.wait(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << seen;
+}
+
+TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
+  Subprocess p(
+      {TIDERUN_BIN,
+       "--standalone",
+       "--nproc-per-node=2",
+       "--max-restarts=1",
+       "--health-port=127.0.0.1:0",
+       script_.string()},
+      {.merge_stderr = true});
+  std::string seen;
+  auto port = static_cast<uint16_t>(
+      std::stoi(wait_for(p, std::regex("health checks on port (\\d+)"), seen)));
+  wait_ready(p, seen);
+  auto r = test::http_get(port, "/metrics");
+  release_workers();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+  using Labels = std::map<std::string, std::string>;
+  const Labels agent = {{"node", "*"}, {"role", "default"}, {"run", "*"}};
+  auto with = [](Labels labels, const std::string& k, const std::string& v) {
+    labels[k] = v;
+    return labels;
   };
-  has("tide_torchelastic_workers_default_remaining_restarts",
-      "workers.default.remaining_restarts",
-      "0");
-  has("tide_torchelastic_SimpleElasticAgent__rendezvous_success_sum",
-      "SimpleElasticAgent._rendezvous.success",
-      "2");
-  has("tide_torchelastic_workers_default_healthy_sum",
-      "workers.default.healthy",
-      "2");
+  const Labels rdzv = {{"backend", "*"}, {"node", "*"}, {"run", "*"}};
+  for (const std::string& line : {
+           sample(
+               "tide_agent_restarts_total",
+               with(agent, "reason", "worker_failure"),
+               "1"),
+           sample(
+               "tide_agent_restart_seconds_count",
+               with(agent, "reason", "worker_failure"),
+               "1"),
+           sample("tide_agent_worker_failures_total", agent, "1"),
+           sample("tide_agent_remaining_restarts", agent, "0"),
+           sample("tide_agent_workers", agent, "2"),
+           sample("tide_agent_state", with(agent, "state", "healthy"), "1"),
+           sample("tide_agent_state", with(agent, "state", "failed"), "0"),
+           sample("tide_rendezvous_rounds_total", rdzv, "2"),
+           sample("tide_rendezvous_round_seconds_count", rdzv, "2"),
+           sample("tide_rendezvous_nodes", rdzv, "1"),
+           // --standalone: the store's server runs in tiderun (a group of
+           // one node asks it nothing).
+           sample("tide_store_clients", {}, "[1-9][0-9]*"),
+           sample("tide_store_requests_total", {{"op", "get"}}, "[0-9]+"),
+       }) {
+    EXPECT_TRUE(has_line(r->body, line)) << line << "\n" << r->body;
+  }
   auto status = p.wait(20s);
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(WEXITSTATUS(*status), 0) << seen;
@@ -202,6 +299,172 @@ TEST_F(ObservabilityTest, EventsFileHoldsEveryStepInOrder) {
   ASSERT_EQ(got.size(), want.size()) << seen;
   got = sorted(sorted(sorted(sorted(got, 3, 2), 5, 2), 11, 2), 13, 2);
   EXPECT_EQ(got, want);
+}
+
+// ---- Debian's Prometheus (scripts/setup.sh installs it) ----
+
+constexpr const char* kPrometheus = "/usr/bin/prometheus";
+constexpr const char* kPromtool = "/usr/bin/promtool";
+const fs::path kContrib = fs::path(TIDE_SOURCE_DIR) / "contrib";
+
+// `s` percent-encoded for a URL's query.
+std::string url_encode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// Every "expr" of a Grafana dashboard, wherever it sits.
+void collect_exprs(const nlohmann::json& j, std::vector<std::string>& out) {
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) {
+      if (key == "expr" && value.is_string()) {
+        out.push_back(value.get<std::string>());
+      } else {
+        collect_exprs(value, out);
+      }
+    }
+  } else if (j.is_array()) {
+    for (const auto& value : j) {
+      collect_exprs(value, out);
+    }
+  }
+}
+
+// `expr` as Grafana sends it: its interval macros an interval, its
+// variables "All" (the dashboard's allValue, .*).
+std::string as_grafana_sends(std::string expr) {
+  expr = std::regex_replace(
+      expr, std::regex(R"(\$__(rate_interval|interval|range))"), "1m");
+  return std::regex_replace(expr, std::regex(R"(\$(job|run|node)\b)"), ".*");
+}
+
+TEST(PrometheusTest, AlertRulesPassPromtool) {
+  if (!fs::exists(kPromtool)) {
+    GTEST_SKIP() << kPromtool << " is missing (Debian's prometheus package, "
+                 << "scripts/setup.sh all)";
+  }
+  Subprocess check(
+      {kPromtool,
+       "check",
+       "rules",
+       (kContrib / "prometheus" / "tide-alerts.yml").string()},
+      {.merge_stderr = true});
+  std::string out;
+  while (auto line = check.read_line(30s)) {
+    out += *line + "\n";
+  }
+  auto status = check.wait(30s);
+  ASSERT_TRUE(status.has_value()) << out;
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << out;
+  EXPECT_NE(out.find("SUCCESS"), std::string::npos) << out;
+}
+
+// Prometheus scrapes a real job's health port (one failure, one restart),
+// with tide's alert rules loaded; then every query of the dashboard runs
+// through its API.
+TEST_F(ObservabilityTest, PrometheusScrapesTheHealthPortAndRunsTheDashboard) {
+  if (!fs::exists(kPrometheus)) {
+    GTEST_SKIP() << kPrometheus << " is missing (Debian's prometheus package, "
+                 << "scripts/setup.sh all)";
+  }
+  Subprocess job(
+      {TIDERUN_BIN,
+       "--standalone",
+       "--nproc-per-node=2",
+       "--max-restarts=1",
+       "--health-port=127.0.0.1:0",
+       script_.string()},
+      {.merge_stderr = true});
+  std::string seen;
+  auto health_port = std::stoi(
+      wait_for(job, std::regex("health checks on port (\\d+)"), seen));
+
+  uint16_t web_port = net::free_port("127.0.0.1");
+  fs::path config = dir_ / "prometheus.yml";
+  std::ofstream(config)
+      << "global:\n"
+      << "  scrape_interval: 1s\n"
+      << "  evaluation_interval: 1s\n"
+      << "rule_files:\n"
+      << "  - " << (kContrib / "prometheus" / "tide-alerts.yml").string()
+      << "\n"
+      << "scrape_configs:\n"
+      << "  - job_name: tide\n"
+      << "    static_configs:\n"
+      << "      - targets: ['127.0.0.1:" << health_port << "']\n";
+  // Its log goes to the test's stderr.
+  Subprocess prometheus(
+      {kPrometheus,
+       "--config.file=" + config.string(),
+       "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
+       "--web.listen-address=127.0.0.1:" + std::to_string(web_port),
+       "--log.level=warn"});
+
+  // GET /api/v1/query; nullopt while Prometheus does not answer yet.
+  auto query = [&](const std::string& promql) -> std::optional<nlohmann::json> {
+    auto r = test::http_get(
+        web_port, "/api/v1/query?query=" + url_encode(promql), 5s);
+    if (!r) {
+      return std::nullopt;
+    }
+    auto j =
+        nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      ADD_FAILURE() << "not JSON from Prometheus (" << r->status
+                    << "): " << r->body;
+      return std::nullopt;
+    }
+    return j;
+  };
+
+  // The restart is counted before the second attempt's workers start.
+  wait_ready(job, seen);
+  std::string last;
+  bool restarted = false;
+  for (auto deadline = std::chrono::steady_clock::now() + 60s;
+       !restarted && std::chrono::steady_clock::now() < deadline;) {
+    if (auto j = query("tide_agent_restarts_total")) {
+      last = j->dump();
+      for (const auto& series : (*j)["data"]["result"]) {
+        restarted =
+            restarted || (series["metric"]["reason"] == "worker_failure" &&
+                          series["value"][1] == "1");
+      }
+    }
+    if (!restarted) {
+      std::this_thread::sleep_for(200ms);  // the poll's pace, not a wait
+    }
+  }
+  EXPECT_TRUE(restarted) << "Prometheus never saw tide_agent_restarts_total "
+                            "= 1; last answer: "
+                         << last;
+
+  // Every query of the dashboard parses and runs.
+  std::ifstream in(kContrib / "grafana" / "tide-dashboard.json");
+  auto dashboard = nlohmann::json::parse(in);
+  std::vector<std::string> exprs;
+  collect_exprs(dashboard, exprs);
+  EXPECT_GE(exprs.size(), 20u);
+  for (const auto& expr : exprs) {
+    auto j = query(as_grafana_sends(expr));
+    ASSERT_TRUE(j.has_value()) << "no answer from Prometheus to " << expr;
+    EXPECT_EQ((*j)["status"], "success")
+        << expr << "\n  sent as " << as_grafana_sends(expr) << "\n  "
+        << j->dump();
+  }
+  release_workers();
+  auto status = job.wait(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << seen;
 }
 
 }  // namespace

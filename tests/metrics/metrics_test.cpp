@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tide/metrics/registry.h"
+
 #include "support/http.h"
 
 namespace tide::metrics {
@@ -69,28 +71,36 @@ TEST_F(MetricsTest, ProfileRecordsDurationAndSuccessOrFailure) {
   EXPECT_FALSE(rec->value("Agent.bad.success").has_value());
 }
 
-TEST_F(MetricsTest, PrometheusHandlerServesLastValuesAndSums) {
+TEST_F(MetricsTest, PrometheusHandlerServesConventionalNamesAndNativeMetrics) {
+  // The registry is the process's: this test's role and names are its own.
   auto prom = std::make_shared<PrometheusMetricHandler>("127.0.0.1:0");
   configure(prom);
-  put_metric("workers.default.remaining_restarts", 3);
-  put_metric("workers.default.remaining_restarts", 2);
-  put_metric("SimpleElasticAgent._rendezvous.success", 1);
-  put_metric("SimpleElasticAgent._rendezvous.success", 1);
+  put_metric("workers.metrics_test.remaining_restarts", 3);
+  put_metric("workers.metrics_test.remaining_restarts", 2);
+  put_metric("MetricsTestAgent._rendezvous.success", 1);
+  put_metric("MetricsTestAgent._rendezvous.success", 1);
+  counter("tide_metrics_test_native_total", "a native metric").inc();
   auto r = test::http_get(prom->port(), "/metrics");
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 200);
-  EXPECT_NE(
-      r->body.find("tide_torchelastic_workers_default_remaining_restarts{group="
-                   "\"torchelastic\","
-                   "metric=\"workers.default.remaining_restarts\"} 2"),
-      std::string::npos)
-      << r->body;
-  EXPECT_NE(
-      r->body.find(
-          "tide_torchelastic_SimpleElasticAgent__rendezvous_success_sum{group="
-          "\"torchelastic\",metric=\"SimpleElasticAgent._rendezvous.success\"} "
-          "2"),
-      std::string::npos)
+  for (const char* line : {
+           // The role is a label; the last value is a gauge.
+           "tide_torchelastic_workers_remaining_restarts{metric=\"workers."
+           "metrics_test.remaining_restarts\",role=\"metrics_test\"} 2\n",
+           // The sum of the values is a counter, _total.
+           "tide_torchelastic_workers_remaining_restarts_total{metric="
+           "\"workers."
+           "metrics_test.remaining_restarts\",role=\"metrics_test\"} 5\n",
+           "tide_torchelastic_metrics_test_agent_rendezvous_success_total{"
+           "metric=\"MetricsTestAgent._rendezvous.success\"} 2\n",
+           "# TYPE tide_torchelastic_workers_remaining_restarts gauge\n",
+           // The process's native metrics are served too.
+           "tide_metrics_test_native_total 1\n",
+       }) {
+    EXPECT_NE(r->body.find(line), std::string::npos) << line << r->body;
+  }
+  // Not _sum, which Prometheus keeps for summaries and histograms.
+  EXPECT_EQ(r->body.find("rendezvous_success_sum"), std::string::npos)
       << r->body;
 }
 

@@ -1,6 +1,7 @@
 // The call table both rpc front ends share (rpc_core/call_table.h), over
-// real transports: each way a call ends, each exactly once, and a reply
-// counts only from the connection its request went out on.
+// real transports: each way a call ends, each exactly once, a reply counts
+// only from the connection its request went out on, and every call is in
+// the process's rpc metrics.
 #include "rpc_core/call_table.h"
 
 #include <atomic>
@@ -9,11 +10,13 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
+#include "tide/metrics/registry.h"
 
 #include "rpc_core/message_types.h"
 
@@ -185,6 +188,72 @@ TEST(CallTableTest, FailAllEndsWhatIsLeftStopped) {
     EXPECT_EQ(e.reason, "shutting down");
   }
   EXPECT_EQ(c.table.pending(), 0u);
+}
+
+// A sample of the process's metrics; 0 before its series is made.
+double sample(const std::string& series) {
+  return metrics::sample_value(series).value_or(0);
+}
+
+TEST(CallTableTest, EveryCallIsInTheProcesssMetricsByOutcome) {
+  // The metrics are the process's: compare before and after.
+  auto sent = [](const std::string& outcome) {
+    return sample(
+        "tide_rpc_calls_total{direction=\"sent\",outcome=\"" + outcome + "\"}");
+  };
+  const double ok = sent("ok");
+  const double errors = sent("error");
+  const double timeouts = sent("timeout");
+  const double pending = sample("tide_rpc_pending_calls");
+  const double timed = sample("tide_rpc_call_seconds_count{outcome=\"ok\"}");
+
+  Caller c;
+  constexpr int kCalls = 5;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < kCalls; ++i) {
+    ids.push_back(c.call(1, 0ms));
+  }
+  EXPECT_EQ(sample("tide_rpc_pending_calls") - pending, kCalls);
+  for (uint64_t id : ids) {
+    EXPECT_TRUE(c.table.on_reply(c.transport.pipe_to(1), id, reply_to(id)));
+  }
+  c.wait_ends(kCalls);
+  EXPECT_EQ(sent("ok") - ok, kCalls);
+  EXPECT_EQ(
+      sample("tide_rpc_call_seconds_count{outcome=\"ok\"}") - timed, kCalls);
+
+  // A deadline is a timeout; a bad reply, and a reply that carries the
+  // callee's exception, are errors.
+  c.call(1, 20ms);
+  c.wait_ends(1);
+  uint64_t garbled = c.call(1, 0ms);
+  EXPECT_TRUE(c.table.on_bad_reply(c.transport.pipe_to(1), garbled, "x"));
+  c.wait_ends(1);
+  Table with_errors(c.transport, [](const transport::Message& m) {
+    return m.type == MessageType::kError;
+  });
+  std::promise<void> ended;
+  uint64_t id = with_errors.new_id();
+  with_errors.start(
+      1,
+      transport::Message{MessageType::kRequest, id, "", {Buffer()}},
+      0ms,
+      [&ended](Table::End) { ended.set_value(); });
+  EXPECT_TRUE(with_errors.on_reply(
+      c.transport.pipe_to(1),
+      id,
+      transport::Message{MessageType::kError, id, "", {}}));
+  ASSERT_EQ(ended.get_future().wait_for(10s), std::future_status::ready);
+
+  EXPECT_EQ(sent("timeout") - timeouts, 1);
+  EXPECT_EQ(sent("error") - errors, 2);
+  EXPECT_EQ(sent("ok") - ok, kCalls);
+  EXPECT_EQ(sample("tide_rpc_pending_calls"), pending);
+  std::string text = metrics::exposition();
+  EXPECT_NE(
+      text.find("# TYPE tide_rpc_call_seconds histogram"), std::string::npos);
+  EXPECT_NE(
+      text.find("# TYPE tide_rpc_calls_total counter"), std::string::npos);
 }
 
 }  // namespace

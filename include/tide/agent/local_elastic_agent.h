@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "tide/agent/job_status.h"
 #include "tide/agent/worker.h"
 #include "tide/agent/worker_spec.h"
 #include "tide/common/error.h"
@@ -80,6 +81,13 @@ class LocalElasticAgent {
   int remaining_restarts() const;
   // Thread safe.
   AgentStatus status() const;
+  // This node's record for the job's status board (tide/agent/
+  // job_status.h), as last made; thread safe.
+  NodeStatus node_status() const;
+  // The directory of local rank's output files (stdout.log, stderr.log,
+  // when redirected) in the current attempt; "" before the first start.
+  // Thread safe.
+  std::string worker_log_dir(int local_rank) const;
   // This run's log directory (<log_dir>/<run_id>_<random>), once run() has
   // started.
   const std::string& run_log_dir() const;

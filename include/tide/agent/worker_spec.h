@@ -130,6 +130,20 @@ struct WorkerSpec {
   std::chrono::milliseconds heartbeat_timeout{0};
   // Checks run before each rendezvous (docs/tiderun.md#health-checks).
   HealthCheckPolicy health;
+  // The job's status board (docs/observability.md#the-jobs-status): how
+  // often the agent publishes its node's record to the rendezvous' job
+  // store (RendezvousHandler::open_job_store; a backend without one gets
+  // none), from a thread of its own. 0: no records. When on, the workers
+  // also get the heartbeat socket, so they may report their step numbers
+  // (tide/timer/heartbeat.h) without hang detection.
+  std::chrono::milliseconds status_interval{5'000};
+  // A rank whose straggler score (relative or individual, tide/agent/
+  // job_status.h) falls below this is flagged: an event and a metric,
+  // nothing done to it. In (0, 1].
+  double straggler_threshold = 0.7;
+  // This node's health endpoint (host:port) for its record, so the live
+  // page of another node can reach its logs. Empty: none.
+  std::string health_endpoint;
   // Prestarted workers (docs/tiderun.md#prestarted-workers): for a Python
   // script's workers (`PYTHON -u script.py ...` or `-m module`), Python
   // interpreters are started before they are needed, with `imports`

@@ -77,6 +77,13 @@ struct LaunchConfig {
   // before each rendezvous (--health-check*).
   std::chrono::milliseconds heartbeat_timeout{0};
   agent::HealthCheckPolicy health;
+  // The job's status records (--status-interval; 0: none), the straggler
+  // threshold (--straggler-threshold), and this node's health endpoint
+  // (host:port, "" for none) for its record: agent::WorkerSpec has what
+  // each does.
+  std::chrono::milliseconds status_interval{5'000};
+  double straggler_threshold = 0.7;
+  std::string health_endpoint;
   // Prestarted workers (--prestart, --prestart-spares, --prestart-imports).
   agent::WorkerSpec::Prestart prestart;
 };

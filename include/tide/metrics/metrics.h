@@ -48,11 +48,16 @@ class ConsoleMetricHandler final : public MetricHandler {
   void emit(const MetricData& data) override;
 };
 
-// Serves the metrics in Prometheus' text format over HTTP (prometheus-cpp)
-// at http://<address>/metrics. Each metric is a gauge holding its last value
-// and a counter of the values put so far (<name>_sum), named
-// tide_<group>_<name> with anything but letters, digits and '_' turned into
-// '_', and labelled metric="<torch's name>".
+// Serves the process's metrics in Prometheus' text format over HTTP
+// (prometheus-cpp) at http://<address>/metrics: the native ones
+// (registry.h) and the ones put here. Each metric put becomes a gauge of its
+// last value and a counter of the positive values put (_total), named by
+// Prometheus' conventions with torch's name in a label:
+// workers.<role>.<what> -> tide_<group>_workers_<what>{role="<role>",
+// metric="workers.<role>.<what>"} and tide_<group>_workers_<what>_total.
+// Words become snake_case ("SimpleElasticAgent._rendezvous.success" ->
+// tide_torchelastic_simple_elastic_agent_rendezvous_success), and
+// health_check.<check>.<what> gets a check label.
 class PrometheusMetricHandler final : public MetricHandler {
  public:
   // `address` is "host:port" ("127.0.0.1:9090"; port 0 picks one). Throws

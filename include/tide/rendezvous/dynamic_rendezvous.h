@@ -177,6 +177,10 @@ class RendezvousBackend {
       int64_t round, int64_t index, const DynamicRendezvousSettings& s) = 0;
   // The store the round's agents share (rank assignment, exit barrier).
   virtual std::shared_ptr<store::Store> round_store(int64_t round) = 0;
+  // RendezvousHandler::open_job_store(); null by default.
+  virtual std::shared_ptr<store::Store> open_job_store() {
+    return nullptr;
+  }
 };
 
 // The dynamic handler over any backend. Thread safe: num_nodes_waiting()
@@ -220,6 +224,8 @@ class DynamicRendezvousHandler final : public RendezvousHandler {
   }
   // next_rendezvous() gives up within one keep-alive interval.
   void interrupt() noexcept override;
+  // The backend's; thread safe.
+  std::shared_ptr<store::Store> open_job_store() override;
 
   const NodeDesc& node() const {
     return self_;
@@ -249,5 +255,10 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
     const RendezvousParameters& params);
 std::unique_ptr<RendezvousHandler> make_etcd_handler(
     const RendezvousParameters& params);
+// Their job stores seen from outside the job (open_job_store in registry.h).
+std::shared_ptr<store::Store> open_c10d_job_store(
+    const RendezvousParameters& params, milliseconds timeout);
+std::shared_ptr<store::Store> open_etcd_job_store(
+    const RendezvousParameters& params, milliseconds timeout);
 
 }  // namespace tide::rendezvous

@@ -48,6 +48,15 @@ HandlerRegistry& handler_registry();
 // naming the library when it cannot be loaded or lacks the function.
 void load_handler_plugin(const std::string& path);
 
+// A job's status store (RendezvousHandler::open_job_store) opened from
+// outside the job, as `tiderun status` does: a client of the c10d store or
+// of etcd at params.endpoint (with params.token), that never joins a round.
+// `timeout` bounds connecting and each call. Throws InvalidArgument for a
+// backend without one, and what connecting throws (TimeoutError when the
+// store cannot be reached, NetworkError when it refuses the token).
+std::shared_ptr<store::Store> open_job_store(
+    const RendezvousParameters& params, std::chrono::milliseconds timeout);
+
 // The C signature of tide_register_rendezvous.
 using RegisterHandlersFn = void (*)(HandlerRegistry&);
 

@@ -100,6 +100,15 @@ class RendezvousHandler {
     return true;
   }
 
+  // A new client of the job's store for what agents publish beside the
+  // rounds (their status records, docs/observability.md): the backend's
+  // store, under this job's status prefix, on a connection of its own so it
+  // may be used from any one thread and never delays the rendezvous. Null
+  // when the backend keeps no such store (this default). Throws what
+  // connecting throws.
+  virtual std::shared_ptr<store::Store> open_job_store() {
+    return nullptr;
+  }
   // Asks a next_rendezvous() blocked in another thread to give up soon
   // (it throws RendezvousError); the agent calls it when asked to stop.
   // Must be async-signal-safe: set a flag, nothing more.

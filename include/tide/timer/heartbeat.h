@@ -2,7 +2,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,12 @@
 // kills it and restarts the group. A worker that never sends one is never
 // judged by them.
 //
+// A beat may carry the worker's training step number (its decimal digits
+// are the datagram). The agent then knows each rank's step time, publishes
+// it in the job's status and scores the ranks for stragglers
+// (docs/observability.md#stragglers). A beat without a number (".") only
+// says "alive".
+//
 // The channel is the local timers' kind: a Unix datagram socket the agent
 // binds in its log directory and advertises as TIDE_HEARTBEAT_SOCKET. The
 // kernel tells the agent each sender's pid, so the datagram's bytes do not
@@ -24,11 +32,11 @@
 //   beat = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 //   beat.connect(os.environ["TIDE_HEARTBEAT_SOCKET"])
 //   ...
-//   beat.send(b".")          # once per step, say
+//   beat.send(str(step).encode())   # once per step (or b"." for none)
 //
-// From C++:
+// (tide.heartbeat(step) does the same.) From C++:
 //
-//   tide::timer::heartbeat();  // a no-op outside such an agent
+//   tide::timer::heartbeat(step);  // a no-op outside such an agent
 namespace tide::timer {
 
 // The variable holding the socket's path, and the one holding the agent's
@@ -43,8 +51,9 @@ class HeartbeatClient {
   // Connects on the first beat. Throws InvalidArgument for a path over
   // 107 bytes.
   explicit HeartbeatClient(std::string path);
-  // Throws Error when no agent listens at the path.
-  void beat();
+  // Sends a beat, with the step number when given (>= 0). Throws Error
+  // when no agent listens at the path.
+  void beat(std::optional<int64_t> step = std::nullopt);
 
  private:
   const std::string path_;
@@ -52,10 +61,18 @@ class HeartbeatClient {
   Fd fd_;  // Guarded by mutex_.
 };
 
-// One beat through a process-wide client on $TIDE_HEARTBEAT_SOCKET. Returns
-// false, doing nothing, when the variable is unset (not run under an agent
-// that watches heartbeats). Throws Error when the agent cannot be reached.
-bool heartbeat();
+// One beat through a process-wide client on $TIDE_HEARTBEAT_SOCKET, with
+// the step number when given. Returns false, doing nothing, when the
+// variable is unset (not run under an agent that takes heartbeats). Throws
+// Error when the agent cannot be reached.
+bool heartbeat(std::optional<int64_t> step = std::nullopt);
+
+// One beat as the receiver sees it: its sender, and the step it carried.
+struct Beat {
+  pid_t pid = 0;
+  std::optional<int64_t> step;
+  bool operator==(const Beat&) const = default;
+};
 
 // The agent's side: the bound socket, polled by the agent's own loop.
 class HeartbeatReceiver {
@@ -75,9 +92,9 @@ class HeartbeatReceiver {
   int fd() const {
     return fd_.get();
   }
-  // The senders of every beat queued now (one entry per beat), without
-  // blocking.
-  std::vector<pid_t> drain();
+  // Every beat queued now, in order, without blocking. A datagram that is
+  // not a step number (".", or anything else) is a beat without one.
+  std::vector<Beat> drain();
 
  private:
   std::string path_;
