@@ -64,7 +64,8 @@ struct Cell {
   double interval = 0;
   double requests_per_s = 0;
   double bytes_per_s = 0;
-  double server_cpu = 0;  // share of one core
+  double server_cpu = 0;  // share of one core, publishing
+  double idle_cpu = 0;    // share of one core, the same connections idle
   double leader_read_s = 0;
   std::string error;
 };
@@ -78,6 +79,7 @@ struct Simulation {
   std::vector<std::unique_ptr<sim::Conn>> conns;
   std::vector<int64_t> leader_reads;
   size_t claimed = 0;
+  int64_t go_ns = 0;  // when the publishers start writing
   bool stopping = false;
   sim::Loop loop;
 
@@ -100,9 +102,12 @@ struct Simulation {
     co_await c.set(key("attempts/" + std::to_string(slot)), "[]");
     co_await c.set(key("node/" + std::to_string(slot)), body);
     ++claimed;
+    while (go_ns == 0 && !stopping) {
+      co_await loop.sleep_until(mono_ns() + 5'000'000);
+    }
     const int64_t every = static_cast<int64_t>(interval * 1e9);
     uint64_t writes = 0;
-    int64_t next = mono_ns() + phase_ns;
+    int64_t next = go_ns + phase_ns;
     while (!stopping) {
       co_await loop.sleep_until(next);
       next += every;
@@ -159,8 +164,16 @@ struct Simulation {
       }
       co_await loop.sleep_until(mono_ns() + 5'000'000);
     }
-    // One interval for every publisher to be at its pace, then measured.
-    co_await loop.sleep_until(mono_ns() + static_cast<int64_t>(interval * 1e9));
+    // The server with every connection open and idle: the floor that
+    // publishing adds to.
+    double idle0 = server.cpu_seconds();
+    int64_t i0 = mono_ns();
+    co_await loop.sleep_until(i0 + static_cast<int64_t>(o.idle_s * 1e9));
+    cell.idle_cpu = (server.cpu_seconds() - idle0) /
+                    (static_cast<double>(mono_ns() - i0) / 1e9);
+    // Go; one interval for every publisher to be at its pace, then measured.
+    go_ns = mono_ns();
+    co_await loop.sleep_until(go_ns + static_cast<int64_t>(interval * 1e9));
     auto [req0, bytes0] = traffic();
     double cpu0 = server.cpu_seconds();
     int64_t t0 = mono_ns();
@@ -253,6 +266,8 @@ void add_status_options(CLI::App& app, StatusOptions& o) {
   app.add_option(
          "--intervals", o.intervals, "effective intervals measured per cell")
       ->capture_default_str();
+  app.add_option("--idle", o.idle_s, "seconds of the idle server measured")
+      ->capture_default_str();
   app.add_option("--timeout", o.timeout_s, "bound on connecting, s")
       ->capture_default_str();
   app.add_option(
@@ -280,13 +295,15 @@ int run_status_bench(const StatusOptions& o) {
       Cell c = board::run_once(o, n, rep);
       std::printf(
           "RESULT status nodes=%zu ok=%d interval_s=%.2f requests_per_s=%.0f "
-          "bytes_per_s=%.0f server_cpu=%.4f leader_read_s=%.3f error=\"%s\"\n",
+          "bytes_per_s=%.0f server_cpu=%.4f idle_server_cpu=%.4f "
+          "leader_read_s=%.3f error=\"%s\"\n",
           n,
           c.error.empty() ? 1 : 0,
           c.interval,
           c.requests_per_s,
           c.bytes_per_s,
           c.server_cpu,
+          c.idle_cpu,
           c.leader_read_s,
           c.error.c_str());
       std::fflush(stdout);
@@ -299,8 +316,9 @@ int run_status_bench(const StatusOptions& o) {
   std::printf(
       "\n## Status records at scale (%s, %s, %d reps; --status-interval %g s, "
       "%d ranks a node)\n\n"
-      "| nodes | interval | requests/s | bytes/s | server CPU (one core) | "
-      "leader's read of every record |\n|--:|--:|--:|--:|--:|--:|\n",
+      "| nodes | interval | requests/s | bytes/s | server CPU (one core), "
+      "publishing | the same, idle | leader's read of every record "
+      "|\n|--:|--:|--:|--:|--:|--:|--:|\n",
       now_utc().c_str(),
       kernel().c_str(),
       o.reps,
@@ -309,7 +327,7 @@ int run_status_bench(const StatusOptions& o) {
   for (size_t n : ns) {
     if (skipped.count(n) != 0U) {
       std::printf(
-          "| %zu | not run here (%s) | | | | |\n", n, skipped[n].c_str());
+          "| %zu | not run here (%s) | | | | | |\n", n, skipped[n].c_str());
       continue;
     }
     auto pick = [&](double Cell::*f) {
@@ -320,12 +338,13 @@ int run_status_bench(const StatusOptions& o) {
       return v.empty() ? NAN : median(v);
     };
     std::printf(
-        "| %zu | %s | %.0f | %.0f KB/s | %.2f%% | %s |\n",
+        "| %zu | %s | %.0f | %.0f KB/s | %.2f%% | %.2f%% | %s |\n",
         n,
         format_duration(pick(&Cell::interval), 0).c_str(),
         pick(&Cell::requests_per_s),
         pick(&Cell::bytes_per_s) / 1000,
         100 * pick(&Cell::server_cpu),
+        100 * pick(&Cell::idle_cpu),
         format_duration(pick(&Cell::leader_read_s), 0).c_str());
   }
   return ok ? 0 : 1;

@@ -22,6 +22,8 @@ struct StatusOptions {
   // StatusPublisher::kFigureEvery: the leader reads once in that many),
   // after one to settle.
   double intervals = 4;
+  // The server idle with every connection open, measured first.
+  double idle_s = 5;
   double timeout_s = 60;
   size_t per_address = 1000;
   std::string tide_store = TIDE_BENCH_TIDE_STORE;

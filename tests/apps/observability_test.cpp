@@ -173,10 +173,6 @@ TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
   auto port = static_cast<uint16_t>(
       std::stoi(wait_for(p, std::regex("health checks on port (\\d+)"), seen)));
   wait_ready(p, seen);
-  auto r = test::http_get(port, "/metrics");
-  release_workers();
-  ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->status, 200);
   using Labels = std::map<std::string, std::string>;
   const Labels agent = {{"node", "*"}, {"role", "default"}, {"run", "*"}};
   auto with = [](Labels labels, const std::string& k, const std::string& v) {
@@ -184,29 +180,55 @@ TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
     return labels;
   };
   const Labels rdzv = {{"backend", "*"}, {"node", "*"}, {"run", "*"}};
-  for (const std::string& line : {
-           sample(
-               "tide_agent_restarts_total",
-               with(agent, "reason", "worker_failure"),
-               "1"),
-           sample(
-               "tide_agent_restart_seconds_count",
-               with(agent, "reason", "worker_failure"),
-               "1"),
-           sample("tide_agent_worker_failures_total", agent, "1"),
-           sample("tide_agent_remaining_restarts", agent, "0"),
-           sample("tide_agent_workers", agent, "2"),
-           sample("tide_agent_state", with(agent, "state", "healthy"), "1"),
-           sample("tide_agent_state", with(agent, "state", "failed"), "0"),
-           sample("tide_rendezvous_rounds_total", rdzv, "2"),
-           sample("tide_rendezvous_round_seconds_count", rdzv, "2"),
-           sample("tide_rendezvous_nodes", rdzv, "1"),
-           // --standalone: the store's server runs in tiderun (a group of
-           // one node asks it nothing).
-           sample("tide_store_clients", {}, "[1-9][0-9]*"),
-           sample("tide_store_requests_total", {{"op", "get"}}, "[0-9]+"),
-       }) {
-    EXPECT_TRUE(has_line(r->body, line)) << line << "\n" << r->body;
+  const std::vector<std::string> lines = {
+      sample(
+          "tide_agent_restarts_total",
+          with(agent, "reason", "worker_failure"),
+          "1"),
+      sample(
+          "tide_agent_restart_seconds_count",
+          with(agent, "reason", "worker_failure"),
+          "1"),
+      sample("tide_agent_worker_failures_total", agent, "1"),
+      sample("tide_agent_remaining_restarts", agent, "0"),
+      sample("tide_agent_workers", agent, "2"),
+      sample("tide_agent_state", with(agent, "state", "healthy"), "1"),
+      sample("tide_agent_state", with(agent, "state", "failed"), "0"),
+      sample("tide_rendezvous_rounds_total", rdzv, "2"),
+      sample("tide_rendezvous_round_seconds_count", rdzv, "2"),
+      sample("tide_rendezvous_nodes", rdzv, "1"),
+      // --standalone: the store's server runs in tiderun (a group of
+      // one node asks it nothing).
+      sample("tide_store_clients", {}, "[1-9][0-9]*"),
+      sample("tide_store_requests_total", {{"op", "get"}}, "[0-9]+"),
+  };
+  // The restart's time is observed just after the new workers started, so
+  // it may come a moment after they said "ready": read until every line is
+  // there, for a bounded time.
+  auto missing = [&](const std::string& body) {
+    std::vector<std::string> out;
+    for (const auto& line : lines) {
+      if (!has_line(body, line)) {
+        out.push_back(line);
+      }
+    }
+    return out;
+  };
+  std::optional<test::HttpResponse> r;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    r = test::http_get(port, "/metrics");
+    if (!r || r->status != 200 || missing(r->body).empty() ||
+        std::chrono::steady_clock::now() > deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(20ms);  // the pace of asking, not a wait
+  }
+  release_workers();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+  for (const auto& line : missing(r->body)) {
+    ADD_FAILURE() << line << "\n" << r->body;
   }
   auto status = p.wait(20s);
   ASSERT_TRUE(status.has_value());

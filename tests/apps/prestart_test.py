@@ -26,6 +26,7 @@ from procs import DEADLINE, alive, children, wait_until  # noqa: E402
 VARIES = {
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE",
+    "TIDE_HEARTBEAT_SOCKET",
     "MASTER_PORT",
     "TIDE_RPC_TOKEN",
     "OUT",

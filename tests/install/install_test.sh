@@ -93,10 +93,11 @@ prefix)
   step "the consumer, with find_package(tide)"
   consumer "$prefix" "$work/consumer"
   # What the rpc program's link line names: the rpc part and the parts under
-  # it, nothing of the elastic half.
+  # it (the metrics registry among them, prometheus-cpp's core with it),
+  # nothing of the elastic half and no HTTP server.
   link=$(ninja -C "$work/consumer" -t commands rpc_hello | tail -n 1)
   grep -q 'libtide_rpc\.a' <<<"$link" || fail "rpc_hello does not link libtide_rpc.a: $link"
-  if grep -oE 'libtide_(agent|launcher|rendezvous|etcd|events|metrics|timer)\.a|civetweb|prometheus|curl' <<<"$link"; then
+  if grep -oE 'libtide_(agent|launcher|rendezvous|etcd|events|timer|metrics_http)\.a|civetweb|prometheus-cpp-pull|curl' <<<"$link"; then
     fail "rpc_hello links the above: $link"
   fi
 
@@ -113,7 +114,7 @@ prefix)
   libs=$(pkg-config --libs tide-rpc)
   echo "pkg-config --libs tide-rpc: $libs"
   grep -q -- '-ltide_rpc' <<<"$libs" || fail "no -ltide_rpc"
-  if grep -oE -- '-ltide_(agent|launcher|rendezvous|etcd)|civetweb|prometheus|curl' <<<"$libs"; then
+  if grep -oE -- '-ltide_(agent|launcher|rendezvous|etcd|metrics_http)|civetweb|prometheus-cpp-pull|curl' <<<"$libs"; then
     fail "tide-rpc.pc names the above"
   fi
   pkg-config --exists --print-errors tide-elastic
