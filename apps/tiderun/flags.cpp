@@ -210,17 +210,19 @@ void put_rank_order(const Flags& f, LaunchConfig& c) {
   }
 }
 
+}  // namespace
+
 // The job secret: TIDE_JOB_SECRET, or the first line of the file
 // --rdzv-conf secret_file= names (kept off the command line, which `ps`
 // shows); taken out of the backend's settings.
-std::string job_secret(LaunchConfig& c) {
-  auto file = c.rdzv_configs.find("secret_file");
+std::string take_job_secret(std::map<std::string, std::string>& conf) {
+  auto file = conf.find("secret_file");
   const char* env = std::getenv("TIDE_JOB_SECRET");
-  if (file == c.rdzv_configs.end()) {
+  if (file == conf.end()) {
     return env != nullptr ? env : "";
   }
   std::string path = file->second;
-  c.rdzv_configs.erase(file);
+  conf.erase(file);
   if (env != nullptr && *env != '\0') {
     throw InvalidArgument(
         "the job secret is given twice: TIDE_JOB_SECRET and --rdzv-conf "
@@ -236,8 +238,6 @@ std::string job_secret(LaunchConfig& c) {
   }
   return secret;
 }
-
-}  // namespace
 
 int signal_number(const std::string& name) {
   std::string n = name.rfind("SIG", 0) == 0 ? name.substr(3) : name;
@@ -568,7 +568,7 @@ LaunchConfig make_config(const Flags& f) {
         "--duplicate-stdout-filters)");
   }
   c.rdzv_configs = parse_rdzv_conf(f.rdzv_conf);
-  c.job_secret = job_secret(c);
+  c.job_secret = take_job_secret(c.rdzv_configs);
   c.local_addr = f.local_addr;
   if (f.shutdown_timeout < 0) {
     throw InvalidArgument(fmt::format(

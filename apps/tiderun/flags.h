@@ -3,6 +3,7 @@
 // tiderun's command line: its flags (torchrun's, with their PET_*
 // variables, and tiderun's own) and what they make: the launcher's
 // configuration and the workers' entrypoint.
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,12 @@ struct Flags {
   std::string health_check_min_free_disk;
   bool health_check_endpoint = false;
 };
+
+// The job secret: TIDE_JOB_SECRET, or the first line of the file the
+// secret_file key of `conf` (--rdzv-conf) names, which is taken out of
+// `conf`. Throws tide::InvalidArgument when both are given or the file has
+// no secret.
+std::string take_job_secret(std::map<std::string, std::string>& conf);
 
 // Declares every flag on `app`, stored in `f`.
 void add_flags(CLI::App& app, Flags& f);

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 
 #include <CLI/CLI.hpp>
 
@@ -12,6 +11,7 @@
 #include "tide/rendezvous/registry.h"
 
 #include "cli.h"
+#include "flags.h"
 
 namespace tiderun {
 
@@ -26,25 +26,6 @@ struct StatusFlags {
   double timeout = 10;
   double straggler_threshold = 0.7;
 };
-
-// The token of the job's store: TIDE_JOB_SECRET, or the first line of the
-// file --rdzv-conf secret_file= names, as for the job's own agents.
-std::string job_token(std::map<std::string, std::string>& conf) {
-  auto file = conf.find("secret_file");
-  const char* env = std::getenv("TIDE_JOB_SECRET");
-  if (file == conf.end()) {
-    return env != nullptr ? env : "";
-  }
-  std::ifstream in(file->second);
-  std::string secret;
-  if (!in || !std::getline(in, secret) || secret.empty()) {
-    throw tide::InvalidArgument(
-        "--rdzv-conf secret_file=" + file->second +
-        ": cannot read a secret from it (its first line, not empty)");
-  }
-  conf.erase(file);
-  return secret;
-}
 
 int exit_code(const std::string& state) {
   if (state == "HEALTHY" || state == "SUCCEEDED") {
@@ -123,7 +104,8 @@ int status_main(int argc, char** argv) {
       params.config[std::string(kv.substr(0, eq))] =
           std::string(kv.substr(eq + 1));
     }
-    params.token = job_token(params.config);
+    // As the job's own agents read it.
+    params.token = take_job_secret(params.config);
     if (f.rdzv_backend != "c10d" && f.rdzv_backend != "etcd") {
       throw tide::InvalidArgument(
           "--rdzv-backend=" + f.rdzv_backend +

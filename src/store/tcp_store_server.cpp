@@ -15,15 +15,19 @@
 #include "tide/common/fd_limit.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
-#include "tide/metrics/registry.h"
 #include "tide/store/tcp_store.h"
 
 #include "store/kv_map.h"
+#include "store/server_metrics.h"
 #include "store/wire.h"
 
 namespace tide::store {
 
 using asio::ip::tcp;
+
+using detail::kTimeOneIn;
+using detail::server_metrics;
+using detail::ServerMetrics;
 
 namespace {
 
@@ -54,70 +58,6 @@ void release(std::string& buffer) {
   if (buffer.capacity() > kKeepBuffer) {
     std::string().swap(buffer);
   }
-}
-
-// The server's native metrics (docs/observability.md), looked up once: the
-// loop holds the handles. Shared by the servers of a process, so the gauges
-// move by differences (each server adds what it holds).
-//
-// Requests are all counted, but only one in kTimeOneIn of each operation is
-// timed: two clock reads cost about 80 ns here (kvm-clock) and an
-// observation 30 more, against about 3 us of server CPU per request, so
-// timing every request cost some 4%; the sample, the counters and the byte
-// counts together cost about 110 instructions a request, 1-1.5% of the
-// server's CPU (docs/benchmarks.md). The sample's quantiles are the
-// distribution's.
-constexpr uint32_t kTimeOneIn = 16;
-
-struct ServerMetrics {
-  struct ByOp {
-    metrics::Counter requests;
-    metrics::Histogram seconds;
-  };
-  std::vector<ByOp> by_op;  // By wire::Op.
-  metrics::Counter bad_requests = metrics::counter(
-      "tide_store_bad_requests_total",
-      "Requests the store server refused as malformed (the connection is "
-      "closed; the server goes on).");
-  metrics::Counter bytes_received = metrics::counter(
-      "tide_store_bytes_received_total",
-      "Bytes the store server read from its clients.");
-  metrics::Counter bytes_sent = metrics::counter(
-      "tide_store_bytes_sent_total",
-      "Bytes the store server wrote to its clients.");
-  metrics::Gauge clients = metrics::gauge(
-      "tide_store_clients", "Connections open to the store servers.");
-  metrics::Gauge keys =
-      metrics::gauge("tide_store_keys", "Keys held by the store servers.");
-
-  ServerMetrics() {
-    // Server-side time per request, from decoded to answered (a WAIT's
-    // wait not included): 1 us to about 4 s.
-    metrics::Buckets buckets = metrics::exponential_buckets(1e-6, 4, 12);
-    for (auto op = static_cast<size_t>(wire::Op::kSet);
-         op <= static_cast<size_t>(wire::Op::kAuth);
-         ++op) {
-      std::string name = wire::op_name(static_cast<wire::Op>(op));
-      for (char& c : name) {
-        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      }
-      by_op.push_back(ByOp{
-          metrics::counter(
-              "tide_store_requests_total",
-              "Requests the store server handled, by operation.",
-              {{"op", name}}),
-          metrics::histogram(
-              "tide_store_request_seconds",
-              "Time the store server spent on a request, by operation.",
-              {{"op", name}},
-              buckets)});
-    }
-  }
-};
-
-ServerMetrics& server_metrics() {
-  static auto* m = new ServerMetrics();
-  return *m;
 }
 
 }  // namespace

@@ -66,6 +66,24 @@ class ObservabilityTest : public ::testing::Test {
     return "";
   }
 
+  // tiderun on the failing script (one restart), with `flag`.
+  std::vector<std::string> job(const std::string& flag) const {
+    return {
+        TIDERUN_BIN,
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        flag,
+        script_.string()};
+  }
+
+  // The port tiderun logs as "<what> on port N".
+  static uint16_t port_from(
+      Subprocess& p, const std::string& what, std::string& seen) {
+    return static_cast<uint16_t>(
+        std::stoi(wait_for(p, std::regex(what + " on port (\\d+)"), seen)));
+  }
+
   static void wait_ready(Subprocess& p, std::string& seen) {
     for (int i = 0; i < 2; ++i) {
       wait_for(p, std::regex("^ready$"), seen);
@@ -111,17 +129,9 @@ bool has_line(const std::string& text, const std::string& pattern) {
 }
 
 TEST_F(ObservabilityTest, PrometheusEndpointShowsRestartAndRendezvousMetrics) {
-  Subprocess p(
-      {TIDERUN_BIN,
-       "--standalone",
-       "--nproc-per-node=2",
-       "--max-restarts=1",
-       "--metrics=prometheus:127.0.0.1:0",
-       script_.string()},
-      {.merge_stderr = true});
+  Subprocess p(job("--metrics=prometheus:127.0.0.1:0"), {.merge_stderr = true});
   std::string seen;
-  auto port = static_cast<uint16_t>(std::stoi(
-      wait_for(p, std::regex("Prometheus metrics on port (\\d+)"), seen)));
+  uint16_t port = port_from(p, "Prometheus metrics", seen);
   wait_ready(p, seen);
   auto r = test::http_get(port, "/metrics");
   release_workers();
@@ -161,17 +171,9 @@ TEST_F(ObservabilityTest, PrometheusEndpointShowsRestartAndRendezvousMetrics) {
 }
 
 TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
-  Subprocess p(
-      {TIDERUN_BIN,
-       "--standalone",
-       "--nproc-per-node=2",
-       "--max-restarts=1",
-       "--health-port=127.0.0.1:0",
-       script_.string()},
-      {.merge_stderr = true});
+  Subprocess p(job("--health-port=127.0.0.1:0"), {.merge_stderr = true});
   std::string seen;
-  auto port = static_cast<uint16_t>(
-      std::stoi(wait_for(p, std::regex("health checks on port (\\d+)"), seen)));
+  uint16_t port = port_from(p, "health checks", seen);
   wait_ready(p, seen);
   using Labels = std::map<std::string, std::string>;
   const Labels agent = {{"node", "*"}, {"role", "default"}, {"run", "*"}};
@@ -236,17 +238,9 @@ TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
 }
 
 TEST_F(ObservabilityTest, HealthEndpointAnswersTheAgentsState) {
-  Subprocess p(
-      {TIDERUN_BIN,
-       "--standalone",
-       "--nproc-per-node=2",
-       "--max-restarts=1",
-       "--health-port=127.0.0.1:0",
-       script_.string()},
-      {.merge_stderr = true});
+  Subprocess p(job("--health-port=127.0.0.1:0"), {.merge_stderr = true});
   std::string seen;
-  auto port = static_cast<uint16_t>(
-      std::stoi(wait_for(p, std::regex("health checks on port (\\d+)"), seen)));
+  uint16_t port = port_from(p, "health checks", seen);
   wait_ready(p, seen);
   auto r = test::http_get(port, "/health");
   release_workers();
@@ -265,13 +259,7 @@ TEST_F(ObservabilityTest, HealthEndpointAnswersTheAgentsState) {
 TEST_F(ObservabilityTest, EventsFileHoldsEveryStepInOrder) {
   fs::path events = dir_ / "events.jsonl";
   Subprocess p(
-      {TIDERUN_BIN,
-       "--standalone",
-       "--nproc-per-node=2",
-       "--max-restarts=1",
-       "--events=jsonl:" + events.string(),
-       script_.string()},
-      {.merge_stderr = true});
+      job("--events=jsonl:" + events.string()), {.merge_stderr = true});
   std::string seen;
   wait_ready(p, seen);
   release_workers();
