@@ -31,13 +31,13 @@ int exit_code(const std::string& state) {
   if (state == "HEALTHY" || state == "SUCCEEDED") {
     return kStatusHealthy;
   }
-  if (state == "FAILED") {
-    return kStatusFailed;
+  if (state == "FAILED" || state == "STOPPED") {
+    return kStatusFailed;  // over, and not a success
   }
   if (state == "UNKNOWN") {
     return kStatusNoRecords;
   }
-  return kStatusDegraded;  // DEGRADED, STARTING
+  return kStatusDegraded;  // DEGRADED, RESTARTING, STARTING
 }
 
 }  // namespace
@@ -47,9 +47,11 @@ int status_main(int argc, char** argv) {
       "tiderun status: print a running job as its agents' status records in "
       "the rendezvous store show it (nodes, ranks, restarts, heartbeats, "
       "step times, stragglers).\n"
-      "Exit status: 0 healthy or succeeded, 1 degraded or starting (a node "
-      "silent, a straggler, a group restarting), 2 bad flags, 3 failed, 4 no "
-      "records (no such job, or not started), 5 the store cannot be read.",
+      "Exit status: 0 healthy or succeeded, 1 degraded, restarting or "
+      "starting (a node silent, a straggler, a group restarting), 2 bad "
+      "flags, 3 failed or stopped, 4 no records (no such job, or not "
+      "started), 5 the store cannot be read. Only the nodes of the current "
+      "round count.",
       "tiderun status"};
   StatusFlags f;
   app.add_option(

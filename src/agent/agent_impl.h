@@ -56,6 +56,9 @@ struct LocalElasticAgent::Impl {
   }
 
   RunResult run();
+  // run()'s loop: rendezvous, start, watch and restart groups until one
+  // succeeds or fails for good.
+  RunResult run_groups();
   // Throws SignalException (after stopping the workers) once a stop was
   // requested.
   void check_stop();
@@ -137,6 +140,15 @@ struct LocalElasticAgent::Impl {
   std::map<std::string, std::string> base_env;
   bool warned_omp = false;
 
+  // The node's state moves to `s` (tide/agent/job_status.h), in one place:
+  // the group's WorkerState (torch's: status(), metrics) follows, and the
+  // node's record is posted at once. Called after the attempt's outcome is
+  // recorded (end_attempt) and before the agent acts on the move, so a
+  // record never shows a group doing what its state denies.
+  void enter(NodeState s);
+  NodeState node_state = NodeState::kStarting;
+  // Local ranks whose exit ended the running attempt (failures()).
+  std::set<int> attempt_failures;
   // Metrics, events and the status snapshot (read by other threads).
   void set_state(WorkerState s);
   void worker_event(

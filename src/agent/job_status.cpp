@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -199,6 +200,40 @@ std::vector<AttemptStatus> attempts_from_json(std::string_view text) {
   return out;
 }
 
+const char* to_string(NodeState s) {
+  switch (s) {
+    case NodeState::kStarting:
+      return "STARTING";
+    case NodeState::kHealthy:
+      return "HEALTHY";
+    case NodeState::kRestarting:
+      return "RESTARTING";
+    case NodeState::kSucceeded:
+      return "SUCCEEDED";
+    case NodeState::kFailed:
+      return "FAILED";
+    case NodeState::kStopped:
+      return "STOPPED";
+  }
+  return "UNKNOWN";
+}
+
+bool is_final(NodeState s) {
+  return s == NodeState::kSucceeded || s == NodeState::kFailed ||
+         s == NodeState::kStopped;
+}
+
+const char* rank_state(
+    NodeState node, std::optional<int> exitcode, bool failed) {
+  if (!exitcode) {
+    return node == NodeState::kHealthy ? "HEALTHY" : "STOPPING";
+  }
+  if (*exitcode == 0) {
+    return "SUCCEEDED";
+  }
+  return failed ? "FAILED" : "STOPPED";
+}
+
 bool Scores::below(double threshold) const {
   return (relative && *relative < threshold) ||
          (individual && *individual < threshold);
@@ -344,50 +379,64 @@ JobView make_job_view(
   std::erase_if(records, [&](const NodeStatus& s) {
     return now - s.updated_at > expires_after(s);
   });
+  for (const auto& s : records) {
+    v.round = std::max(v.round, s.round);
+  }
   std::vector<NodeStatus> live;
   for (const auto& s : records) {
-    if (now - s.updated_at <= silent_after(s)) {
+    if (s.round == v.round && now - s.updated_at <= silent_after(s)) {
       live.push_back(s);
     }
   }
   auto fastest = fastest_step_time(live);
-  bool any_silent = false, any_failed = false, any_straggler = false;
-  bool all_succeeded = !records.empty(), all_healthy = !records.empty();
+  // What the members show, for the job's state.
+  int members = 0;
+  std::map<std::string, int> states;
+  bool any_silent = false, any_straggler = false;
   for (auto& s : records) {
     JobView::Node n;
     n.age = std::max(0.0, now - s.updated_at);
     n.silent = n.age > silent_after(s);
+    n.member = s.round == v.round;
     for (const auto& r : s.ranks) {
       JobView::Rank rank{.scores = score(r, fastest)};
-      rank.straggler = !n.silent && s.state == "HEALTHY" &&
+      rank.straggler = n.member && !n.silent && s.state == "HEALTHY" &&
                        r.state == "HEALTHY" && rank.scores.below(threshold);
       any_straggler |= rank.straggler;
       n.ranks.push_back(rank);
     }
-    v.round = std::max(v.round, s.round);
-    v.restarts += s.restarts;
-    v.ranks += static_cast<int>(s.ranks.size());
-    // A node that failed for good ends the job; a silent one that was
-    // done is done.
-    any_failed |= s.state == "FAILED";
-    any_silent |= n.silent && s.state != "SUCCEEDED";
-    all_succeeded &= s.state == "SUCCEEDED";
-    all_healthy &= s.state == "HEALTHY" && !n.silent;
+    if (n.member) {
+      ++members;
+      ++states[s.state];
+      v.restarts += s.restarts;
+      v.ranks += static_cast<int>(s.ranks.size());
+      // A silent node that was done is done.
+      any_silent |= n.silent && s.state != "SUCCEEDED";
+    }
     n.status = std::move(s);
     v.nodes.push_back(std::move(n));
   }
-  if (v.nodes.empty()) {
+  auto count = [&](const char* state) {
+    auto it = states.find(state);
+    return it == states.end() ? 0 : it->second;
+  };
+  int succeeded = count("SUCCEEDED"), stopped = count("STOPPED");
+  if (members == 0) {
     v.state = "UNKNOWN";
-  } else if (any_failed) {
-    v.state = "FAILED";
-  } else if (all_succeeded) {
+  } else if (count("FAILED") > 0) {
+    v.state = "FAILED";  // a node that failed for good ends the job
+  } else if (succeeded == members) {
     v.state = "SUCCEEDED";
-  } else if (any_silent || any_straggler) {
+  } else if (stopped > 0 && succeeded + stopped == members) {
+    v.state = "STOPPED";
+  } else if (any_silent || any_straggler || stopped > 0) {
     v.state = "DEGRADED";
-  } else if (all_healthy) {
+  } else if (count("RESTARTING") > 0) {
+    v.state = "RESTARTING";
+  } else if (count("HEALTHY") + succeeded == members) {
     v.state = "HEALTHY";
   } else {
-    v.state = "STARTING";
+    v.state = "STARTING";  // STARTING, or a state this reader does not know
   }
   return v;
 }
@@ -409,6 +458,7 @@ std::string to_json(const JobView& v) {
     json node = json::parse(to_json(n.status));
     node["age"] = n.age;
     node["stale"] = n.silent;
+    node["member"] = n.member;
     node["attempts"] = json::parse(attempts_to_json(n.status.attempts));
     for (size_t i = 0; i < n.ranks.size(); ++i) {
       const auto& r = n.ranks[i];
@@ -473,8 +523,9 @@ std::string score_text(std::optional<double> s) {
 std::string format_job_view(const JobView& v) {
   std::string out;
   char line[512];
-  int stragglers = 0;
+  int stragglers = 0, members = 0;
   for (const auto& n : v.nodes) {
+    members += n.member ? 1 : 0;
     for (const auto& r : n.ranks) {
       stragglers += r.straggler ? 1 : 0;
     }
@@ -482,16 +533,21 @@ std::string format_job_view(const JobView& v) {
   std::snprintf(
       line,
       sizeof line,
-      "job %s: %s, round %lld, %zu node(s), %d rank(s), %d restart(s), %d "
-      "straggler(s)\n",
+      "job %s: %s, round %lld, %d node(s), %d rank(s), %d restart(s), %d "
+      "straggler(s)",
       v.run_id.c_str(),
       v.state.c_str(),
       static_cast<long long>(v.round),
-      v.nodes.size(),
+      members,
       v.ranks,
       v.restarts,
       stragglers);
   out += line;
+  if (members < static_cast<int>(v.nodes.size())) {
+    out += ", " + std::to_string(v.nodes.size() - members) +
+           " other node(s) not in the round";
+  }
+  out += "\n";
   for (const auto& n : v.nodes) {
     const NodeStatus& s = n.status;
     std::string restarts =
@@ -502,7 +558,7 @@ std::string format_job_view(const JobView& v) {
     std::snprintf(
         line,
         sizeof line,
-        "\nnode %s (slot %lld, group rank %d of %d, round %lld): %s%s, "
+        "\nnode %s (slot %lld, group rank %d of %d, round %lld): %s%s%s, "
         "restarts %s, updated %s ago\n",
         s.node.c_str(),
         static_cast<long long>(s.slot),
@@ -511,6 +567,10 @@ std::string format_job_view(const JobView& v) {
         static_cast<long long>(s.round),
         s.state.c_str(),
         n.silent ? " (SILENT)" : "",
+        n.member ? ""
+        : s.round < v.round && s.state == "STARTING"
+            ? " (waiting to join)"
+            : " (not in the current round)",
         restarts.c_str(),
         seconds(n.age).c_str());
     out += line;

@@ -284,7 +284,7 @@ void LocalElasticAgent::Impl::start_workers() {
   // this group is running.
   metrics::put_metric(metric("remaining_restarts"), restarts.left);
   begin_attempt();
-  set_state(WorkerState::kHealthy);
+  enter(NodeState::kHealthy);
   for (const Worker& w : group.workers) {
     if (!numa.empty()) {
       TIDE_LOG_INFO(
@@ -338,13 +338,13 @@ void LocalElasticAgent::Impl::check_stop() {
     const char* name = sigabbrev_np(sig);
     TIDE_LOG_WARN(
         "[{}] received SIG{}; stopping workers", spec.role, name ? name : "?");
+    end_attempt(
+        "TERMINATED", std::string("stopped by SIG") + (name ? name : "?"));
+    enter(NodeState::kStopped);
     stop_workers(sig, spec.shutdown_grace);
     for (const Worker& w : group.workers) {
       worker_event(w, "TERMINATED");
     }
-    end_attempt(
-        "TERMINATED", std::string("stopped by SIG") + (name ? name : "?"));
-    set_state(WorkerState::kStopped);
     throw SignalException(
         sig, std::string("agent stopped by SIG") + (name ? name : "?"));
   }
@@ -570,6 +570,7 @@ void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
       pump.finish();
     }
   }
+  post_status(/*urgent=*/true);  // the ranks, STOPPING no more
 }
 
 RunResult LocalElasticAgent::Impl::run() {
@@ -619,6 +620,21 @@ RunResult LocalElasticAgent::Impl::run() {
   } drain_pool{*this};
 
   auto run_prof = metrics::profile("SimpleElasticAgent.run");
+  try {
+    return run_groups();
+  } catch (const std::exception& e) {
+    // However run() ends, the node's last record says it is over.
+    if (!is_final(node_state)) {
+      end_attempt("TERMINATED", e.what());
+      enter(NodeState::kFailed);
+    }
+    throw;
+  }
+}
+
+RunResult LocalElasticAgent::Impl::run_groups() {
+  const WorkerSpec& spec = self.spec_;
+  enter(NodeState::kStarting);
   check_stop();
   initialize_workers();
   auto next_membership_check = Clock::now() + spec.monitor_interval;
@@ -627,15 +643,12 @@ RunResult LocalElasticAgent::Impl::run() {
         {next_membership_check, next_heartbeat_deadline(), next_status}));
     check_stop();
     check_heartbeats();
-    if (Clock::now() >= next_status) {
-      next_status = Clock::now() + spec.status_interval;
-      measure_steps();
-      post_status(/*urgent=*/false);
-    }
+    // Decided before any record is posted: a record never shows an exit
+    // the agent has seen but not yet acted on.
     WorkerState state = group_state();
     if (state == WorkerState::kSucceeded) {
       end_attempt("SUCCEEDED", "");
-      set_state(state);
+      enter(NodeState::kSucceeded);
       for (const Worker& w : group.workers) {
         worker_event(w, "SUCCEEDED");
       }
@@ -661,7 +674,9 @@ RunResult LocalElasticAgent::Impl::run() {
             f.pid,
             f.message);
       }
-      stop_workers(SIGTERM, spec.shutdown_grace);
+      for (const auto& [rank, f] : fails) {
+        attempt_failures.insert(f.local_rank);
+      }
       {
         const ProcessFailure& first = fails.begin()->second;
         end_attempt(
@@ -669,6 +684,15 @@ RunResult LocalElasticAgent::Impl::run() {
             "rank " + std::to_string(first.global_rank) + " (local " +
                 std::to_string(first.local_rank) + "): " + first.message);
       }
+      bool restart = restarts.left > 0;
+      if (restart) {
+        note_restart("worker failure: " + attempts.back().reason);
+      }
+      enter(
+          stop_signal.load() != 0 ? NodeState::kStopped
+          : restart               ? NodeState::kRestarting
+                                  : NodeState::kFailed);
+      stop_workers(SIGTERM, spec.shutdown_grace);
       for (const Worker& w : group.workers) {
         auto f = fails.find(w.global_rank);
         if (f != fails.end()) {
@@ -682,7 +706,7 @@ RunResult LocalElasticAgent::Impl::run() {
         }
       }
       check_stop();
-      if (restarts.left > 0) {
+      if (restart) {
         --restarts.left;
         ++restarts.used;
         TIDE_LOG_INFO(
@@ -694,15 +718,13 @@ RunResult LocalElasticAgent::Impl::run() {
             "restart",
             {{"reason", std::string("worker failure")},
              {"remaining_restarts", int64_t{restarts.left}}});
-        note_restart("worker failure: " + attempts.back().reason);
-        post_status(/*urgent=*/true);
+        post_status(/*urgent=*/true);  // with the restart counted
         count_restart("worker_failure");
         initialize_workers();
         time_restart("worker_failure", failure_seen);
         next_membership_check = Clock::now() + spec.monitor_interval;
         continue;
       }
-      set_state(WorkerState::kFailed);
       record_run_metrics(false);
       TIDE_LOG_ERROR(
           "[{}] worker group failed and no restarts are left ({} allowed)",
@@ -730,12 +752,12 @@ RunResult LocalElasticAgent::Impl::run() {
         // workers cannot go on.
         TIDE_LOG_ERROR(
             "[{}] rendezvous: {}; stopping workers", spec.role, e.what());
+        end_attempt("TERMINATED", std::string("rendezvous: ") + e.what());
+        enter(NodeState::kFailed);
         stop_workers(SIGTERM, spec.shutdown_grace);
         for (const Worker& w : group.workers) {
           worker_event(w, "TERMINATED");
         }
-        end_attempt("TERMINATED", std::string("rendezvous: ") + e.what());
-        set_state(WorkerState::kFailed);
         if (dynamic_cast<const RendezvousClosedError*>(&e) != nullptr) {
           count_in_failed();  // a backend that is gone has no barrier
         }
@@ -748,6 +770,11 @@ RunResult LocalElasticAgent::Impl::run() {
             "the group (not counted as a restart)",
             spec.role,
             waiting);
+        std::string why = "membership changed: " + std::to_string(waiting) +
+                          " node(s) waiting or lost";
+        end_attempt("TERMINATED", why);
+        note_restart(why);
+        enter(NodeState::kRestarting);
         stop_workers(SIGTERM, spec.shutdown_grace);
         for (const Worker& w : group.workers) {
           worker_event(w, "TERMINATED");
@@ -756,16 +783,17 @@ RunResult LocalElasticAgent::Impl::run() {
             "restart",
             {{"reason", std::string("membership changed")},
              {"nodes_waiting", int64_t{waiting}}});
-        std::string why = "membership changed: " + std::to_string(waiting) +
-                          " node(s) waiting or lost";
-        end_attempt("TERMINATED", why);
-        note_restart(why);
-        post_status(/*urgent=*/true);
         check_stop();
         count_restart("membership_change");
         initialize_workers();
         time_restart("membership_change", change_seen);
+        continue;
       }
+    }
+    if (Clock::now() >= next_status) {
+      next_status = Clock::now() + spec.status_interval;
+      measure_steps();
+      post_status(/*urgent=*/false);
     }
   }
 }

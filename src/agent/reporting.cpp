@@ -43,6 +43,26 @@ AgentStatus LocalElasticAgent::status() const {
   return s;
 }
 
+void LocalElasticAgent::Impl::enter(NodeState s) {
+  node_state = s;
+  switch (s) {
+    case NodeState::kStarting:
+      post_status(/*urgent=*/true);
+      return;
+    case NodeState::kHealthy:
+      return set_state(WorkerState::kHealthy);
+    case NodeState::kRestarting:
+      // torch's agent stops the group (STOPPED) and starts it again.
+      return set_state(WorkerState::kStopped);
+    case NodeState::kSucceeded:
+      return set_state(WorkerState::kSucceeded);
+    case NodeState::kFailed:
+      return set_state(WorkerState::kFailed);
+    case NodeState::kStopped:
+      return set_state(WorkerState::kStopped);
+  }
+}
+
 void LocalElasticAgent::Impl::set_state(WorkerState s) {
   group.state = s;
   metrics::put_metric(metric(lower(to_string(s))), 1);

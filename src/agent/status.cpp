@@ -53,13 +53,18 @@ std::string LocalElasticAgent::worker_log_dir(int local_rank) const {
 
 void LocalElasticAgent::Impl::post_status(bool urgent) {
   const WorkerSpec& spec = self.spec_;
+  if (node_state == NodeState::kHealthy &&
+      processes.size() < group.workers.size()) {
+    return;  // a running group's record has its workers' pids: posted
+             // by start_workers once they have started
+  }
   auto now = Clock::now();
   NodeStatus s{
       .node = host,
       .health = spec.health_endpoint,
       .pid = ::getpid(),
       .role = spec.role,
-      .state = to_string(group.state),
+      .state = to_string(node_state),
       .round = rdzv.round,
       .group_rank = group.group_rank,
       .group_world_size = group.group_world_size,
@@ -81,10 +86,10 @@ void LocalElasticAgent::Impl::post_status(bool urgent) {
         .local_rank = w.local_rank,
         .rank = w.global_rank,
         .pid = p.pid(),
-        .state = !p.exited()                            ? "HEALTHY"
-                 : p.exitcode() == 0                    ? "SUCCEEDED"
-                 : group.state == WorkerState::kHealthy ? "FAILED"
-                                                        : "STOPPED",
+        .state = rank_state(
+            node_state,
+            p.exited() ? std::optional<int>(p.exitcode()) : std::nullopt,
+            attempt_failures.contains(w.local_rank)),
     };
     if (i < last_beat.size() && last_beat[i]) {
       r.beat_age = seconds_between(*last_beat[i], now);
@@ -116,6 +121,7 @@ void LocalElasticAgent::Impl::begin_attempt() {
       .outcome = "RUNNING",
   });
   steps.assign(group.workers.size(), StepClock{});
+  attempt_failures.clear();
 }
 
 void LocalElasticAgent::Impl::end_attempt(

@@ -20,6 +20,13 @@ StatusPublisher::~StatusPublisher() {
 void StatusPublisher::post(NodeStatus snapshot, bool urgent, bool leader) {
   {
     std::lock_guard lock(mutex_);
+    if (fresh_ && latest_->state != snapshot.state) {
+      // The last snapshot of its state: written before the new one.
+      if (queued_.size() == kMaxQueued) {
+        queued_.pop_front();
+      }
+      queued_.push_back(std::move(*latest_));
+    }
     latest_ = std::move(snapshot);
     fresh_ = true;
     urgent_ = urgent_ || urgent;
@@ -45,10 +52,14 @@ void StatusPublisher::run(std::stop_token stop) {
         uint64_t seen = generation_;
         auto posted = [&] { return generation_ != seen; };
         if (stop.stop_requested()) {
+          queued_.clear();  // one write at most, bounded by the timeout
           if (!fresh_) {
             return;
           }
           break;  // the last snapshot, at once
+        }
+        if (!queued_.empty()) {
+          break;  // a state entered and not yet written: at once
         }
         if (!latest_) {
           changed_.wait(lock, stop, posted);
@@ -59,7 +70,7 @@ void StatusPublisher::run(std::stop_token stop) {
         // rendezvous, the exit barrier) does not look silent.
         auto interval = std::chrono::duration_cast<Clock::duration>(
             std::chrono::duration<double>(latest_->interval));
-        auto due = !last_write
+        auto due = !last_write || latest_->state != written_state_
                        ? Clock::now()
                        : *last_write +
                              (urgent_ ? interval / kUrgentFraction : interval);
@@ -68,18 +79,21 @@ void StatusPublisher::run(std::stop_token stop) {
         }
         changed_.wait_until(lock, stop, due, posted);
       }
-      snapshot = *latest_;
-      fresh_ = false;
-      urgent_ = false;
+      if (!queued_.empty()) {
+        snapshot = std::move(queued_.front());
+        queued_.pop_front();
+      } else {
+        snapshot = *latest_;
+        fresh_ = false;
+        urgent_ = false;
+      }
       leader = leader_;
     }
     last_write = Clock::now();
     snapshot.updated_at = now_seconds();
+    written_state_ = snapshot.state;
     if (!stopped_) {
       publish_once(std::move(snapshot), leader);
-    }
-    if (stop.stop_requested()) {
-      return;
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,20 +16,24 @@ namespace tide::agent::detail {
 
 // Writes one agent's status record to the job's status board from a thread
 // of its own, so that a slow or lost store never delays the agent: the
-// agent posts snapshots (the latest wins) and reads back the job's fastest
-// step time. The publisher writes the latest snapshot once per interval
-// (the snapshot's, NodeStatus::interval),
-// and sooner for one posted as urgent (a state change), but never twice
-// within 1/kUrgentFraction of an interval: the store sees at most
-// kUrgentFraction writes per interval from one agent, one in the steady
-// state. As the leader (the agent of group rank 0) it also reads every
-// record, writes the job's fastest step time and retires the records of
-// nodes gone for good, at one write in kFigureEvery.
+// agent posts snapshots and reads back the job's fastest step time. Every
+// state the node enters is written, in order and at once: a snapshot of a
+// new state never replaces an unwritten one of the state before (up to
+// kMaxQueued of them). Within a state the latest snapshot wins: it is
+// written once per interval (the snapshot's, NodeStatus::interval), and
+// sooner when posted as urgent, but never twice within 1/kUrgentFraction
+// of an interval: the store sees one write per interval from one agent in
+// the steady state, and one more per state change. As the leader (the agent of
+// group rank 0) it also reads every record, writes the job's fastest step time
+// and retires the records of nodes gone for good, at one write in kFigureEvery.
 //
 // Thread safety: post() and fastest_step_time() from any thread.
 class StatusPublisher {
  public:
   static constexpr int kUrgentFraction = 5;
+  // Unwritten snapshots of earlier states kept while the store is slow
+  // (beyond that, the oldest go).
+  static constexpr size_t kMaxQueued = 16;
   // The leader reads every record and writes the job's fastest step time,
   // and a follower reads that, at one write in this many.
   static constexpr uint64_t kFigureEvery = 4;
@@ -60,13 +65,15 @@ class StatusPublisher {
   std::condition_variable_any changed_;
   // Guarded by mutex_.
   std::optional<NodeStatus> latest_;
-  bool fresh_ = false;  // posted since last written
+  bool fresh_ = false;             // posted since last written
+  std::deque<NodeStatus> queued_;  // earlier states, unwritten, oldest first
   bool urgent_ = false;
   bool leader_ = false;
   uint64_t generation_ = 0;  // counts posts, to wake the thread
   std::optional<double> fastest_;
 
   // The publisher thread's own.
+  std::string written_state_;  // the state of the last snapshot written
   std::shared_ptr<store::Store> store_;
   std::unique_ptr<StatusBoard> board_;
   int64_t slot_ = -1;

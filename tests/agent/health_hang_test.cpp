@@ -56,9 +56,11 @@ TEST_F(HealthHangTest, ACommandPastItsTimeoutFailsAndLeavesNothingBehind) {
   auto slow = command_health_check(
       "echo started; sleep 100 & echo $! > " + (dir_ / "child").string() +
       "; wait");
-  auto r = slow->run(context(300ms));
+  // Long enough for the shell to say "started" and write the child's pid
+  // on a loaded machine before it is killed.
+  auto r = slow->run(context(2s));
   EXPECT_FALSE(r.healthy);
-  EXPECT_NE(r.detail.find("did not finish within 300 ms"), std::string::npos)
+  EXPECT_NE(r.detail.find("did not finish within 2000 ms"), std::string::npos)
       << r.detail;
   EXPECT_NE(r.detail.find("started"), std::string::npos) << r.detail;
   std::ifstream in(dir_ / "child");
@@ -101,7 +103,7 @@ TEST_F(HealthHangTest, TheEndpointCheckConnects) {
   ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
   auto check = endpoint_health_check(endpoint);
-  auto r = check->run(context(2s));
+  auto r = check->run(context());
   EXPECT_TRUE(r.healthy) << r.detail;
   listener.reset();
   r = check->run(context(2s));
@@ -257,12 +259,15 @@ TEST_F(HealthHangTest, AWorkerWhoseHeartbeatsStopIsKilledWithItsStackReported) {
   ASSERT_TRUE(r.is_failed());
   const ProcessFailure& f = r.failures.at(0);
   EXPECT_EQ(f.exitcode, -SIGKILL);
-  EXPECT_NE(
-      f.message.find(
-          "hung: rank 0 (local rank 0, pid " + std::to_string(f.pid) +
-          ") sent no heartbeat for 0."),
-      std::string::npos)
-      << f.message;
+  const std::string hung = "hung: rank 0 (local rank 0, pid " +
+                           std::to_string(f.pid) + ") sent no heartbeat for ";
+  auto at = f.message.find(hung);
+  ASSERT_NE(at, std::string::npos) << f.message;
+  // Judged once the timeout passed, not before; how soon after depends on
+  // the machine's load: the upper bound only says it was not forgotten.
+  double age = std::stod(f.message.substr(at + hung.size()));
+  EXPECT_GE(age, 0.3) << f.message;
+  EXPECT_LT(age, 10.0) << f.message;
   EXPECT_NE(f.message.find("(--heartbeat-timeout 0.300 s)"), std::string::npos)
       << f.message;
   // The stack, by eu-stack or gdb (scripts/setup.sh installs both).

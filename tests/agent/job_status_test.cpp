@@ -148,6 +148,84 @@ TEST(JobStatusTest, TheViewFlagsTheSlowRankAndCallsASilentNodeDegraded) {
   EXPECT_EQ(make_job_view("job", records, now, 0.7).state, "SUCCEEDED");
 }
 
+TEST(JobStatusTest, ARanksStateNeverContradictsItsNodes) {
+  // A running process is HEALTHY only in a HEALTHY group.
+  EXPECT_STREQ(rank_state(NodeState::kHealthy, std::nullopt, false), "HEALTHY");
+  for (NodeState n :
+       {NodeState::kRestarting, NodeState::kFailed, NodeState::kStopped}) {
+    EXPECT_STREQ(rank_state(n, std::nullopt, false), "STOPPING");
+    // The exit that ended the attempt is its failure; the others the
+    // agent's stop.
+    EXPECT_STREQ(rank_state(n, 1, /*failed=*/true), "FAILED");
+    EXPECT_STREQ(rank_state(n, -15, /*failed=*/false), "STOPPED");
+    EXPECT_STREQ(rank_state(n, 0, false), "SUCCEEDED");
+  }
+  EXPECT_STREQ(to_string(NodeState::kRestarting), "RESTARTING");
+  EXPECT_TRUE(is_final(NodeState::kStopped));
+  EXPECT_FALSE(is_final(NodeState::kRestarting));
+}
+
+TEST(JobStatusTest, TheJobsStateComesFromItsCurrentRoundsMembersOnly) {
+  double now = 10'000;
+  auto node = [&](const char* name, int64_t round, const char* state) {
+    NodeStatus s = record(name, now - 0.5, {0.05});
+    s.round = round;
+    s.state = state;
+    s.restarts = 1;
+    return s;
+  };
+  // A node restarting its group: not HEALTHY, and not FAILED either.
+  std::vector<NodeStatus> records{
+      node("a", 2, "HEALTHY"), node("b", 2, "RESTARTING")};
+  EXPECT_EQ(make_job_view("job", records, now, 0.7).state, "RESTARTING");
+  records[1].state = "STARTING";
+  EXPECT_EQ(make_job_view("job", records, now, 0.7).state, "STARTING");
+  // A member stopped while another runs: degraded; every member done,
+  // one stopped: stopped.
+  records[1].state = "STOPPED";
+  EXPECT_EQ(make_job_view("job", records, now, 0.7).state, "DEGRADED");
+  records[0].state = "SUCCEEDED";
+  EXPECT_EQ(make_job_view("job", records, now, 0.7).state, "STOPPED");
+
+  // Node c of round 2 was lost (silent, failed): a and b went on in round
+  // 3 without it, and d waits to join (STARTING, no round yet). Only a and
+  // b count, and the job is healthy.
+  records = {
+      node("a", 3, "HEALTHY"),
+      node("b", 3, "HEALTHY"),
+      node("c", 2, "FAILED"),
+      node("d", 0, "STARTING")};
+  records[2].updated_at = now - 30;
+  JobView v = make_job_view("job", records, now, 0.7);
+  EXPECT_EQ(v.state, "HEALTHY");
+  EXPECT_EQ(v.round, 3);
+  EXPECT_EQ(v.ranks, 2);
+  EXPECT_EQ(v.restarts, 2);
+  ASSERT_EQ(v.nodes.size(), 4u);
+  EXPECT_TRUE(v.nodes[0].member);
+  EXPECT_TRUE(v.nodes[1].member);
+  EXPECT_FALSE(v.nodes[2].member);
+  EXPECT_TRUE(v.nodes[2].silent);
+  EXPECT_FALSE(v.nodes[3].member);
+  auto j = nlohmann::json::parse(to_json(v));
+  EXPECT_EQ(j["nodes"][2]["member"], false);
+  std::string text = format_job_view(v);
+  EXPECT_NE(
+      text.find("job job: HEALTHY, round 3, 2 node(s), 2 rank(s)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("2 other node(s) not in the round"), std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("FAILED (SILENT) (not in the current round)"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("STARTING (waiting to join)"), std::string::npos) << text;
+  // A silent member is another matter: the job is degraded.
+  records[1].updated_at = now - 30;
+  EXPECT_EQ(make_job_view("job", records, now, 0.7).state, "DEGRADED");
+}
+
 TEST(JobStatusTest, TheBoardKeepsOneSlotAnAgentAndSkipsWhatItCannotRead) {
   auto store = store::make_hash_store();
   StatusBoard board(*store);

@@ -77,23 +77,23 @@ TEST_F(SlurmTest, UnderSrunTheJobIsDerivedFromSlurmsVariables) {
     ASSERT_TRUE(status.has_value()) << c.log();
     EXPECT_EQ(exit_code(*status), 0) << c.log();
   }
-  auto starts = c.wait_starts(0, 4, 4, 5s);
+  auto starts = c.wait_starts(0, 4, 4, 30s);
   ASSERT_EQ(starts.size(), 4u) << c.log();
   for (const auto& s : starts) {
     int group = s.agent == "n1" ? 1 : 0;  // SLURM_NODEID
     EXPECT_EQ(s.rank / 2, group) << s.agent << " rank " << s.rank << "\n"
                                  << c.log();
   }
-  EXPECT_TRUE(c.wait_line("n1| placed RANK=3 GROUP_RANK=1 RUN=9001", 1s))
+  EXPECT_TRUE(c.wait_line("n1| placed RANK=3 GROUP_RANK=1 RUN=9001", 30s))
       << c.log();
-  EXPECT_TRUE(c.wait_line("n0| placed RANK=0 GROUP_RANK=0 RUN=9001", 1s))
+  EXPECT_TRUE(c.wait_line("n0| placed RANK=0 GROUP_RANK=0 RUN=9001", 30s))
       << c.log();
   EXPECT_TRUE(c.wait_line(
       "Slurm job 9001, node 1 of 2: derived --nnodes=2 --rdzv-backend=c10d "
       "--node-rank=1 --rdzv-endpoint=127.0.0.1:" +
           std::to_string(port_) +
           " --rdzv-conf is_host=false --rank-order=node-rank --rdzv-id=9001",
-      1s))
+      30s))
       << c.log();
 }
 
@@ -113,9 +113,9 @@ TEST_F(SlurmTest, FlagsAndPetVariablesWin) {
   auto status = c.agent("n0").wait(60s);
   ASSERT_TRUE(status.has_value()) << c.log();
   EXPECT_EQ(exit_code(*status), 0) << c.log();
-  EXPECT_TRUE(c.wait_line("placed RANK=0 GROUP_RANK=0 RUN=mine", 1s))
+  EXPECT_TRUE(c.wait_line("placed RANK=0 GROUP_RANK=0 RUN=mine", 30s))
       << c.log();
-  EXPECT_TRUE(c.wait_line("derived --rdzv-backend=c10d --node-rank=0", 1s))
+  EXPECT_TRUE(c.wait_line("derived --rdzv-backend=c10d --node-rank=0", 30s))
       << c.log();
 }
 
@@ -129,7 +129,7 @@ TEST_F(SlurmTest, ManyTasksPerNodeAreRefusedAndTideSlurmZeroIgnoresSlurm) {
   auto status = c.agent("many").wait(30s);
   ASSERT_TRUE(status.has_value()) << c.log();
   EXPECT_EQ(exit_code(*status), 2) << c.log();
-  EXPECT_TRUE(c.wait_line("srun started 4 tasks on this node", 1s)) << c.log();
+  EXPECT_TRUE(c.wait_line("srun started 4 tasks on this node", 30s)) << c.log();
 
   auto off = srun(0);
   off.push_back("TIDE_SLURM=0");
@@ -142,7 +142,7 @@ TEST_F(SlurmTest, ManyTasksPerNodeAreRefusedAndTideSlurmZeroIgnoresSlurm) {
   status = c.agent("off").wait(30s);
   ASSERT_TRUE(status.has_value()) << c.log();
   EXPECT_EQ(exit_code(*status), 0) << c.log();
-  EXPECT_TRUE(c.wait_line("off| placed RANK=0 GROUP_RANK=0 RUN=none", 1s))
+  EXPECT_TRUE(c.wait_line("off| placed RANK=0 GROUP_RANK=0 RUN=none", 30s))
       << c.log();
 }
 
@@ -168,7 +168,7 @@ TEST_F(SlurmTest, IdenticalWorkersTakeTheirRanksFromTheNodeRank) {
     ASSERT_TRUE(status.has_value()) << c.log();
     EXPECT_EQ(exit_code(*status), 0) << c.log();
   }
-  auto starts = c.wait_starts(0, 4, 4, 5s);
+  auto starts = c.wait_starts(0, 4, 4, 30s);
   test::expect_ranks(starts, 4);
   // Each node holds two neighbouring ranks, from an even one.
   std::map<std::string, std::set<int>> by_node;

@@ -96,11 +96,13 @@ class HangHealthTest : public ::testing::Test {
 TEST_F(
     HangHealthTest, AHungRankIsDetectedAndTheGroupRunsAgainWithinTheTimeout) {
   std::string worker = file("worker.py", kWorker);
+  // 2 s: room on a loaded machine between the beats of a rank that is not
+  // hung, and from its last beat to its exit.
   auto [code, out] = run(
       {"--standalone",
        "--nproc-per-node=2",
        "--max-restarts=1",
-       "--heartbeat-timeout=1",
+       "--heartbeat-timeout=2",
        worker,
        dir_.string()});
   ASSERT_EQ(code, 0) << out;
@@ -111,8 +113,8 @@ TEST_F(
   // least the timeout (it is not judged early), and of the order of the
   // timeout plus a second (docs/benchmarks.md has the figure).
   double gap = read_double("restarted") - read_double("last_beat");
-  EXPECT_GE(gap, 1.0) << out;
-  EXPECT_LT(gap, 1.0 + 10) << out;
+  EXPECT_GE(gap, 2.0) << out;
+  EXPECT_LT(gap, 2.0 + 10) << out;
 }
 
 TEST_F(HangHealthTest, TheSummaryAndErrorFileNameTheHungRankItsAgeAndStack) {
@@ -131,13 +133,19 @@ TEST_F(HangHealthTest, TheSummaryAndErrorFileNameTheHungRankItsAgeAndStack) {
            "  rank      : 1 (local_rank: 1)",
            "  exitcode  : -9 (pid: ",
            "hung: rank 1 (local rank 1, pid ",
-           "sent no heartbeat for 0.",
            "(--heartbeat-timeout 0.500 s)",
            "eu-stack -p ",
            "PyEval",
        }) {
     EXPECT_NE(out.find(piece), std::string::npos) << piece << "\n" << out;
   }
+  // Judged once the timeout passed, not before; how soon after depends on
+  // the machine's load: the upper bound only says it was not forgotten.
+  const std::string age = "sent no heartbeat for ";
+  auto at = out.find(age);
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_GE(std::stod(out.substr(at + age.size())), 0.5) << out;
+  EXPECT_LT(std::stod(out.substr(at + age.size())), 10.0) << out;
   std::ifstream in(error_file);
   auto json = nlohmann::json::parse(in);
   std::string message = json["message"]["message"];
@@ -259,7 +267,9 @@ TEST_F(HangHealthTest, AnUnhealthyNodeStaysOutWhileTheOthersFormTheJob) {
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=127.0.0.1:" + std::to_string(port),
         "--rdzv-id=job",
-        "--rdzv-conf=last_call_timeout=1,keep_alive_interval=0.2,"
+        // A node is lost after 3 s silent: a loaded machine's stalls are
+        // shorter.
+        "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,"
         "keep_alive_max_attempt=3,join_timeout=60",
         "--local-addr=127.0.0.1",
         "--health-check-endpoint",
@@ -285,7 +295,7 @@ TEST_F(HangHealthTest, AnUnhealthyNodeStaysOutWhileTheOthersFormTheJob) {
   ASSERT_EQ(starts.size(), 2u) << c.log();
   test::expect_ranks(starts, 2, "sick");
   c.stop_all({"a", "b"});
-  EXPECT_TRUE(c.wait_line("not joining the rendezvous", 1s)) << c.log();
+  EXPECT_TRUE(c.wait_line("not joining the rendezvous", 30s)) << c.log();
 }
 
 }  // namespace

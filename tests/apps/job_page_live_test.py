@@ -107,7 +107,9 @@ class LiveJobPageTest(unittest.TestCase):
         common = [
             "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", "--rdzv-id=pagejob",
-            "--rdzv-conf=last_call_timeout=1,keep_alive_interval=0.2,"
+            # A node is lost after 3 s silent: a loaded machine's stalls are
+            # shorter (a false loss would spend the one restart).
+            "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,"
             "keep_alive_max_attempt=3,join_timeout=60",
             "--monitor-interval=0.05", "--local-addr=127.0.0.1",
             "--status-interval=0.3", "--max-restarts=1", "--tee=3",
@@ -133,8 +135,9 @@ class LiveJobPageTest(unittest.TestCase):
     def logs(self):
         return "\n".join(a.log() for a in self.agents)
 
-    def page_until(self, url, check, timeout=45):
-        """Loads the page until check(dom) holds; returns that DOM."""
+    def page_until(self, url, check, timeout=90):
+        """Loads the page until check(dom) holds; returns that DOM. (One load
+        starts a browser: seconds each on a loaded machine.)"""
         deadline = time.monotonic() + timeout
         while True:
             text = browser.dump_dom(url, budget_ms=3000)

@@ -379,6 +379,17 @@ class JobPageTest(unittest.TestCase):
         self.assertIn("host-b serves no health endpoint", log)
         self.assertEqual(self.b.log_queries(), [])
 
+    def test_node_out_of_the_round_is_shown_apart_and_not_counted(self):
+        b = self.job["nodes"][1]
+        b.update(stale=True, age=37.2, updated_at=self.job["now"] - 37.2, member=False)
+        self.a.serve(self.job)
+        root = self.dump("out_of_round", "")
+        card = self.card(root, "host-b")
+        self.assertIn("out", card.classes)
+        self.assertIn("not in the current round", card.text)
+        self.assertNotIn("out", self.card(root, "host-a").classes)
+        self.assertEqual(root.by_id("job-nodes").text, "1 (+1 not in the round)")
+
     def test_clicked_rank_log_comes_from_its_node(self):
         self.a.serve(self.job)
         # #rank=N is what a click on rank N's square sets.

@@ -421,8 +421,10 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheHealthPortAndRunsTheDashboard) {
 
   // GET /api/v1/query; nullopt while Prometheus does not answer yet.
   auto query = [&](const std::string& promql) -> std::optional<nlohmann::json> {
+    // Long enough for a Prometheus on a loaded machine; one that is not up
+    // yet refuses the connection at once.
     auto r = test::http_get(
-        web_port, "/api/v1/query?query=" + url_encode(promql), 5s);
+        web_port, "/api/v1/query?query=" + url_encode(promql), 30s);
     if (!r) {
       return std::nullopt;
     }

@@ -424,8 +424,10 @@ TEST_F(
              "--shutdown-timeout=60",
              s}),
         {.merge_stderr = true});
+    // A stall waits out the 60 s grace: a run and its exit within 30 s on a
+    // loaded machine are no stall.
     std::string out = p.read_all(20s);
-    auto status = p.wait(1s);
+    auto status = p.wait(10s);
     ASSERT_TRUE(status.has_value()) << "run " << i << " stalled:\n" << out;
     EXPECT_EQ(exit_code(*status), 0) << out;
     EXPECT_EQ(out.find("sending SIGKILL"), std::string::npos) << out;

@@ -27,9 +27,9 @@ TEST(TimerInteropTest, TorchsFileTimerServerReclaimsATideClient) {
   auto ready = server.read_line(60s);
   ASSERT_EQ(ready.value_or("<no output>"), "ready");
 
-  // A tide client arms a 50 ms SIGKILL timer and sleeps.
-  test::Subprocess worker(
-      {TIDE_TIMER_CHILD, "file", fifo, "step", "0.05", "9"});
+  // A tide client arms a 1 s SIGKILL timer and sleeps: a second leaves it
+  // room to say "armed" before it is killed, on a loaded machine too.
+  test::Subprocess worker({TIDE_TIMER_CHILD, "file", fifo, "step", "1", "9"});
   ASSERT_EQ(worker.read_line(10s).value_or("<none>"), "armed");
   auto status = worker.wait(10s);
   ASSERT_TRUE(status.has_value())
@@ -39,9 +39,10 @@ TEST(TimerInteropTest, TorchsFileTimerServerReclaimsATideClient) {
 
   // And a released timer is left alone.
   test::Subprocess released(
-      {TIDE_TIMER_CHILD, "file", fifo, "step", "0.05", "9", "release"});
+      {TIDE_TIMER_CHILD, "file", fifo, "step", "1", "9", "release"});
   ASSERT_EQ(released.read_line(10s).value_or("<none>"), "armed");
-  EXPECT_FALSE(released.wait(500ms).has_value());
+  // Long past its deadline.
+  EXPECT_FALSE(released.wait(3s).has_value());
   fs::remove_all(dir);
 }
 

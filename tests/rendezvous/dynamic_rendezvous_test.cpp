@@ -29,9 +29,12 @@ struct Job {
     settings.min_nodes = min_nodes;
     settings.max_nodes = max_nodes;
     settings.join_timeout = 20s;
-    settings.last_call_timeout = 300ms;
-    settings.keep_alive_interval = 50ms;
-    settings.keep_alive_max_attempt = 3;
+    // Short for quick tests, yet long enough that a stall of a loaded
+    // machine neither closes a round before all its nodes are in nor looks
+    // like a lost node (lost after 1 s).
+    settings.last_call_timeout = 1s;
+    settings.keep_alive_interval = 200ms;
+    settings.keep_alive_max_attempt = 5;
   }
 
   // connects: counts the keep-alive connections the node makes.
@@ -177,7 +180,7 @@ TEST(DynamicRendezvous, TheKeepAliveConnectsOnceAndKeepsItAcrossRounds) {
     second.push_back(f.get());
   }
   expect_one_round(second, 3);
-  // Two rounds each; the second round's keep-alives beat (every 50 ms) and
+  // Two rounds each; the second round's keep-alives beat (every 200 ms) and
   // see nothing to restart for.
   for (auto& n : nodes) {
     ASSERT_FALSE(becomes_waiting(*n, 1s));
@@ -199,7 +202,7 @@ TEST(DynamicRendezvous, NodeBeyondMaxIsASpareAndTriggersNoRestart) {
       std::async(std::launch::async, [&] { return spare->next_rendezvous(); });
   // The spare waits without disturbing the full round: several keep-alive
   // intervals pass with nothing waiting.
-  EXPECT_EQ(spare_round.wait_for(500ms), std::future_status::timeout);
+  EXPECT_EQ(spare_round.wait_for(1s), std::future_status::timeout);
   EXPECT_EQ(nodes[0]->num_nodes_waiting(), 0);
   EXPECT_EQ(nodes[1]->num_nodes_waiting(), 0);
   // Node 1 fails and restarts: the spare takes its place when node 0 joins
@@ -212,7 +215,7 @@ TEST(DynamicRendezvous, NodeBeyondMaxIsASpareAndTriggersNoRestart) {
   std::vector<std::future<RendezvousInfo>*> pending{
       &spare_round, &restart0, &restart1};
   std::vector<RendezvousInfo> infos;
-  for (auto until = Clock::now() + 10s;
+  for (auto until = Clock::now() + 30s;
        infos.size() < 2 && Clock::now() < until;) {
     for (auto*& f : pending) {
       if (f && f->wait_for(5ms) == std::future_status::ready) {
@@ -285,9 +288,12 @@ TEST(DynamicRendezvous, AFinishedNodeLetsOthersFinishAFailedOneStopsThem) {
     } else {
       ASSERT_TRUE(nodes[0]->shutdown());
     }
-    // Several keep-alive intervals (50 ms) for node 1 to see the record.
+    // Node 1 sees the record at a keep-alive (every 200 ms): a failed job
+    // stops it, which is waited for; a finished one does not, which is
+    // watched for several intervals.
     bool stopped = false;
-    for (auto until = Clock::now() + 1s; Clock::now() < until && !stopped;) {
+    for (auto until = Clock::now() + (failed ? 30s : 1s);
+         Clock::now() < until && !stopped;) {
       try {
         EXPECT_EQ(nodes[1]->num_nodes_waiting(), 0);
       } catch (const RendezvousClosedError&) {

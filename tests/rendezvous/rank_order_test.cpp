@@ -254,9 +254,12 @@ DynamicRendezvousSettings settings_for(
   s.min_nodes = min_nodes;
   s.max_nodes = max_nodes;
   s.join_timeout = 20s;
-  s.last_call_timeout = 300ms;
-  s.keep_alive_interval = 50ms;
-  s.keep_alive_max_attempt = 3;
+  // Short for quick tests, yet long enough that a stall of a loaded
+  // machine neither closes a round before all its nodes are in nor looks
+  // like a lost node (lost after 1 s, also the store calls' timeout).
+  s.last_call_timeout = 1s;
+  s.keep_alive_interval = 200ms;
+  s.keep_alive_max_attempt = 5;
   s.rank_order = order;
   return s;
 }
@@ -627,7 +630,8 @@ TEST(RankOrderEtcd, NodeRankAndNaturalOrdersOverEtcd) {
           .local_addr = "10.0.0." + std::to_string(3 - i),
           .config = {
               {"rank_order", c.order},
-              {"keep_alive_interval", "0.5"},
+              // Leases of 3 s: a loaded machine's stall loses no node.
+              {"keep_alive_interval", "1"},
               {"join_timeout", "30"},
               {"read_timeout", "5"}}};
       if (!c.node_ranks[i].empty()) {

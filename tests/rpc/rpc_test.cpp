@@ -112,12 +112,14 @@ TEST_F(RpcTest, InitPublishesEveryWorkerInfo) {
 }
 
 TEST_F(RpcTest, DuplicateNameFailsNamingTheName) {
-  RpcBackendOptions options{.rpc_timeout = 1000ms};
+  // Rank 0's rendezvous must outlast rank 1's start (which publishes the
+  // duplicate) on a loaded machine: it ends as soon as rank 1 is in.
+  RpcBackendOptions options{.rpc_timeout = 30000ms};
   auto first = std::async(std::launch::async, [&] {
     return std::make_unique<RpcAgent>("same", 0, 2, options, client());
   });
   // Wait until rank 0 has claimed the name.
-  client()->wait({rpc_core::peer_key(0)}, 5s);
+  client()->wait({rpc_core::peer_key(0)}, 30s);
   try {
     RpcAgent second("same", 1, 2, options, client());
     FAIL() << "expected InvalidArgument";
@@ -134,7 +136,7 @@ TEST_F(RpcTest, MismatchedWorldSizeFails) {
     return std::make_unique<RpcAgent>("x", 0, 2, options, client());
   });
   // Wait until rank 0 has claimed the world size.
-  client()->wait({rpc_core::peer_key(0)}, 5s);
+  client()->wait({rpc_core::peer_key(0)}, 30s);
   try {
     RpcAgent second("y", 1, 3, options, client());
     FAIL() << "expected InvalidArgument";

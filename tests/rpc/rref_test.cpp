@@ -469,9 +469,11 @@ TEST_F(RRefTest, AFunctionMakesLocalRRefsOnTheAgentServingIt) {
 
 TEST_F(RRefTest, AControlMessageThatTimesOutIsRetriedAndItsRepeatIsHarmless) {
   // w1 has one worker thread, which the test blocks: w2's fork request for
-  // an RRef it receives times out (1 s) and is sent again; once w1 is
-  // free, both the first request and its retry run there.
-  start(3, RpcBackendOptions{.num_worker_threads = 1, .rpc_timeout = 1000ms});
+  // an RRef it receives times out (3 s) and is sent again; once w1 is
+  // free, both the first request and its retry run there. (The timeout is
+  // every call's, the rendezvous' too: 3 s leaves those room on a loaded
+  // machine.)
+  start(3, RpcBackendOptions{.num_worker_threads = 1, .rpc_timeout = 3000ms});
   std::promise<void> unblock;
   std::shared_future<void> unblocked = unblock.get_future().share();
   w(1).register_function("block", [unblocked] { unblocked.wait(); });

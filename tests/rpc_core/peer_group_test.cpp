@@ -136,8 +136,10 @@ TEST(PeerGroupTest, EveryoneMeetsEveryoneByRank) {
 
 TEST(PeerGroupTest, ANameTakenAWorldSizeDifferentOrARankOutsideIsRefused) {
   MapGroupStore store;
+  // Rank 0 waits for rank 1's entry, published by the calls below: long
+  // enough for them on a loaded machine (it ends once rank 1 is in).
   auto first = std::async(
-      std::launch::async, [&] { return meet(store, peer(0, "a"), 2, 200ms); });
+      std::launch::async, [&] { return meet(store, peer(0, "a"), 2, 30s); });
   store.wait({peer_key(0)}, 10s);
   try {
     meet(store, peer(1, "a"), 2, 200ms);

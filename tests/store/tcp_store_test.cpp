@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
+#include "tide/metrics/registry.h"
 
 #include "store/wire.h"
 #include "support/peak_memory.h"
@@ -321,8 +322,10 @@ TEST_F(TcpStoreServerTest, AClientReadingSlowlyGetsEveryPipelinedReplyInOrder) {
 
 TEST_F(
     TcpStoreServerTest, ARequestCompletedWhileRepliesAreUnreadIsNotTimedOut) {
-  start(
-      {.limits = {.max_pending_reply_bytes = kMiB}, .request_timeout = 200ms});
+  // request_timeout also runs on the second request's first five bytes
+  // until the rest is sent, one round trip later: 1 s leaves that round
+  // trip room on a loaded machine.
+  start({.limits = {.max_pending_reply_bytes = kMiB}, .request_timeout = 1s});
   // A reply far over the bound and the kernel's buffers: it stays pending.
   // Stored in pieces, each quick to send whatever the build (TSan).
   const std::string value(StoreLimits{}.max_value_bytes, 'h');
@@ -340,7 +343,7 @@ TEST_F(
   ASSERT_TRUE(raw.send(second.substr(5)));
   // A reader slower than request_timeout is the scenario under test: the
   // second request arrived whole, so its clock must not run.
-  std::this_thread::sleep_for(500ms);
+  std::this_thread::sleep_for(1500ms);
   EXPECT_TRUE(raw.read(value.size()) == value);
   EXPECT_TRUE(read_value(raw) == value);
 }
@@ -371,7 +374,9 @@ TEST_F(TcpStoreServerTest, ThousandsOfConcurrentClientsAreServedAndWoken) {
   for (int i = 0; i < kClients; ++i) {
     keys.push_back("c" + std::to_string(i));
   }
-  c->wait(keys, 10s);
+  // 2000 connections' requests: far more than a round trip on a loaded
+  // machine.
+  c->wait(keys, 60s);
   EXPECT_EQ(c->num_keys(), kClients);
   c->set("go", "1");
   for (auto& raw : raws) {
@@ -540,11 +545,22 @@ TEST_F(TcpStoreServerTest, WithATokenOnlyClientsThatPresentItGetAnything) {
 TEST_F(TcpStoreServerTest, ShutdownFailsAPendingWaitPromptlyWithNetworkError) {
   start();
   auto c = client();
+  auto waits = [] {
+    return metrics::sample_value("tide_store_requests_total{op=\"wait\"}")
+        .value_or(0);
+  };
+  const double before = waits();
   auto waiting =
       std::async(std::launch::async, [&] { c->wait({"never"}, 60s); });
-  // Make sure the WAIT reached the server before shutting it down.
-  auto other = client();
-  other->set("unrelated", "1");
+  // The WAIT must reach the server before it shuts down (a WAIT sent after
+  // finds no server and waits to reconnect). The server counts a request
+  // once it has handled it: a WAIT counted is a WAIT pending there.
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (waits() == before) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the WAIT never reached the server";
+    std::this_thread::sleep_for(1ms);
+  }
   server_->shutdown();
   ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
   EXPECT_THROW(waiting.get(), NetworkError);

@@ -176,12 +176,23 @@ class Cluster {
     return found;
   }
 
+  // Whether a line holding `needle` came within `limit`. A line an agent
+  // printed before it exited may still be on its way through the reader:
+  // wait for it as for any other, with a deadline a loaded machine meets.
   bool wait_line(const std::string& needle, std::chrono::seconds limit) {
+    return wait_any_line({needle}, limit);
+  }
+
+  // Whether a line holding any of `needles` came within `limit`.
+  bool wait_any_line(
+      const std::vector<std::string>& needles, std::chrono::seconds limit) {
     std::unique_lock lock(mutex_);
     return cv_.wait_for(lock, limit, [&] {
       for (const auto& l : lines_) {
-        if (l.find(needle) != std::string::npos) {
-          return true;
+        for (const auto& needle : needles) {
+          if (l.find(needle) != std::string::npos) {
+            return true;
+          }
         }
       }
       return false;
@@ -262,9 +273,11 @@ void expect_finished_node_leaves_when_peer_fails(
                              << c.log();
   EXPECT_EQ(exit_code(*a), 0) << c.log();
   EXPECT_LT(a_later, bound) << c.log();
-  EXPECT_TRUE(
-      c.wait_line("exit barrier: every node has ended", 1s) ||
-      c.wait_line("exit barrier: the rendezvous is closed", 1s))
+  // Printed before a exited; its reader may still be behind.
+  EXPECT_TRUE(c.wait_any_line(
+      {"exit barrier: every node has ended",
+       "exit barrier: the rendezvous is closed"},
+      30s))
       << c.log();
   std::printf(
       "the finished node exited %.0f ms after the failed one\n",

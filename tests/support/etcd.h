@@ -236,9 +236,10 @@ class EtcdCluster {
           "--log-outputs=" + m.log.string(),
           // A rejoining member does not force an election.
           "--pre-vote",
-          // A killed leader is replaced within about a second.
-          "--heartbeat-interval=50",
-          "--election-timeout=500",
+          // A killed leader is replaced within about two seconds, and a
+          // loaded machine's stalls start no elections (etcd's defaults).
+          "--heartbeat-interval=100",
+          "--election-timeout=1000",
           // Room for the store tests' 3 MiB values (default 1.5 MiB).
           "--max-request-bytes=10485760",
       };

@@ -21,6 +21,10 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using test::Subprocess;
 
+// Seconds from arming to expiry of the children's timers: room for a child
+// on a loaded machine to say "armed" (and to release) before it is killed.
+constexpr double kExpiry = 1.0;
+
 class TimerTest : public ::testing::Test {
  protected:
   // A child that arms a timer; returns once it says so.
@@ -70,8 +74,8 @@ class TimerTest : public ::testing::Test {
 TEST_F(TimerTest, AnExpiredWorkerIsKilledWithTheSignalItNamed) {
   FileTimerServer server((dir_ / "fifo").string());
   server.start();
-  auto killed = child("file", server.path(), 0.05, SIGKILL);
-  auto termed = child("file", server.path(), 0.05, SIGTERM);
+  auto killed = child("file", server.path(), kExpiry, SIGKILL);
+  auto termed = child("file", server.path(), kExpiry, SIGTERM);
   auto k = killed->wait(10s);
   auto t = termed->wait(10s);
   ASSERT_TRUE(k && t);
@@ -83,9 +87,9 @@ TEST_F(TimerTest, AnExpiredWorkerIsKilledWithTheSignalItNamed) {
 TEST_F(TimerTest, AReleasedTimerNeverFires) {
   FileTimerServer server((dir_ / "fifo").string());
   server.start();
-  auto p = child("file", server.path(), 0.05, SIGKILL, /*release=*/true);
+  auto p = child("file", server.path(), kExpiry, SIGKILL, /*release=*/true);
   // Long past the deadline the child is still alive.
-  EXPECT_FALSE(p->wait(300ms).has_value());
+  EXPECT_FALSE(p->wait(3s).has_value());
   EXPECT_EQ(server.size(), 0u);
 }
 
@@ -98,7 +102,7 @@ TEST_F(TimerTest, LocalTimersIdentifyTheSenderByItsKernelPid) {
         reaped.push_back(e.worker_id);
       }});
   server.start();
-  auto p = child("local", server.path(), 0.05);
+  auto p = child("local", server.path(), kExpiry);
   auto status = p->wait(10s);
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFSIGNALED(*status));

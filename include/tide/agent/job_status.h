@@ -17,12 +17,45 @@
 // and the straggler scores are described in docs/observability.md.
 namespace tide::agent {
 
+// A node's state in its record: where its worker group is in its life, as
+// its agent decided it (docs/observability.md, "States"). An agent moves
+//   STARTING -> HEALTHY -> (RESTARTING -> HEALTHY)* -> SUCCEEDED | FAILED |
+//   STOPPED
+// and writes a record at each move, before it acts on it.
+enum class NodeState {
+  kStarting,    // before its first group runs: rendezvous, starting
+  kHealthy,     // its group's workers run
+  kRestarting,  // a worker failed (restarts left) or the membership
+                // changed: the group is stopped, and started again after
+                // a new rendezvous
+  kSucceeded,   // every worker succeeded
+  kFailed,      // a worker failed with no restarts left, or the job's
+                // rendezvous closed or was lost
+  kStopped,     // the agent was stopped by a signal
+};
+const char* to_string(NodeState s);
+// SUCCEEDED, FAILED or STOPPED: the agent's run is over.
+bool is_final(NodeState s);
+
+// A rank's state in its node's record, from what its process did read
+// against its node's state, so that the two never contradict each other:
+//   HEALTHY    running in a HEALTHY group
+//   STOPPING   still running in a group that is being stopped
+//   SUCCEEDED  exited 0
+//   FAILED     exited non-zero or by a signal on its own: the failure that
+//              ended its attempt
+//   STOPPED    exited once its agent stopped the group
+// `exitcode` is unset while the process runs; `failed`: the agent counted
+// this exit as one of the attempt's failures.
+const char* rank_state(
+    NodeState node, std::optional<int> exitcode, bool failed);
+
 // One rank as its node's record shows it.
 struct RankStatus {
   int local_rank = 0;
   int rank = 0;
   int64_t pid = 0;
-  std::string state;  // WorkerState's name: HEALTHY, SUCCEEDED, FAILED...
+  std::string state;  // rank_state(): HEALTHY, STOPPING, SUCCEEDED...
   // Seconds since its last heartbeat; unset when it sends none.
   std::optional<double> beat_age;
   // The last step number its heartbeats carried, its seconds per step over
@@ -50,8 +83,8 @@ struct NodeStatus {
   std::string health;  // host:port of its health endpoint ("" when none)
   int64_t pid = 0;     // the agent's
   std::string role;
-  std::string state;  // the agent's WorkerState name
-  int64_t round = 0;
+  std::string state;  // to_string(NodeState); a reader never trusts it
+  int64_t round = 0;  // its last completed rendezvous round (0: none yet)
   int group_rank = -1;
   int group_world_size = -1;
   int restarts = 0;
@@ -130,7 +163,8 @@ class StatusBoard {
 };
 
 // What a reader makes of the records: every node not yet expired, with its
-// age and whether it fell silent, each rank's scores, and the job's state.
+// age, whether it fell silent and whether it is a member of the current
+// round, each rank's scores, and the job's state.
 struct JobView {
   struct Rank {
     Scores scores;
@@ -140,18 +174,25 @@ struct JobView {
     NodeStatus status;
     double age = 0;  // seconds since its last update
     bool silent = false;
+    // In the job's current round (the newest round any record shows).
+    // Nodes that left it, or wait to join the next, are shown but never
+    // counted in the job's state, ranks or restarts.
+    bool member = false;
     std::vector<Rank> ranks;  // parallel to status.ranks
   };
   std::string run_id;
   double now = 0;
-  // HEALTHY, DEGRADED (a node silent, a straggler, a group restarting),
-  // FAILED, SUCCEEDED, STARTING (no group running yet) or UNKNOWN (no
-  // records).
+  // From the members of the current round only, the first that applies:
+  // UNKNOWN (no records), FAILED (a member failed for good), SUCCEEDED
+  // (every member did), STOPPED (every member is done, one stopped),
+  // DEGRADED (a member silent or stopped, or a straggler), RESTARTING (a
+  // member restarting its group), STARTING (a member not yet running),
+  // HEALTHY (every member running or done).
   std::string state;
-  int64_t round = 0;
+  int64_t round = 0;  // the current round
   double threshold = 0;
-  int restarts = 0;
-  int ranks = 0;
+  int restarts = 0;         // the members'
+  int ranks = 0;            // the members'
   std::vector<Node> nodes;  // by slot
   std::vector<std::string> unreadable;
 };
