@@ -375,7 +375,10 @@ while not os.path.exists(os.environ["STOP_FILE"]):
       "a",
       {"--standalone",
        "--nproc-per-node=3",
-       "--status-interval=0.2",
+       // Paces are measured over an interval: one of about 50 fast steps
+       // averages out a loaded machine's jitter (over 10, a fast rank's
+       // pace can swing by a third, and the rank look like a straggler).
+       "--status-interval=1",
        "--events=jsonl:" + events.string(),
        "--no-python",
        "/usr/bin/python3",
