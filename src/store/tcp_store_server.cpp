@@ -17,6 +17,7 @@
 #include "tide/common/strings.h"
 #include "tide/store/tcp_store.h"
 
+#include "net/peer_owner.h"
 #include "store/kv_map.h"
 #include "store/server_metrics.h"
 #include "store/wire.h"
@@ -69,6 +70,12 @@ struct TcpStoreServer::Impl {
   void open();
   void accept();
   void on_accept(const asio::error_code& ec, tcp::socket socket);
+  // Strangers: with a token, connections that have not presented it yet,
+  // bounded in number (max_unauthenticated: the oldest of the source that
+  // holds the most makes room) and in age (auth_timeout, swept each
+  // second). Loop thread only.
+  void make_room();
+  void sweep_strangers();
   void stop_on_loop();
   void handle(const std::shared_ptr<Connection>& conn, wire::Request& req);
   void notify(std::string_view key, bool wake_one = false);
@@ -139,6 +146,9 @@ struct TcpStoreServer::Impl {
       waiters;
   // The peer of the connection being accepted.
   tcp::endpoint accepting_peer;
+  std::unordered_set<std::shared_ptr<Connection>> strangers;
+  asio::steady_timer sweep{io};
+  bool sweeping = false;
 };
 
 namespace {
@@ -149,11 +159,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // TCP_NODELAY comes from the listening socket (Linux copies it).
   Connection(
-      Impl& server, tcp::socket socket, const tcp::endpoint& peer, uint64_t id)
+      Impl& server,
+      tcp::socket socket,
+      const tcp::endpoint& peer,
+      uint64_t id,
+      std::string source)
       : server_(server),
         socket_(std::move(socket)),
         request_timer_(server.io),
-        id_(id) {
+        id_(id),
+        source_(std::move(source)) {
     peer_ = peer.address().to_string() + ":" + std::to_string(peer.port());
     asio::error_code ec;
     socket_.non_blocking(true, ec);
@@ -184,6 +199,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request_timer_.cancel();
     server_.drop_waiters(*this);
     Impl& server = server_;  // The erase may end this connection.
+    server.strangers.erase(shared_from_this());
     server.connections.erase(shared_from_this());
     server.count_clients();
   }
@@ -207,6 +223,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   const std::string& peer() const {
     return peer_;
+  }
+  // Whom strangers are counted by ("user <uid>" or "host <address>"), and
+  // when it connected.
+  const std::string& source() const {
+    return source_;
+  }
+  std::chrono::steady_clock::time_point accepted() const {
+    return accepted_;
   }
   uint64_t id() const {
     return id_;
@@ -442,6 +466,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     authed_ = true;
+    server_.strangers.erase(shared_from_this());
     send_byte(wire::kAuthOk);
   }
 
@@ -526,6 +551,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::steady_timer request_timer_;
   const uint64_t id_;
   std::string peer_;
+  const std::string source_;
+  const std::chrono::steady_clock::time_point accepted_ =
+      std::chrono::steady_clock::now();
   // The last read filled its buffer: more is likely queued.
   bool busy_ = false;
   bool closed_ = false;
@@ -651,19 +679,97 @@ void TcpStoreServer::Impl::on_accept(
     asio::error_code ignored;
     socket.close(ignored);
   } else {
+    std::string source = "host " + accepting_peer.address().to_string();
+    if (!options.token.empty()) {
+      net::PeerOwner owner = net::tcp_peer_owner(socket.native_handle());
+      if (owner.kind == net::PeerOwner::Kind::kLocal) {
+        source = "user " + std::to_string(owner.uid);
+      }
+      if (strangers.size() >= options.max_unauthenticated) {
+        make_room();
+      }
+    }
     auto conn = std::make_shared<Connection>(
-        *this, std::move(socket), accepting_peer, next_conn_id++);
+        *this,
+        std::move(socket),
+        accepting_peer,
+        next_conn_id++,
+        std::move(source));
     connections.insert(conn);
+    if (!options.token.empty()) {
+      strangers.insert(conn);
+      sweep_strangers();
+    }
     count_clients();
     conn->start();
   }
   accept();
 }
 
+void TcpStoreServer::Impl::make_room() {
+  std::unordered_map<std::string_view, size_t> held;
+  for (const auto& c : strangers) {
+    ++held[c->source()];
+  }
+  auto most = std::max_element(
+      held.begin(), held.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      });
+  if (most == held.end()) {
+    return;
+  }
+  std::shared_ptr<Connection> oldest;
+  for (const auto& c : strangers) {
+    if (c->source() == most->first &&
+        (!oldest || c->accepted() < oldest->accepted())) {
+      oldest = c;
+    }
+  }
+  oldest->close(
+      spdlog::level::debug,
+      fmt::format(
+          "{} connections have not presented the token "
+          "(max_unauthenticated); the oldest of {}, which holds {}, makes "
+          "room for a new one",
+          strangers.size(),
+          most->first,
+          most->second));
+}
+
+void TcpStoreServer::Impl::sweep_strangers() {
+  if (sweeping || strangers.empty()) {
+    return;
+  }
+  sweeping = true;
+  sweep.expires_after(std::chrono::seconds(1));
+  sweep.async_wait([this](const asio::error_code& ec) {
+    sweeping = false;
+    if (ec) {
+      return;
+    }
+    auto now = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<Connection>> late;
+    for (const auto& c : strangers) {
+      if (now - c->accepted() >= options.auth_timeout) {
+        late.push_back(c);
+      }
+    }
+    for (const auto& c : late) {
+      c->close(
+          spdlog::level::debug,
+          fmt::format(
+              "no token within {} ms (auth_timeout)",
+              options.auth_timeout.count()));
+    }
+    sweep_strangers();
+  });
+}
+
 void TcpStoreServer::Impl::stop_on_loop() {
   asio::error_code ignored;
   acceptor.close(ignored);
   accept_retry.cancel();
+  sweep.cancel();
   auto conns = connections;
   for (const auto& c : conns) {
     c->close(spdlog::level::debug, "server shutting down");

@@ -73,9 +73,20 @@ void Connection::start_handshake_deadline() {
     if (ec || !self || self->handshaken() || self->state == State::kClosed) {
       return;
     }
-    self->drop(
+    std::string reason =
         "no handshake within " +
-        std::to_string(self->owner.options.handshake_timeout.count()) + " ms");
+        std::to_string(self->owner.options.handshake_timeout.count()) + " ms";
+    // Strangers' connections expire by the hundred: logged at most once a
+    // second, so that they cannot fill the log.
+    auto level =
+        self->owner.warn_now() ? spdlog::level::warn : spdlog::level::debug;
+    tide::logger().log(
+        level,
+        "[{}] dropping connection with {}: {}",
+        self->owner.options.self_name,
+        self->who(),
+        reason);
+    self->fail(reason);
   });
 }
 

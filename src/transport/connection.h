@@ -117,6 +117,9 @@ struct Connection : std::enable_shared_from_this<Connection> {
   // The peer, for logs: its label once it proved itself (or this side
   // chose it), what it claims until then. Loop.
   std::string who() const;
+  // The key of this connection's proofs: the group's token, or this
+  // worker's own key on a connection to itself (Transport::Impl::self_key).
+  const std::string& secret() const;
   // Closes it and tells the transport once. Loop.
   void fail(const std::string& reason);
   // fail() on the loop, after reading what the socket still holds; any
@@ -174,8 +177,8 @@ struct Connection : std::enable_shared_from_this<Connection> {
   void accept_ack(Frame& frame);
   // The peer proved itself: open for the layer above.
   void authenticated();
-  // Refuses the peer: `logged` here, `told` to it (after "requires the
-  // group's token and ").
+  // Refuses the peer: `logged` here, `told` to it (after "worker '<name>'
+  // ").
   void refuse(const std::string& logged, const std::string& told);
   // The callee's side: LANE_HELLO makes this a lane of the caller's
   // connection.
@@ -215,8 +218,12 @@ struct Connection : std::enable_shared_from_this<Connection> {
   auth::Session session;
   bool offered_shm = false;
   // Counted in Transport::Impl::unauthenticated (an accepted connection
-  // until it proves itself or closes).
+  // until it proves itself or closes), by its source, from its accept
+  // (Transport::Impl::Admission); and why its hello is to be refused.
   bool counted = false;
+  std::string source;
+  Clock::time_point accepted_at;
+  std::string refusal;
   asio::steady_timer handshake_timer;
   FrameDecoder decoder;
   // Not zero-filled: pages are touched only as bytes come.

@@ -34,7 +34,17 @@ std::string checked_nonce(FieldReader& r) {
   return nonce;
 }
 
+// What the refusals of a worker that has a token say first.
+const std::string kTokenRequired =
+    "requires the group's token (RpcBackendOptions::token or TIDE_RPC_TOKEN) "
+    "and ";
+
 }  // namespace
+
+const std::string& Connection::secret() const {
+  return peer_id == owner.options.self_id ? owner.self_key
+                                          : owner.options.token;
+}
 
 std::string Transport::Impl::handshake_metadata(
     bool offer_shm, const std::string& nonce) const {
@@ -122,12 +132,17 @@ void Connection::accept_hello(Frame& frame) {
   r.end();
   peer_id = id;
   peer_name = name;
+  if (!refusal.empty()) {
+    refuse("this worker " + refusal, refusal);
+    return;
+  }
   if (!owner.options.token.empty() && !has_token) {
-    refuse("it presented no token", "none was presented");
+    refuse("it presented no token", kTokenRequired + "none was presented");
     return;
   }
   if (std::string why = owner.identity_problem(id, name, *this); !why.empty()) {
-    refuse(why, "it is not the worker it claims to be: " + why);
+    refuse(
+        why, kTokenRequired + "it is not the worker it claims to be: " + why);
     return;
   }
   session = {nonce, auth::nonce(), id, owner.options.self_id};
@@ -142,7 +157,7 @@ void Connection::accept_hello(Frame& frame) {
           .str(owner.options.self_name)
           .u32(offered_shm ? kFeatureSharedMemory : uint32_t{0})
           .str(session.callee_nonce)
-          .str(auth::proof(owner.options.token, auth::Role::kCallee, session))
+          .str(auth::proof(secret(), auth::Role::kCallee, session))
           .take(),
       {}});
 }
@@ -151,8 +166,8 @@ void Connection::accept_proof(Frame& frame) {
   FieldReader r(frame.metadata, "a proof");
   std::string proof = r.str();
   r.end();
-  if (!auth::verify(owner.options.token, auth::Role::kCaller, session, proof)) {
-    refuse("its token is wrong", "this one is wrong");
+  if (!auth::verify(secret(), auth::Role::kCaller, session, proof)) {
+    refuse("its token is wrong", kTokenRequired + "this one is wrong");
     return;
   }
   handshake_seq = ++owner.handshakes;
@@ -176,7 +191,7 @@ void Connection::accept_ack(Frame& frame) {
         printable(name) + ")");
   }
   session.callee_nonce = nonce;
-  if (!auth::verify(owner.options.token, auth::Role::kCallee, session, proof)) {
+  if (!auth::verify(secret(), auth::Role::kCallee, session, proof)) {
     // Nothing of the layer above was sent: the secret and the requests
     // stay here.
     fail(
@@ -196,7 +211,7 @@ void Connection::accept_ack(Frame& frame) {
         ControlType::kProof,
         0,
         FieldWriter()
-            .str(auth::proof(owner.options.token, auth::Role::kCaller, session))
+            .str(auth::proof(secret(), auth::Role::kCaller, session))
             .take(),
         {}});
     // What the layer above sent meanwhile goes now, encoded for the
@@ -234,22 +249,18 @@ void Connection::refuse(const std::string& logged, const std::string& told) {
       printable(peer_name),  // the stranger's words
       peer_id,
       logged);
-  Message refusal{
+  Message answer{
       ControlType::kRefused,
       0,
       FieldWriter()
           .str("AuthenticationError")
-          .str(
-              "worker '" + owner.options.self_name +
-              "' requires the group's token (RpcBackendOptions::token or "
-              "TIDE_RPC_TOKEN) and " +
-              told)
+          .str("worker '" + owner.options.self_name + "' " + told)
           .take(),
       {}};
   set_state(State::kRefused);
   std::unique_lock lock(wmutex);
   close_when_drained = true;
-  queue_locked(std::move(refusal));
+  queue_locked(std::move(answer));
   flush(lock);
 }
 
@@ -259,6 +270,9 @@ void Connection::attach_as_lane(Frame& frame) {
   uint32_t index = r.u32();
   std::string proof = r.str();
   r.end();
+  if (!refusal.empty()) {
+    throw ProtocolError("a lane to a worker that " + refusal);
+  }
   if (local || index >= kMaxLanes) {
     throw ProtocolError(
         "lane " + std::to_string(index) + " of worker " + std::to_string(id) +
@@ -272,7 +286,7 @@ void Connection::attach_as_lane(Frame& frame) {
   for (const auto& c : owner.incoming) {
     if (c->state == State::kOpen && !c->local && !c->lane && c->peer_id == id &&
         auth::verify(
-            owner.options.token, auth::Role::kLane, c->session, proof, index)) {
+            c->secret(), auth::Role::kLane, c->session, proof, index)) {
       p = c;
       break;
     }

@@ -126,27 +126,55 @@ bool Transport::Impl::warn_now() {
   return true;
 }
 
-void Transport::Impl::adopt(Socket socket, bool local, int pid) {
+void Transport::Impl::adopt(Socket socket, Admission who) {
   if (unauthenticated >= options.max_unauthenticated) {
-    auto level = warn_now() ? spdlog::level::warn : spdlog::level::debug;
-    tide::logger().log(
-        level,
-        "[{}] closed a new connection at once: {} others have not proved "
-        "themselves yet (TransportOptions::max_unauthenticated)",
-        options.self_name,
-        unauthenticated);
-    asio::error_code ignored;
-    socket.close(ignored);
-    return;
+    make_room();
   }
   auto conn =
-      std::make_shared<Connection>(*this, std::move(socket), false, local);
-  conn->peer_pid = pid;
+      std::make_shared<Connection>(*this, std::move(socket), false, who.local);
+  conn->peer_pid = who.pid;
+  conn->source = std::move(who.source);
+  conn->refusal = std::move(who.refusal);
+  conn->accepted_at = Clock::now();
   conn->make_handle();
   conn->counted = true;
   ++unauthenticated;
   incoming.insert(conn);
   conn->start();
+}
+
+void Transport::Impl::make_room() {
+  std::unordered_map<std::string_view, size_t> held;
+  for (const auto& c : incoming) {
+    if (c->counted) {
+      ++held[c->source];
+    }
+  }
+  auto most = std::max_element(
+      held.begin(), held.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      });
+  if (most == held.end()) {
+    return;
+  }
+  std::shared_ptr<Connection> oldest;
+  for (const auto& c : incoming) {
+    if (c->counted && c->source == most->first &&
+        (!oldest || c->accepted_at < oldest->accepted_at)) {
+      oldest = c;
+    }
+  }
+  auto level = warn_now() ? spdlog::level::warn : spdlog::level::debug;
+  tide::logger().log(
+      level,
+      "[{}] {} connections have not proved themselves yet "
+      "(TransportOptions::max_unauthenticated); closing the oldest of {}, "
+      "which holds {} of them, to admit a new one",
+      options.self_name,
+      unauthenticated,
+      oldest->source,
+      most->second);
+  oldest->fail("closed to make room for a newer connection");
 }
 
 void Transport::Impl::left_handshake(Connection& conn) {
@@ -222,8 +250,10 @@ void Transport::Impl::start_local_accept() {
               loop.io(),
               asio::generic::stream_protocol(AF_UNIX, 0),
               s.release()),
-          true,
-          cred.pid);
+          Admission{
+              .local = true,
+              .pid = cred.pid,
+              .source = "user " + std::to_string(cred.uid)});
     }
     start_local_accept();
   });

@@ -49,9 +49,28 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
 
   void start_accept();
   void start_local_accept();
-  // Takes an accepted socket (pid: a local peer's process, from the
-  // kernel), unless too many others have not proved themselves yet. Loop.
-  void adopt(Socket socket, bool local, int pid = 0);
+  // Who an accepted connection comes from, as the kernel says before the
+  // peer says a word (docs/security.md, "Admission").
+  struct Admission {
+    bool local = false;  // the Unix socket
+    int pid = 0;         // its process (the Unix socket)
+    // What strangers are counted by: "user <uid>" for a process of this
+    // host, "host <address>" for another host.
+    std::string source;
+    // Why its hello will be refused ("" when it may go on).
+    std::string refusal;
+  };
+  // Takes an accepted socket; when kMaxUnauthenticated others have not
+  // proved themselves yet, the oldest stranger of the source that holds
+  // the most goes first (make_room). Loop.
+  void adopt(Socket socket, Admission who);
+  // Closes the oldest connection not yet proved of the source holding the
+  // most: a flood from one source costs that source its own places, never
+  // another's. Loop.
+  void make_room();
+  // Who is at the other end of accepted TCP socket fd, and whether this
+  // worker lets it say hello. (tcp/tcp.cpp)
+  Admission admit_tcp(int fd, const std::string& address) const;
   // Connects a new outgoing connection: its Unix socket, or TCP. Loop.
   void connect_on_loop(const std::shared_ptr<Connection>& conn);
   // Connects conn over TCP and starts it, then runs `connected`. Loop.
@@ -87,6 +106,10 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   // Every type a peer may send: the control types and the layer above's.
   const MessageTypes types;
   const std::string host_key = local_host_key();
+  // The secret of this worker's connections to itself: a claim of its own
+  // id proves itself with this key, which never leaves the process, so no
+  // other process can make it.
+  const std::string self_key = auth::nonce();
   std::string local_name;  // Without the leading NUL.
 
   LendableLoop loop{options.poll};

@@ -5,6 +5,7 @@
 // worker hold. Each test plays the hostile side by hand (support/raw_rpc.h)
 // against a real Transport on 127.0.0.1.
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -31,11 +32,15 @@
 #include "tide/rpc/serialize.h"
 #include "tide/store/tcp_store.h"
 
+#include "tide/common/fd_limit.h"
+
+#include "support/netns.h"
 #include "support/peak_memory.h"
 #include "support/raw_client.h"
 #include "support/raw_rpc.h"
 #include "support/rpc_child.h"
 #include "support/rpc_entry.h"
+#include "support/stranger_flood.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "transport/auth.h"
@@ -267,16 +272,6 @@ except ConnectionError:  # closed at once: a refused user
 print("got", binascii.hexlify(data).decode(), flush=True)
 )";
 
-std::string hex(const std::string& bytes) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
 // What the probe got back, as bytes; `as_nobody` runs it as user nobody.
 std::string probe_unix(
     const std::string& name, const std::string& bytes, bool as_nobody) {
@@ -289,7 +284,7 @@ std::string probe_unix(
     argv.emplace_back(a);
   }
   argv.push_back(name);
-  argv.push_back(hex(bytes));
+  argv.push_back(test::hex(bytes));
   test::Subprocess probe(argv, {.merge_stderr = true});
   auto line = probe.read_line(20s);
   if (!line || line->rfind("got ", 0) != 0) {
@@ -388,6 +383,250 @@ TEST(TransportSecurityTest, StrangersHoldLittleMemoryAndNotForLong) {
   test::RawClient good(b.transport->port());
   EXPECT_NO_THROW(test::handshake_as_caller(
       good.fd(), [&](const std::string& s) { good.send(s); }, 0, "a", kToken));
+}
+
+// python3 connects to HOST:PORT over TCP, sends hex bytes and prints "got
+// <hex>" of what came back before the close.
+const char* kTcpProbe = R"(
+import binascii, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.settimeout(10)
+data = b""
+try:
+    s.sendall(binascii.unhexlify(sys.argv[3]))
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        data += c
+except ConnectionError:
+    pass
+print("got", binascii.hexlify(data).decode(), flush=True)
+)";
+
+// The first frame a TCP probe got back from host:port for `bytes`, run as
+// user nobody when `as_nobody`, behind `prefix` (e.g. `ip netns exec`).
+std::optional<Frame> probe_tcp(
+    const std::string& host,
+    uint16_t port,
+    const std::string& bytes,
+    bool as_nobody,
+    std::vector<std::string> prefix = {}) {
+  std::vector<std::string> argv = std::move(prefix);
+  if (as_nobody) {
+    for (const char* a :
+         {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+          "--clear-groups"}) {
+      argv.emplace_back(a);
+    }
+  }
+  for (const char* a : {"/usr/bin/python3", "-c", kTcpProbe}) {
+    argv.emplace_back(a);
+  }
+  argv.push_back(host);
+  argv.push_back(std::to_string(port));
+  argv.push_back(test::hex(bytes));
+  test::Subprocess probe(argv, {.merge_stderr = true});
+  auto line = probe.read_line(20s);
+  if (!line || line->rfind("got ", 0) != 0) {
+    throw std::runtime_error("the probe said: " + line.value_or("nothing"));
+  }
+  std::string out;
+  for (size_t i = 4; i + 1 < line->size(); i += 2) {
+    out += static_cast<char>(std::stoi(line->substr(i, 2), nullptr, 16));
+  }
+  FrameDecoder d(control_types());
+  d.feed(out.data(), out.size());
+  return d.next();
+}
+
+// A refusal's message ("" for any other frame).
+std::string refusal_of(const std::optional<Frame>& f) {
+  if (!f || f->type != ControlType::kRefused) {
+    return "";
+  }
+  FieldReader r(f->metadata, "a refusal");
+  r.str();
+  return r.str();
+}
+
+// A worker without a token; a probe it acked is closed soon after, when
+// its proof does not come.
+TransportOptions tokenless(int id, const std::string& name) {
+  TransportOptions o = node(id, name);
+  o.token.clear();
+  o.handshake_timeout = 2s;
+  return o;
+}
+
+TEST(TransportSecurityTest, ATokenlessWorkerAdmitsOnlyItsOwnUserOverTcp) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "runs a probe as user nobody: needs root";
+  }
+  Node b(tokenless(1, "b"));
+  std::string hello = test::hello_frame(0, "a", auth::nonce(), false);
+  // This user's process is answered with an ack.
+  auto mine = probe_tcp("127.0.0.1", b.transport->port(), hello, false);
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(mine->type, ControlType::kHandshakeAck);
+  // Another user's, over TCP loopback, is refused and told why and how.
+  std::string why =
+      refusal_of(probe_tcp("127.0.0.1", b.transport->port(), hello, true));
+  EXPECT_THAT(why, HasSubstr("worker 'b' has no secret"));
+  EXPECT_THAT(why, HasSubstr("user 65534's"));
+  EXPECT_THAT(why, HasSubstr("TIDE_RPC_TOKEN"));
+  // The Unix socket too, before a word.
+  TransportOptions o = tokenless(2, "c");
+  o.shared_memory = true;
+  Node c(o);
+  EXPECT_NE(probe_unix(c.transport->local_name(), hello, false), "");
+  EXPECT_EQ(probe_unix(c.transport->local_name(), hello, true), "");
+  // TIDE_RPC_ALLOW_UIDS' users are let in.
+  o = tokenless(3, "d");
+  o.allowed_uids = {65534};
+  Node d(o);
+  auto allowed = probe_tcp("127.0.0.1", d.transport->port(), hello, true);
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(allowed->type, ControlType::kHandshakeAck);
+}
+
+TEST(TransportSecurityTest, NoConnectionMayClaimTheWorkersOwnId) {
+  for (const std::string& token : {std::string(), kToken}) {
+    TransportOptions o = node(1, "b");
+    o.token = token;
+    Node b(o);
+    b.transport->set_peers(
+        {{0, "a", "127.0.0.1", 1, "", ""},
+         {1, "b", "127.0.0.1", b.transport->port(), "", ""}});
+    // A process of this user, holding the group's token, claims to be b.
+    test::RawClient raw(b.transport->port());
+    auth::Session s{auth::nonce(), "", 1, 1};
+    ASSERT_TRUE(raw.send(test::hello_frame(1, "b", s.caller_nonce, !token.empty())));
+    auto ack = test::read_control_frame(raw.fd());
+    ASSERT_TRUE(ack);
+    ASSERT_EQ(ack->type, ControlType::kHandshakeAck);
+    FieldReader r(ack->metadata, "an ack");
+    r.i32();
+    r.str();
+    r.u32();
+    s.callee_nonce = r.str();
+    // b's proof is keyed by a key of its own process: not the token's.
+    EXPECT_FALSE(auth::verify(token, auth::Role::kCallee, s, r.str()));
+    ASSERT_TRUE(raw.send(
+        test::proof_frame(auth::proof(token, auth::Role::kCaller, s))));
+    EXPECT_THAT(
+        refusal_of(test::read_control_frame(raw.fd())),
+        HasSubstr("this one is wrong"))
+        << "token '" << token << "'";
+  }
+}
+
+TEST(TransportSecurityTest, AWorkerStillCallsItselfOverTcp) {
+  for (const std::string& token : {std::string(), kToken}) {
+    TransportOptions o = node(0, "a");
+    o.token = token;
+    Node a(o);
+    a.transport->set_peers({{0, "a", "127.0.0.1", a.transport->port(), "", ""}});
+    a.transport->pipe_to(0).send(Message{kRequest, 1, "to-myself", {}});
+    auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (;;) {
+      {
+        std::lock_guard lock(a.mutex);
+        if (!a.messages.empty()) {
+          EXPECT_EQ(a.messages[0], "to-myself");
+          break;
+        }
+      }
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << "the message to itself never came (token '" << token << "')";
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+}
+
+TEST(TransportSecurityTest, ATokenlessWorkerRefusesAnotherHostSayingHowToFixIt) {
+  std::string why;
+  if (!test::NetnsHosts::available(&why)) {
+    GTEST_SKIP() << "network namespaces are not available here (" << why << ")";
+  }
+  test::NetnsHosts hosts(2);
+  // Worker b lives on host 0: its sockets are made in that namespace, by a
+  // thread that entered it (its loop thread inherits it).
+  std::unique_ptr<Node> b;
+  std::thread([&] {
+    int ns = ::open(("/run/netns/" + hosts.name(0)).c_str(), O_RDONLY);
+    ASSERT_GE(ns, 0);
+    ASSERT_EQ(::setns(ns, CLONE_NEWNET), 0) << std::strerror(errno);
+    ::close(ns);
+    TransportOptions o = tokenless(1, "b");
+    o.listen_host = hosts.addr(0);
+    b = std::make_unique<Node>(o);
+  }).join();
+  ASSERT_TRUE(b);
+  std::string hello = test::hello_frame(0, "a", auth::nonce(), false);
+  // A process of this user on host 1 is another host's: refused, and told
+  // how to give the group a secret.
+  std::string told = refusal_of(probe_tcp(
+      hosts.addr(0), b->transport->port(), hello, false, hosts.exec_prefix(1)));
+  EXPECT_THAT(told, HasSubstr("worker 'b' has no secret"));
+  EXPECT_THAT(told, HasSubstr("another host"));
+  EXPECT_THAT(told, HasSubstr("TIDE_RPC_TOKEN"));
+  EXPECT_THAT(told, HasSubstr("tiderun"));
+  // The same process on host 0 is b's own host's, and answered.
+  auto local = probe_tcp(
+      hosts.addr(0), b->transport->port(), hello, false, hosts.exec_prefix(0));
+  ASSERT_TRUE(local);
+  EXPECT_EQ(local->type, ControlType::kHandshakeAck);
+  b.reset();
+}
+
+TEST(TransportSecurityTest, AThousandIdleAndAHundredSlowStrangersKeepNoPeerOut) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "runs the strangers as user nobody: needs root";
+  }
+  raise_fd_limit();  // b accepts more than 1,024 connections
+  for (const std::string& token : {std::string(), kToken}) {
+    TransportOptions o = node(1, "b");
+    o.token = token;
+    o.handshake_timeout = 60s;
+    Node b(o);
+    auto strangers = test::flood(
+        b.transport->port(),
+        1000,
+        100,
+        test::hello_frame(0, "a", auth::nonce(), !token.empty()));
+    o = node(0, "a");
+    o.token = token;
+    Node a(o);
+    std::vector<PeerAddress> peers{
+        {0, "a", "127.0.0.1", a.transport->port(), "", ""},
+        {1, "b", "127.0.0.1", b.transport->port(), "", ""}};
+    a.transport->set_peers(peers);
+    b.transport->set_peers(peers);
+    auto start = std::chrono::steady_clock::now();
+    a.transport->pipe_to(1).send(Message{kRequest, 1, "let-me-in", {}});
+    for (;;) {
+      {
+        std::lock_guard lock(b.mutex);
+        if (!b.messages.empty()) {
+          break;
+        }
+      }
+      ASSERT_LT(
+          std::chrono::steady_clock::now() - start, test::kAdmittedWithin)
+          << "a's message never reached b through the strangers (token '"
+          << token << "')";
+      std::this_thread::sleep_for(1ms);
+    }
+    std::printf(
+        "token '%s': admitted in %.1f ms past 1,100 strangers\n",
+        token.c_str(),
+        std::chrono::duration<double, std::milli>(
+            std::chrono::steady_clock::now() - start)
+            .count());
+    strangers->close_stdin();
+    ASSERT_TRUE(strangers->wait(30s));
+  }
 }
 
 // CPU seconds this process has used.

@@ -15,10 +15,12 @@
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
+#include "tide/common/fd_limit.h"
 #include "tide/metrics/registry.h"
 
 #include "store/wire.h"
 #include "support/peak_memory.h"
+#include "support/stranger_flood.h"
 #include "support/raw_client.h"
 #include "support/subprocess.h"
 
@@ -540,6 +542,30 @@ TEST_F(TcpStoreServerTest, WithATokenOnlyClientsThatPresentItGetAnything) {
   EXPECT_FALSE(ok->check({"intruder"}));
   auto modern = client({.dialect = Dialect::kModern, .token = "s3cret"});
   EXPECT_EQ(modern->get("k"), "v");
+}
+
+TEST_F(TcpStoreServerTest, StrangersWithoutTheTokenAreBoundedAndKeepNoClientOut) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "runs the strangers as user nobody: needs root";
+  }
+  raise_fd_limit();  // the server accepts more than 1,024 connections
+  start({.token = "s3cret", .auth_timeout = 60s, .max_unauthenticated = 256});
+  // A thousand silent connections and a hundred trickling an AUTH request,
+  // reopened as soon as they are closed: more than the server keeps.
+  std::string auth;
+  Writer(auth).u8(wire::kAuthCode).str("a-guess-that-never-ends");
+  auto strangers = test::flood(server_->port(), 1000, 100, auth);
+  auto start = std::chrono::steady_clock::now();
+  auto ok = client({.token = "s3cret"});
+  ok->set("k", "v");
+  EXPECT_EQ(ok->get("k"), "v");
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, test::kAdmittedWithin);
+  std::printf(
+      "a client served in %.1f ms past 1,100 strangers\n",
+      std::chrono::duration<double, std::milli>(took).count());
+  strangers->close_stdin();
+  ASSERT_TRUE(strangers->wait(30s));
 }
 
 TEST_F(TcpStoreServerTest, ShutdownFailsAPendingWaitPromptlyWithNetworkError) {

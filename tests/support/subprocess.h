@@ -117,6 +117,14 @@ class Subprocess {
     return out_reader_.read_line(timeout);
   }
 
+  // Closes the child's stdin (pipe_stdin): it reads end of file.
+  void close_stdin() {
+    if (in_ >= 0) {
+      ::close(in_);
+      in_ = -1;
+    }
+  }
+
   // Writes `line` and a newline to the child's stdin (pipe_stdin).
   void write_line(const std::string& line) {
     std::string all = line + "\n";

@@ -61,6 +61,13 @@ struct TcpStoreServerOptions {
   milliseconds request_timeout{30'000};
   // Connections beyond this are closed at accept.
   size_t max_connections = 100'000;
+  // With a token: a connection must present it within auth_timeout, and
+  // at most max_unauthenticated connections may be waiting to; past that,
+  // the oldest of the source (a user of this host, or another host) that
+  // holds the most is closed to admit a new one, so a flood of idle
+  // connections from one source never locks out another's clients.
+  milliseconds auth_timeout{10'000};
+  size_t max_unauthenticated = 1024;
 };
 
 // A running store server: one thread, an event loop, any number of clients.

@@ -366,7 +366,7 @@ void LanePath::open() {
             .i32(owner.options.self_id)
             .u32(j)
             .str(auth::proof(
-                owner.options.token, auth::Role::kLane, conn_.session, j))
+                conn_.secret(), auth::Role::kLane, conn_.session, j))
             .take(),
         {}});
     // Used once connected: a lane that cannot connect is left out.
