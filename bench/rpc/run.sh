@@ -232,6 +232,9 @@ if ((netns)); then
   ip -n "$ns_a" link set veth-a up
   ip -n "$ns_b" link set veth-b up
   echo "run.sh: namespaces $ns_a (10.201.0.1) and $ns_b (10.201.0.2)" >&2
+  # Two hosts: tide's workers admit another host's only with a shared
+  # secret (docs/security.md); torch reads none.
+  export TIDE_RPC_TOKEN="bench-$$-$RANDOM"
 fi
 
 port=29800  # a new one for every pair: fresh namespaces have them all free

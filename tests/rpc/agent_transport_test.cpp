@@ -665,7 +665,8 @@ TEST_F(
   EXPECT_EQ(child.wait(30s), 0);
 }
 
-// Two hosts in network namespaces: no shared Unix socket, so TCP.
+// Two hosts in network namespaces: no shared Unix socket, so TCP. A group
+// spread over hosts needs a secret (security.md): both ranks get one.
 TEST(RpcNetnsTest, TwoHostsTalkOverTcp) {
   std::string why;
   if (!test::NetnsHosts::available(&why)) {
@@ -683,7 +684,8 @@ TEST(RpcNetnsTest, TwoHostsTalkOverTcp) {
         test::SubprocessOptions{
             .env = {
                 {"TIDE_RPC_NETNS_CHILD",
-                 std::to_string(r) + " " + init + " " + hosts.addr(r)}}}));
+                 std::to_string(r) + " " + init + " " + hosts.addr(r)},
+                {"TIDE_RPC_TOKEN", "two-hosts-secret"}}}));
   }
   EXPECT_EQ(ranks[1]->read_line(60s), "transport=tcp blob=ok");
   for (auto& r : ranks) {
