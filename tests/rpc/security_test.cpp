@@ -5,8 +5,8 @@
 // worker hold. Each test plays the hostile side by hand (support/raw_rpc.h)
 // against a real Transport on 127.0.0.1.
 #include <fcntl.h>
-#include <sched.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -27,12 +27,11 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include "tide/common/error.h"
+#include "tide/common/fd_limit.h"
 #include "tide/common/logging.h"
 #include "tide/rpc/rpc.h"
 #include "tide/rpc/serialize.h"
 #include "tide/store/tcp_store.h"
-
-#include "tide/common/fd_limit.h"
 
 #include "support/netns.h"
 #include "support/peak_memory.h"
@@ -415,7 +414,9 @@ std::optional<Frame> probe_tcp(
   std::vector<std::string> argv = std::move(prefix);
   if (as_nobody) {
     for (const char* a :
-         {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+         {"/usr/bin/setpriv",
+          "--reuid=65534",
+          "--regid=65534",
           "--clear-groups"}) {
       argv.emplace_back(a);
     }
@@ -501,7 +502,8 @@ TEST(TransportSecurityTest, NoConnectionMayClaimTheWorkersOwnId) {
     // A process of this user, holding the group's token, claims to be b.
     test::RawClient raw(b.transport->port());
     auth::Session s{auth::nonce(), "", 1, 1};
-    ASSERT_TRUE(raw.send(test::hello_frame(1, "b", s.caller_nonce, !token.empty())));
+    ASSERT_TRUE(
+        raw.send(test::hello_frame(1, "b", s.caller_nonce, !token.empty())));
     auto ack = test::read_control_frame(raw.fd());
     ASSERT_TRUE(ack);
     ASSERT_EQ(ack->type, ControlType::kHandshakeAck);
@@ -526,7 +528,8 @@ TEST(TransportSecurityTest, AWorkerStillCallsItselfOverTcp) {
     TransportOptions o = node(0, "a");
     o.token = token;
     Node a(o);
-    a.transport->set_peers({{0, "a", "127.0.0.1", a.transport->port(), "", ""}});
+    a.transport->set_peers(
+        {{0, "a", "127.0.0.1", a.transport->port(), "", ""}});
     a.transport->pipe_to(0).send(Message{kRequest, 1, "to-myself", {}});
     auto deadline = std::chrono::steady_clock::now() + 30s;
     for (;;) {
@@ -544,7 +547,8 @@ TEST(TransportSecurityTest, AWorkerStillCallsItselfOverTcp) {
   }
 }
 
-TEST(TransportSecurityTest, ATokenlessWorkerRefusesAnotherHostSayingHowToFixIt) {
+TEST(
+    TransportSecurityTest, ATokenlessWorkerRefusesAnotherHostSayingHowToFixIt) {
   std::string why;
   if (!test::NetnsHosts::available(&why)) {
     GTEST_SKIP() << "network namespaces are not available here (" << why << ")";
@@ -580,7 +584,8 @@ TEST(TransportSecurityTest, ATokenlessWorkerRefusesAnotherHostSayingHowToFixIt) 
   b.reset();
 }
 
-TEST(TransportSecurityTest, AThousandIdleAndAHundredSlowStrangersKeepNoPeerOut) {
+TEST(
+    TransportSecurityTest, AThousandIdleAndAHundredSlowStrangersKeepNoPeerOut) {
   if (::geteuid() != 0) {
     GTEST_SKIP() << "runs the strangers as user nobody: needs root";
   }
@@ -612,8 +617,7 @@ TEST(TransportSecurityTest, AThousandIdleAndAHundredSlowStrangersKeepNoPeerOut) 
           break;
         }
       }
-      ASSERT_LT(
-          std::chrono::steady_clock::now() - start, test::kAdmittedWithin)
+      ASSERT_LT(std::chrono::steady_clock::now() - start, test::kAdmittedWithin)
           << "a's message never reached b through the strangers (token '"
           << token << "')";
       std::this_thread::sleep_for(1ms);

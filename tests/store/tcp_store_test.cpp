@@ -20,8 +20,8 @@
 
 #include "store/wire.h"
 #include "support/peak_memory.h"
-#include "support/stranger_flood.h"
 #include "support/raw_client.h"
+#include "support/stranger_flood.h"
 #include "support/subprocess.h"
 
 namespace tide::store {
@@ -544,7 +544,8 @@ TEST_F(TcpStoreServerTest, WithATokenOnlyClientsThatPresentItGetAnything) {
   EXPECT_EQ(modern->get("k"), "v");
 }
 
-TEST_F(TcpStoreServerTest, StrangersWithoutTheTokenAreBoundedAndKeepNoClientOut) {
+TEST_F(
+    TcpStoreServerTest, StrangersWithoutTheTokenAreBoundedAndKeepNoClientOut) {
   if (::geteuid() != 0) {
     GTEST_SKIP() << "runs the strangers as user nobody: needs root";
   }
