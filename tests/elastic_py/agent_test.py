@@ -463,7 +463,11 @@ class AgentTest(unittest.TestCase):
                                check=True)
                 wait_until(lambda: os.path.exists(pid_file), "the orphan started")
                 orphan = read_int(pid_file)
-                wait_until(lambda: os.path.getsize(f"{d}/armed") > 0, "the orphan armed")
+                # The background shell opens `armed` after it has written
+                # the pid: the file may not exist yet.
+                armed = os.path.join(d, "armed")
+                wait_until(lambda: os.path.exists(armed) and os.path.getsize(armed) > 0,
+                           "the orphan armed")
                 child = subprocess.Popen([sys.executable, "-c", arm],
                                          stdout=subprocess.DEVNULL)
                 self.assertEqual(child.wait(timeout=DEADLINE), -signal.SIGKILL)
