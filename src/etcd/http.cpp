@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "tide/common/error.h"
@@ -19,6 +20,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+// How long a call waits for a cluster without a leader to elect one.
+constexpr milliseconds kElectionWait{5000};
 
 // --- libcurl ---------------------------------------------------------------
 
@@ -251,44 +255,69 @@ json EtcdHttp::call(
   std::string payload = body.dump();
   std::vector<Failure> failures;
   CURL* c = request_.get();
-  for (size_t attempt = 0; attempt < endpoints_.size(); ++attempt) {
-    size_t index = (current_ + attempt) % endpoints_.size();
-    const std::string& endpoint = endpoints_[index];
-    std::string url = endpoint + path;
-    response_.clear();
-    error_buffer_[0] = '\0';
-    set_post(c, url, payload, &append_to_string, &response_, request_timeout_);
-    CURLcode rc = curl_easy_perform(c);
-    if (rc != CURLE_OK) {
-      failures.push_back({endpoint, curl_error(rc)});
-      TIDE_LOG_DEBUG(
-          "etcd: {} at {} failed: {}", what, endpoint, failures.back().reason);
-      continue;
-    }
-    long status = response_code(c);
-    context = what + " at " + endpoint;
-    json reply = json::parse(response_, nullptr, /*allow_exceptions=*/false);
-    if (status >= 500) {
-      std::string why = "HTTP " + std::to_string(status);
-      if (reply.is_object()) {
-        why += " " + etcd_error_text(reply);
+  // A member that answers 5xx is up but has no leader ("leader changed",
+  // "no leader"): the cluster is electing one, which takes a few election
+  // timeouts (1 s each by default). Every member is tried again, with a
+  // growing pause, until one answers or kElectionWait has passed; members
+  // that cannot be reached at all fail the call at once.
+  auto give_up = Clock::now() + std::min(request_timeout_, kElectionWait);
+  milliseconds pause{50};
+  for (;;) {
+    failures.clear();
+    bool electing = false;
+    for (size_t attempt = 0; attempt < endpoints_.size(); ++attempt) {
+      size_t index = (current_ + attempt) % endpoints_.size();
+      const std::string& endpoint = endpoints_[index];
+      std::string url = endpoint + path;
+      response_.clear();
+      error_buffer_[0] = '\0';
+      set_post(
+          c, url, payload, &append_to_string, &response_, request_timeout_);
+      CURLcode rc = curl_easy_perform(c);
+      if (rc != CURLE_OK) {
+        failures.push_back({endpoint, curl_error(rc)});
+        TIDE_LOG_DEBUG(
+            "etcd: {} at {} failed: {}",
+            what,
+            endpoint,
+            failures.back().reason);
+        continue;
       }
-      failures.push_back({endpoint, why});
-      TIDE_LOG_DEBUG("etcd: {} at {} failed: {}", what, endpoint, why);
-      continue;
+      long status = response_code(c);
+      context = what + " at " + endpoint;
+      json reply = json::parse(response_, nullptr, /*allow_exceptions=*/false);
+      if (status >= 500) {
+        std::string why = "HTTP " + std::to_string(status);
+        if (reply.is_object()) {
+          why += " " + etcd_error_text(reply);
+        }
+        failures.push_back({endpoint, why});
+        electing = true;
+        TIDE_LOG_DEBUG("etcd: {} at {} failed: {}", what, endpoint, why);
+        continue;
+      }
+      current_ = index;
+      if (reply.is_discarded() || !reply.is_object()) {
+        bad_reply(
+            context,
+            "HTTP " + std::to_string(status) +
+                " with a body that is not a JSON object: \"" +
+                printable(response_, 200) + "\"");
+      }
+      if (status != 200 && error_code(reply) != accepted_error) {
+        throw_error_reply(context, status, reply);
+      }
+      return reply;
     }
-    current_ = index;
-    if (reply.is_discarded() || !reply.is_object()) {
-      bad_reply(
-          context,
-          "HTTP " + std::to_string(status) +
-              " with a body that is not a JSON object: \"" +
-              printable(response_, 200) + "\"");
+    if (!electing || Clock::now() + pause > give_up) {
+      break;
     }
-    if (status != 200 && error_code(reply) != accepted_error) {
-      throw_error_reply(context, status, reply);
-    }
-    return reply;
+    TIDE_LOG_DEBUG(
+        "etcd: {}: no member has a leader; trying again in {} ms",
+        what,
+        pause.count());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, milliseconds(500));
   }
   throw NetworkError(
       what + ": no etcd endpoint answered (" + describe_failures(failures) +

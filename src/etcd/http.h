@@ -31,7 +31,9 @@ class EtcdHttp {
   // POSTs body to path, failing over across the endpoints. Returns the JSON
   // object of the first answer that is not 5xx, with `context` set for
   // messages; throws for an error answer, unless its gRPC code is
-  // `accepted_error` (then that answer is returned).
+  // `accepted_error` (then that answer is returned). While members answer
+  // 5xx (a leader election) it tries them all again for up to 5 s;
+  // NetworkError once none answers.
   nlohmann::json call(
       const std::string& what,
       const char* path,

@@ -106,6 +106,9 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
         host_,
         port_);
   }
+  if (round_ > 0) {
+    forget_previous_attempt();
+  }
   rdzv_event(
       run_id_,
       "round " + std::to_string(round_) + " complete: world size " +
@@ -120,6 +123,30 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
       .world_size = world_size_,
       .bootstrap = {.master_addr = host_, .master_port = port_},
   };
+}
+
+void StaticRendezvousHandler::forget_previous_attempt() {
+  if (world_size_ > 1) {
+    if (round_ == 1) {
+      // No round is shared by the nodes (each restarts on its own), so
+      // none can tell when every node's workers have stopped.
+      TIDE_LOG_WARN(
+          "[static rendezvous] the workers' store keeps what earlier "
+          "attempts wrote: torch >= 2.5 no longer puts workers' keys under "
+          "their attempt, so a restarted group can read stale addresses; "
+          "--rdzv-backend=c10d gives every round a store of its own");
+    }
+    return;
+  }
+  // This node's only group restarts: its workers have stopped, and the next
+  // attempt's must not read what they wrote (gloo's addresses, NCCL's id).
+  // The agents' keys, under the run id, stay.
+  size_t erased = store_->server()->erase_outside("/" + run_id_ + "/");
+  TIDE_LOG_INFO(
+      "[static rendezvous] round {}: erased {} key(s) of the previous "
+      "attempt's workers from their store",
+      round_,
+      erased);
 }
 
 bool StaticRendezvousHandler::is_closed() {

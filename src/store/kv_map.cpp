@@ -113,4 +113,18 @@ bool KvMap::erase(std::string_view key) {
   return true;
 }
 
+size_t KvMap::erase_outside(std::string_view prefix) {
+  size_t erased = 0;
+  for (auto it = map_.begin(); it != map_.end();) {
+    if (it->first.starts_with(prefix)) {
+      ++it;
+      continue;
+    }
+    bytes_ -= it->first.size() + it->second.size();
+    it = map_.erase(it);
+    ++erased;
+  }
+  return erased;
+}
+
 }  // namespace tide::store::detail

@@ -42,6 +42,8 @@ class KvMap {
 
   void append(std::string_view key, std::string_view value);
   bool erase(std::string_view key);
+  // Erases every key that does not start with `prefix`; returns how many.
+  size_t erase_outside(std::string_view prefix);
   size_t size() const {
     return map_.size();
   }

@@ -2,9 +2,12 @@
 // woken by the writes that satisfy them. Threading and protocol notes are in
 // docs/store-protocol.md.
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <deque>
+#include <future>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,6 +20,7 @@
 #include "tide/common/strings.h"
 #include "tide/store/tcp_store.h"
 
+#include "net/eviction.h"
 #include "net/peer_owner.h"
 #include "store/kv_map.h"
 #include "store/server_metrics.h"
@@ -96,6 +100,11 @@ struct TcpStoreServer::Impl {
   uint16_t port = 0;
   std::thread thread;
   std::once_flag shutdown_once;
+  // Set by shutdown() before it posts the stop; erase_outside() posts only
+  // while it is false.
+  std::mutex stop_mutex;
+  bool stopping = false;
+  std::atomic<bool> loop_ended = false;
 
   // Loop thread only.
   uint64_t next_conn_id = 1;
@@ -707,33 +716,22 @@ void TcpStoreServer::Impl::on_accept(
 }
 
 void TcpStoreServer::Impl::make_room() {
-  std::unordered_map<std::string_view, size_t> held;
-  for (const auto& c : strangers) {
-    ++held[c->source()];
-  }
-  auto most = std::max_element(
-      held.begin(), held.end(), [](const auto& a, const auto& b) {
-        return a.second < b.second;
-      });
-  if (most == held.end()) {
+  auto evicted = net::pick_eviction(
+      strangers,
+      [](const auto& c) { return std::string_view(c->source()); },
+      [](const auto& c) { return c->accepted(); });
+  if (!evicted) {
     return;
   }
-  std::shared_ptr<Connection> oldest;
-  for (const auto& c : strangers) {
-    if (c->source() == most->first &&
-        (!oldest || c->accepted() < oldest->accepted())) {
-      oldest = c;
-    }
-  }
-  oldest->close(
+  evicted->connection->close(
       spdlog::level::debug,
       fmt::format(
           "{} connections have not presented the token "
           "(max_unauthenticated); the oldest of {}, which holds {}, makes "
           "room for a new one",
           strangers.size(),
-          most->first,
-          most->second));
+          evicted->connection->source(),
+          evicted->held));
 }
 
 void TcpStoreServer::Impl::sweep_strangers() {
@@ -1101,6 +1099,7 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
       TIDE_LOG_ERROR(
           "[store] server loop stopped by an exception: {}", e.what());
     }
+    raw->loop_ended = true;
   });
   TIDE_LOG_DEBUG("[store] listening on {}:{}", raw->options.host, raw->port);
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
@@ -1118,8 +1117,47 @@ uint16_t TcpStoreServer::port() const {
   return impl_->port;
 }
 
+size_t TcpStoreServer::erase_outside(std::string prefix) {
+  auto done = std::make_shared<std::promise<size_t>>();
+  auto erased = done->get_future();
+  {
+    // Posted before shutdown()'s stop, or not at all: the loop runs it.
+    std::lock_guard lock(impl_->stop_mutex);
+    if (impl_->stopping) {
+      return 0;
+    }
+    asio::post(
+        impl_->io, [impl = impl_.get(), prefix = std::move(prefix), done] {
+          size_t n = impl->kv.erase_outside(prefix);
+          for (auto it = impl->queues.begin(); it != impl->queues.end();) {
+            if (it->first.starts_with(prefix)) {
+              ++it;
+              continue;
+            }
+            for (const auto& v : it->second) {
+              impl->queue_bytes -= v.size();
+            }
+            it = impl->queues.erase(it);
+            ++n;
+          }
+          impl->count_keys();
+          done->set_value(n);
+        });
+  }
+  // Unless the loop died of an exception first (then nothing runs it).
+  while (erased.wait_for(std::chrono::milliseconds(100)) !=
+         std::future_status::ready) {
+    if (impl_->loop_ended) {
+      return 0;
+    }
+  }
+  return erased.get();
+}
+
 void TcpStoreServer::shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
+    std::lock_guard lock(impl_->stop_mutex);
+    impl_->stopping = true;
     asio::post(impl_->io, [impl = impl_.get()] { impl->stop_on_loop(); });
   });
 }

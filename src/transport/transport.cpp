@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string_view>
+#include <vector>
 
 #include <asio/ip/address.hpp>
 #include <asio/post.hpp>
@@ -22,6 +23,7 @@
 
 #include "common/random.h"
 #include "net/address.h"
+#include "net/eviction.h"
 #include "transport/auth.h"
 #include "transport/control.h"
 #include "transport/tcp/lane_path.h"
@@ -144,25 +146,18 @@ void Transport::Impl::adopt(Socket socket, Admission who) {
 }
 
 void Transport::Impl::make_room() {
-  std::unordered_map<std::string_view, size_t> held;
+  std::vector<std::shared_ptr<Connection>> waiting;
   for (const auto& c : incoming) {
     if (c->counted) {
-      ++held[c->source];
+      waiting.push_back(c);
     }
   }
-  auto most = std::max_element(
-      held.begin(), held.end(), [](const auto& a, const auto& b) {
-        return a.second < b.second;
-      });
-  if (most == held.end()) {
+  auto evicted = net::pick_eviction(
+      waiting,
+      [](const auto& c) { return std::string_view(c->source); },
+      [](const auto& c) { return c->accepted_at; });
+  if (!evicted) {
     return;
-  }
-  std::shared_ptr<Connection> oldest;
-  for (const auto& c : incoming) {
-    if (c->counted && c->source == most->first &&
-        (!oldest || c->accepted_at < oldest->accepted_at)) {
-      oldest = c;
-    }
   }
   auto level = warn_now() ? spdlog::level::warn : spdlog::level::debug;
   tide::logger().log(
@@ -172,9 +167,9 @@ void Transport::Impl::make_room() {
       "which holds {} of them, to admit a new one",
       options.self_name,
       unauthenticated,
-      oldest->source,
-      most->second);
-  oldest->fail("closed to make room for a newer connection");
+      evicted->connection->source,
+      evicted->held);
+  evicted->connection->fail("closed to make room for a newer connection");
 }
 
 void Transport::Impl::left_handshake(Connection& conn) {

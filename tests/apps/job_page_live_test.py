@@ -97,10 +97,10 @@ class LiveJobPageTest(unittest.TestCase):
         self.artifacts = os.environ.get("TIDE_TEST_ARTIFACTS") or self.dir
         os.makedirs(self.artifacts, exist_ok=True)
         self.stop = os.path.join(self.dir, "stop")
-        self.fail = os.path.join(self.dir, "fail")
+        self.fail_flag = os.path.join(self.dir, "fail")
         worker = os.path.join(self.dir, "worker.sh")
         with open(worker, "w") as f:
-            f.write(WORKER.format(stop=self.stop, fail=self.fail,
+            f.write(WORKER.format(stop=self.stop, fail=self.fail_flag,
                                   failed=os.path.join(self.dir, "failed")))
         os.chmod(worker, 0o755)
         endpoint = f"127.0.0.1:{free_port()}"
@@ -170,7 +170,7 @@ class LiveJobPageTest(unittest.TestCase):
             f.write(first)
 
         # Rank 1 fails; both nodes start again; the page shows the restart.
-        open(self.fail, "w").close()
+        open(self.fail_flag, "w").close()
         for agent in self.agents:
             agent.wait_for(r"restarting the worker group|membership changed")
 

@@ -1,8 +1,10 @@
 // tiderun's metrics, events and health endpoint, seen from outside: a run
 // with one injected failure and one restart; and Debian's Prometheus
 // scraping it, with tide's alert rules and dashboard queries.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cstdio>
@@ -34,9 +36,13 @@ class ObservabilityTest : public ::testing::Test {
   void SetUp() override {
     fifo_ = dir_ / "go";
     for (int r = 0; r < 2; ++r) {
-      ASSERT_EQ(
-          ::mkfifo((fifo_.string() + "." + std::to_string(r)).c_str(), 0600),
-          0);
+      std::string path = fifo_.string() + "." + std::to_string(r);
+      ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+      // Held open for reading and writing (which never blocks) for the
+      // whole test: a worker's open never waits, and what the test writes
+      // waits in the pipe for the worker, even one that opens it later.
+      go_[r] = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      ASSERT_GE(go_[r], 0);
     }
     // Attempt 0: rank 1 fails at once, rank 0 waits (and is stopped).
     // Attempt 1: both say "ready" and wait for the test to let them finish.
@@ -90,17 +96,25 @@ class ObservabilityTest : public ::testing::Test {
     }
   }
 
-  // Lets the waiting workers finish: one line to each worker's FIFO (the
-  // open waits for the worker to open its end).
+  void TearDown() override {
+    for (int fd : go_) {
+      if (fd >= 0) {
+        ::close(fd);
+      }
+    }
+  }
+
+  // Lets the waiting workers finish: one line to each worker's FIFO.
   void release_workers() {
-    for (int r = 0; r < 2; ++r) {
-      std::ofstream(fifo_.string() + "." + std::to_string(r)) << "go\n";
+    for (int fd : go_) {
+      ASSERT_EQ(::write(fd, "go\n", 3), 3);
     }
   }
 
   test::TempDir tmp_;
   const fs::path dir_ = tmp_.path();
   fs::path fifo_;
+  int go_[2] = {-1, -1};
   fs::path script_;
 };
 

@@ -417,12 +417,17 @@ TEST(EtcdClientFailoverTest, NetworkErrorNamesEveryEndpointWhenAllAreDead) {
 // replies a real etcd never sends.
 class CannedHttpServer {
  public:
-  CannedHttpServer(int status, std::string body) {
+  CannedHttpServer(int status, std::string body)
+      : CannedHttpServer({{status, std::move(body)}}) {}
+  // Answers the replies in order, then the last one again and again.
+  explicit CannedHttpServer(std::vector<std::pair<int, std::string>> replies) {
     fd_ = test::listen_on_loopback(&port_);
-    reply_ = "HTTP/1.1 " + std::to_string(status) +
-             " X\r\nContent-Type: application/json\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
-             body;
+    for (const auto& [status, body] : replies) {
+      replies_.push_back(
+          "HTTP/1.1 " + std::to_string(status) +
+          " X\r\nContent-Type: application/json\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+    }
     thread_ = std::jthread([this] { serve(); });
   }
   ~CannedHttpServer() {
@@ -463,14 +468,17 @@ class CannedHttpServer {
           want = end + 4 + std::stoul(request.substr(cl + 16));
         }
       }
-      ::send(conn, reply_.data(), reply_.size(), MSG_NOSIGNAL);
+      const std::string& reply =
+          replies_[std::min(served_++, replies_.size() - 1)];
+      ::send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
       ::close(conn);
     }
   }
 
   int fd_ = -1;
   uint16_t port_ = 0;
-  std::string reply_;
+  std::vector<std::string> replies_;
+  size_t served_ = 0;  // serve()'s only
   std::jthread thread_;
 };
 
@@ -539,6 +547,20 @@ TEST(EtcdClientBadReplyTest, A5xxMovesToTheNextEndpoint) {
     EXPECT_THAT(e.what(), HasSubstr("no leader"));
     EXPECT_THAT(e.what(), HasSubstr("context deadline exceeded"));
   }
+}
+
+// A cluster electing a leader answers 503 for a while: the call waits for
+// the election instead of failing the job.
+TEST(EtcdClientBadReplyTest, AMemberWithoutALeaderIsAskedAgainUntilItHasOne) {
+  const std::string no_leader =
+      R"({"error":"etcdserver: leader changed","code":14})";
+  CannedHttpServer electing(
+      {{503, no_leader},
+       {503, no_leader},
+       {503, no_leader},
+       {200, R"({"header":{"revision":"7"}})"}});
+  EtcdClient client(electing.endpoint(), 5s);
+  EXPECT_EQ(client.put("k", "v"), 7);
 }
 
 TEST(EtcdClientBadReplyTest, ABrokenWatchStreamIsAProtocolError) {

@@ -64,6 +64,8 @@ constexpr const char* kDdpScript = TIDE_INTEROP_DIR "/ddp_train.py";
 const std::string kTimerScript =
     std::string(TIDE_INTEROP_DIR) + "/torch_timer_worker.py";
 constexpr const char* kPrintEnvScript = TIDE_INTEROP_DIR "/print_env.py";
+constexpr const char* kAttemptStoreScript =
+    TIDE_INTEROP_DIR "/attempt_store_worker.py";
 constexpr const char* kInjectedFailure =
     "RuntimeError: injected failure: rank 1 on attempt 0";
 
@@ -573,6 +575,37 @@ TEST(TiderunInteropTest, DdpScriptWrittenForTorchrunRunsUnchanged) {
           "attempt_0_rank_0_done",
           "attempt_0_rank_1",
           "attempt_0_rank_1_done"}));
+}
+
+// torch >= 2.5's workers put their keys in the agent's store as they are:
+// a restarted group must find none of the previous attempt's there (a stale
+// gloo address or NCCL id makes init_process_group fail or hang). Torch's
+// own TCPStore client, as such a worker uses it.
+TEST(
+    TiderunInteropTest,
+    ARestartedGroupFindsNothingOfThePreviousAttemptInTheStore) {
+  TempDir tmp;
+  Outcome r =
+      run(tiderun(
+              {"--standalone",
+               "--nproc-per-node=1",
+               "--max-restarts=1",
+               kAttemptStoreScript}),
+          parent_env(tmp),
+          tmp.path(),
+          "tiderun");
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(
+      r.out.find("attempt 0 wrote its address and fails"), std::string::npos)
+      << r.describe();
+  EXPECT_NE(
+      r.out.find("attempt 1 found nothing of attempt 0"), std::string::npos)
+      << r.describe();
+  EXPECT_TRUE(std::regex_search(
+      r.err,
+      std::regex("round 1: erased [1-9][0-9]* key\\(s\\) of the previous")))
+      << r.describe();
 }
 
 TEST(

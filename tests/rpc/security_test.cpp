@@ -251,41 +251,55 @@ TEST(TransportSecurityTest, ARecordedHandshakeDoesNotReplay) {
   EXPECT_TRUE(replay.closed_within(10s));
 }
 
-// python3 connects to an abstract Unix socket, sends hex bytes and prints
-// "got <hex>" of what came back before the close (or a frame's header).
-const char* kUnixProbe = R"(
+// python3 connects to an abstract Unix socket ("unix NAME") or over TCP
+// ("tcp HOST PORT"), sends hex bytes and prints "got <hex>" of what came
+// back before the close (a refused user's connection closes at once).
+const char* kProbe = R"(
 import binascii, socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.connect("\0" + sys.argv[1])
+if sys.argv[1] == "unix":
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\0" + sys.argv[2])
+else:
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3])))
 s.settimeout(10)
 data = b""
 try:
-    s.sendall(binascii.unhexlify(sys.argv[2]))
+    s.sendall(binascii.unhexlify(sys.argv[-1]))
     while True:
         c = s.recv(65536)
         if not c:
             break
         data += c
-except ConnectionError:  # closed at once: a refused user
+except ConnectionError:
     pass
 print("got", binascii.hexlify(data).decode(), flush=True)
 )";
 
-// What the probe got back, as bytes; `as_nobody` runs it as user nobody.
-std::string probe_unix(
-    const std::string& name, const std::string& bytes, bool as_nobody) {
-  std::vector<std::string> argv;
+// What a probe of `address` (the probe's first arguments) got back for
+// `bytes`, run as user nobody when `as_nobody`, behind `prefix` (e.g. `ip
+// netns exec`).
+std::string probe(
+    std::vector<std::string> address,
+    const std::string& bytes,
+    bool as_nobody,
+    std::vector<std::string> prefix = {}) {
+  std::vector<std::string> argv = std::move(prefix);
   if (as_nobody) {
-    argv = {
-        "/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+    for (const char* a :
+         {"/usr/bin/setpriv",
+          "--reuid=65534",
+          "--regid=65534",
+          "--clear-groups"}) {
+      argv.emplace_back(a);
+    }
   }
-  for (const char* a : {"/usr/bin/python3", "-c", kUnixProbe}) {
+  for (const char* a : {"/usr/bin/python3", "-c", kProbe}) {
     argv.emplace_back(a);
   }
-  argv.push_back(name);
+  argv.insert(argv.end(), address.begin(), address.end());
   argv.push_back(test::hex(bytes));
-  test::Subprocess probe(argv, {.merge_stderr = true});
-  auto line = probe.read_line(20s);
+  test::Subprocess child(argv, {.merge_stderr = true});
+  auto line = child.read_line(20s);
   if (!line || line->rfind("got ", 0) != 0) {
     throw std::runtime_error("the probe said: " + line.value_or("nothing"));
   }
@@ -294,6 +308,12 @@ std::string probe_unix(
     out += static_cast<char>(std::stoi(line->substr(i, 2), nullptr, 16));
   }
   return out;
+}
+
+// What a probe of abstract Unix socket `name` got back, as bytes.
+std::string probe_unix(
+    const std::string& name, const std::string& bytes, bool as_nobody) {
+  return probe({"unix", name}, bytes, as_nobody);
 }
 
 TEST(TransportSecurityTest, OtherUsersCannotSpeakOnTheUnixSocket) {
@@ -384,58 +404,15 @@ TEST(TransportSecurityTest, StrangersHoldLittleMemoryAndNotForLong) {
       good.fd(), [&](const std::string& s) { good.send(s); }, 0, "a", kToken));
 }
 
-// python3 connects to HOST:PORT over TCP, sends hex bytes and prints "got
-// <hex>" of what came back before the close.
-const char* kTcpProbe = R"(
-import binascii, socket, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-s.settimeout(10)
-data = b""
-try:
-    s.sendall(binascii.unhexlify(sys.argv[3]))
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        data += c
-except ConnectionError:
-    pass
-print("got", binascii.hexlify(data).decode(), flush=True)
-)";
-
-// The first frame a TCP probe got back from host:port for `bytes`, run as
-// user nobody when `as_nobody`, behind `prefix` (e.g. `ip netns exec`).
+// The first frame a TCP probe got back from host:port for `bytes`.
 std::optional<Frame> probe_tcp(
     const std::string& host,
     uint16_t port,
     const std::string& bytes,
     bool as_nobody,
     std::vector<std::string> prefix = {}) {
-  std::vector<std::string> argv = std::move(prefix);
-  if (as_nobody) {
-    for (const char* a :
-         {"/usr/bin/setpriv",
-          "--reuid=65534",
-          "--regid=65534",
-          "--clear-groups"}) {
-      argv.emplace_back(a);
-    }
-  }
-  for (const char* a : {"/usr/bin/python3", "-c", kTcpProbe}) {
-    argv.emplace_back(a);
-  }
-  argv.push_back(host);
-  argv.push_back(std::to_string(port));
-  argv.push_back(test::hex(bytes));
-  test::Subprocess probe(argv, {.merge_stderr = true});
-  auto line = probe.read_line(20s);
-  if (!line || line->rfind("got ", 0) != 0) {
-    throw std::runtime_error("the probe said: " + line.value_or("nothing"));
-  }
-  std::string out;
-  for (size_t i = 4; i + 1 < line->size(); i += 2) {
-    out += static_cast<char>(std::stoi(line->substr(i, 2), nullptr, 16));
-  }
+  std::string out = probe(
+      {"tcp", host, std::to_string(port)}, bytes, as_nobody, std::move(prefix));
   FrameDecoder d(control_types());
   d.feed(out.data(), out.size());
   return d.next();

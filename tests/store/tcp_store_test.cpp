@@ -527,6 +527,29 @@ TEST_F(TcpStoreServerTest, QueuesPushPopAndCountInTheModernDialect) {
   EXPECT_FALSE(c->check({"q"}));
 }
 
+// What an agent does between two attempts of its workers: everything
+// outside its own prefix goes (keys, counters, queues), its own keys stay,
+// a client of the next attempt sees only those, and a stopped server
+// answers at once.
+TEST_F(TcpStoreServerTest, EraseOutsideAPrefixKeepsOnlyThatPrefix) {
+  start();
+  auto c = client({.dialect = Dialect::kModern});
+  c->set("run/agent", "kept");
+  c->set("default_pg/0/rank_0", "stale address");
+  c->add("barrier", 2);
+  c->queue_push("q", "stale");
+  EXPECT_EQ(server_->erase_outside("/run/"), 3u);
+  EXPECT_EQ(c->get("run/agent"), "kept");
+  EXPECT_FALSE(c->check({"default_pg/0/rank_0"}));
+  EXPECT_FALSE(c->check({"q"}));
+  EXPECT_EQ(c->add("barrier", 1), 1);  // counted from zero again
+  EXPECT_EQ(server_->erase_outside("/run/"), 1u);
+  EXPECT_EQ(server_->erase_outside("/run/"), 0u);
+  server_->shutdown();
+  server_->join();
+  EXPECT_EQ(server_->erase_outside("/run/"), 0u);
+}
+
 TEST_F(TcpStoreServerTest, WithATokenOnlyClientsThatPresentItGetAnything) {
   start({.token = "s3cret"});
   {

@@ -21,10 +21,12 @@ namespace tide::rendezvous {
 // nothing. next_rendezvous() blocks: node 0 starts the store (NetworkError
 // when it cannot listen), the others connect to it, waiting up to
 // "timeout" for it to come up (TimeoutError). Every round returns the same
-// store and ranks; is_closed() and set_closed() are this node's only (no
-// other node learns of it: a node that fails for good tells the others
-// through the exit barrier instead). Called from the agent's thread only,
-// but interrupt().
+// store and ranks; on one node, a round after the first erases what the
+// previous attempt's workers wrote there (every key outside the run id's),
+// so that a restarted group never reads a stale address. is_closed() and
+// set_closed() are this node's only (no other node learns of it: a node that
+// fails for good tells the others through the exit barrier instead). Called
+// from the agent's thread only, but interrupt().
 class StaticRendezvousHandler final : public RendezvousHandler {
  public:
   explicit StaticRendezvousHandler(const RendezvousParameters& params);
@@ -44,6 +46,10 @@ class StaticRendezvousHandler final : public RendezvousHandler {
   bool shutdown() override;
 
  private:
+  // Between two attempts: empties the workers' store of what the previous
+  // attempt's workers wrote (one node), or warns once that it cannot (more).
+  void forget_previous_attempt();
+
   std::string run_id_;
   std::string host_;
   uint16_t port_ = 0;

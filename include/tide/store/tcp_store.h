@@ -85,6 +85,13 @@ class TcpStoreServer {
   // The bound port (the real one when options.port was 0).
   uint16_t port() const;
 
+  // Erases every key and queue whose name (as clients send it, torch's
+  // leading "/" included) does not start with `prefix`, and returns how
+  // many: what an agent does between two attempts of its workers, so that
+  // the new attempt sees nothing of the previous one's. Waits for the
+  // server's loop; 0 once the server has stopped.
+  size_t erase_outside(std::string prefix);
+
   // Closes the listener and every connection; asynchronous and idempotent.
   void shutdown();
   // Waits for the loop thread to end (after shutdown()).
