@@ -15,7 +15,7 @@
 
 namespace tide::etcd {
 
-using json = nlohmann::json;
+using nlohmann::json;
 
 // Bytes for a message: printable ASCII as is, the rest as \xNN, cut at
 // `max` characters.

@@ -35,14 +35,14 @@ constexpr auto kRequestTimeout = 5s;
 class EtcdClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    cluster_ = std::make_unique<EtcdCluster>(EtcdCluster::start(1));
+    shared_cluster = std::make_unique<EtcdCluster>(EtcdCluster::start(1));
   }
   static void TearDownTestSuite() {
-    cluster_.reset();
+    shared_cluster.reset();
   }
   void SetUp() override {
-    client_ =
-        std::make_unique<EtcdClient>(cluster_->endpoints(), kRequestTimeout);
+    client_ = std::make_unique<EtcdClient>(
+        shared_cluster->endpoints(), kRequestTimeout);
     prefix_ = std::string("/test/") +
               ::testing::UnitTest::GetInstance()->current_test_info()->name() +
               "/";
@@ -51,12 +51,12 @@ class EtcdClientTest : public ::testing::Test {
     return prefix_ + name;
   }
 
-  static std::unique_ptr<EtcdCluster> cluster_;
+  static std::unique_ptr<EtcdCluster> shared_cluster;
   std::unique_ptr<EtcdClient> client_;
   std::string prefix_;
 };
 
-std::unique_ptr<EtcdCluster> EtcdClientTest::cluster_;
+std::unique_ptr<EtcdCluster> EtcdClientTest::shared_cluster;
 
 TEST(EtcdBase64Test, RoundTripsEveryLengthAndByte) {
   std::mt19937 rng(7);
@@ -278,7 +278,7 @@ TEST_F(EtcdClientTest, LeaseRevokeDeletesItsKeysAndMayBeRepeated) {
 TEST_F(EtcdClientTest, WatchWakesOnAPutFromAnotherClient) {
   int64_t rev = client_->put(key("w"), "0");
   auto woke = std::async(std::launch::async, [&] {
-    EtcdClient watcher(cluster_->endpoints(), kRequestTimeout);
+    EtcdClient watcher(shared_cluster->endpoints(), kRequestTimeout);
     return watcher.watch(key("w"), rev + 1, 10s);
   });
   // From rev + 1: the put is seen whether it lands before or after the
@@ -332,18 +332,19 @@ TEST_F(EtcdClientTest, ARequestEtcdRefusesIsInvalidArgumentNamingTheKey) {
 
 // EtcdStore over this client: what the store conformance suite cannot see.
 TEST_F(EtcdClientTest, AnEtcdStoreKeepsKeysUnderItsPrefixWithASlash) {
-  EtcdStore s(cluster_->endpoints(), prefix_ + "job", 10s);
+  EtcdStore s(shared_cluster->endpoints(), prefix_ + "job", 10s);
   EXPECT_EQ(s.key_prefix(), prefix_ + "job/");
   s.set("k", "v");
   EXPECT_EQ(client_->get(prefix_ + "job/k")->value, "v");
   client_->put(prefix_ + "jobless", "not in the store");
   EXPECT_EQ(s.num_keys(), 1);
-  EXPECT_EQ(EtcdStore(cluster_->endpoints(), "/a/", 1s).key_prefix(), "/a/");
+  EXPECT_EQ(
+      EtcdStore(shared_cluster->endpoints(), "/a/", 1s).key_prefix(), "/a/");
   EXPECT_THROW(EtcdStore("", "p", 1s), InvalidArgument);
 }
 
 TEST_F(EtcdClientTest, AnEtcdStoreServesOtherThreadsWhileOneWaits) {
-  EtcdStore s(cluster_->endpoints(), prefix_, 10s);
+  EtcdStore s(shared_cluster->endpoints(), prefix_, 10s);
   auto got = std::async(std::launch::async, [&] { return s.get("late"); });
   // The waiting get holds nothing these calls need.
   for (int i = 0; i < 20; ++i) {
