@@ -538,6 +538,7 @@ TEST_F(TcpStoreServerTest, EraseOutsideAPrefixKeepsOnlyThatPrefix) {
   c->set("default_pg/0/rank_0", "stale address");
   c->add("barrier", 2);
   c->queue_push("q", "stale");
+  EXPECT_EQ(c->queue_len("q"), 1);  // a reply: the push has been served
   EXPECT_EQ(server_->erase_outside("/run/"), 3u);
   EXPECT_EQ(c->get("run/agent"), "kept");
   EXPECT_FALSE(c->check({"default_pg/0/rank_0"}));
