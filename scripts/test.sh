@@ -17,7 +17,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # Every part, whatever an earlier configure (scripts/demo.sh's) chose.
 everything=(-DTIDE_BUILD_TESTS=ON -DTIDE_BUILD_BENCH=ON -DTIDE_WITH_TORCH=ON -DTIDE_WITH_PYTHON=ON)
-plain=(build "${everything[@]}" -DTIDE_TESTS=integration)
+# The benchmarks compiled (so that they do not rot) but not optimised: the
+# tests run only scale_bench's small cells.
+plain=(build "${everything[@]}" -DTIDE_TESTS=integration -DTIDE_BENCH_OPTIMIZATION=-O0)
 # The sanitizers see tide's own code: the unit tests, without libtorch
 # (uninstrumented, and minutes a file to compile instrumented) or Python.
 unit=(-DTIDE_BUILD_TESTS=ON -DTIDE_TESTS=unit -DTIDE_BUILD_BENCH=OFF

@@ -59,6 +59,20 @@ std::string format_time(const char* format, bool utc) {
   return buf;
 }
 
+#ifdef TIDE_BENCH_UNOPTIMISED
+// Built without optimisation (the test command's
+// -DTIDE_BENCH_OPTIMIZATION=-O0): said before anything else, so that no
+// figure of this build is taken for a benchmark's.
+const bool g_unoptimised_said = [] {
+  std::fputs(
+      "WARNING: this bench was built without optimisation (to be compiled "
+      "by the tests, not measured): its figures mean little. Use "
+      "bench/<name>/run.sh (an optimised build).\n",
+      stderr);
+  return true;
+}();
+#endif
+
 }  // namespace
 
 // ---------------------------------------------------------------------------

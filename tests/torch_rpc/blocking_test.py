@@ -228,25 +228,27 @@ def free_port():
 
 
 class BlockingTest(unittest.TestCase):
-    def spawn(self, scenario, n, threads=16):
-        mp.spawn(run, args=(free_port(), threads, scenario, n), nprocs=3, join=True)
+    def start_workers(self, scenario, n, threads=16):
+        # Forked: each worker a copy of this process, torch already imported.
+        mp.start_processes(run, args=(free_port(), threads, scenario, n), nprocs=3,
+                           join=True, start_method="fork")
 
     def test_releases_reach_a_worker_whose_functions_wait(self):
         for n in (1, 2, 6, 16):
             with self.subTest(n=n):
-                self.spawn("release_lock", n, threads=max(16, n + 1))
+                self.start_workers("release_lock", n, threads=max(16, n + 1))
 
     def test_parameter_server_lock_around_backward_and_optimizer_step(self):
-        self.spawn("parameter_server", 4)
+        self.start_workers("parameter_server", 4)
 
     def test_a_function_waits_while_its_worker_serves_calls_back_to_it(self):
-        self.spawn("nested", 3, threads=4)
+        self.start_workers("nested", 3, threads=4)
 
     def test_the_function_past_the_threads_waits_and_nothing_else_stalls(self):
-        self.spawn("past_the_threads", 0, threads=2)
+        self.start_workers("past_the_threads", 0, threads=2)
 
     def test_callbacks_that_block_stall_no_reply(self):
-        self.spawn("blocking_callbacks", 8)
+        self.start_workers("blocking_callbacks", 8)
 
 
 if __name__ == "__main__":

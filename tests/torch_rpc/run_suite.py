@@ -10,6 +10,10 @@ on the TIDE backend, or on TensorPipe for comparison, and records each test.
     --skip TEXT                 drop tests whose id contains TEXT (repeatable)
     --list FILE                 keep the tests named in FILE (one id a line)
     --out FILE                  one TSV row per test: id, result, seconds, reason
+    --start-method fork|spawn   how each test's workers start (default fork: a copy
+                                of this process, torch and the suites already
+                                imported; spawn, torch's own choice, has each of
+                                them import both again, about 3 CPU-s a worker)
 
 It prints each row as it goes, a count per suite, and ends with
 "N passed, N failed, N skipped"; the exit status is 1 when any test failed.
@@ -29,9 +33,17 @@ parser.add_argument("-k", action="append", default=[])
 parser.add_argument("--skip", action="append", default=[])
 parser.add_argument("--list")
 parser.add_argument("--out", default="torch_rpc_suite.tsv")
+parser.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
 args, _ = parser.parse_known_args()
 
-from torch.testing._internal.distributed.rpc_utils import GENERIC_TESTS, generate_tests  # noqa: E402
+import torch.multiprocessing  # noqa: E402
+from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
+from torch.testing._internal.distributed.rpc_utils import (  # noqa: E402
+    GENERIC_TESTS,
+    SpawnHelper,
+    _check_and_set_tcp_init,
+    generate_tests,
+)
 
 # Spawned workers import this module again, with this process's arguments
 # gone (torch's utilities parse sys.argv too, so main() clears it): they learn
@@ -48,6 +60,17 @@ else:
 
 # The generated classes live in this module, where spawned workers find them.
 globals().update(generate_tests(prefix, fixture, GENERIC_TESTS, __name__))
+
+if args.start_method == "fork":
+    # SpawnHelper.setUp with fork for spawn. The workers run the same test
+    # code on the same backend; only their start differs (and this process
+    # starts no thread before it forks: rpc runs in the workers alone).
+    def _fork_workers(self):
+        MultiProcessTestCase.setUp(self)
+        _check_and_set_tcp_init()
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
+
+    SpawnHelper.setUp = _fork_workers
 
 
 def selected():

@@ -81,17 +81,19 @@ def free_port():
 
 
 class ThreadStateTest(unittest.TestCase):
-    def spawn(self, mode):
-        mp.spawn(profiled, args=(free_port(), mode), nprocs=2, join=True)
+    def start_workers(self, mode):
+        # Forked: each worker a copy of this process, torch already imported.
+        mp.start_processes(profiled, args=(free_port(), mode), nprocs=2, join=True,
+                           start_method="fork")
 
     def test_every_profiled_sync_call_brings_its_remote_events(self):
-        self.spawn("profile_sync")
+        self.start_workers("profile_sync")
 
     def test_every_profiled_remote_call_brings_its_remote_events(self):
-        self.spawn("profile_remote")
+        self.start_workers("profile_remote")
 
     def test_grad_mode_a_function_turns_off_is_not_left_on_the_thread(self):
-        self.spawn("grad_mode")
+        self.start_workers("grad_mode")
 
 
 if __name__ == "__main__":
