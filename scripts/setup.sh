@@ -34,7 +34,8 @@ unit)
   ;;
 all)
   packages+=(
-    clang libclang-rt-14-dev clang-format clang-tidy
+    # (libclang-rt-dev: the runtimes of Debian's default clang, 14 in Debian 12, 19 in 13)
+    clang libclang-rt-dev clang-format clang-tidy
     libgtest-dev libgmock-dev libbenchmark-dev
     # the etcd rendezvous backend's tests and benchmark start their own etcd
     etcd-server etcd-client
@@ -50,6 +51,8 @@ all)
     patchelf
     # cpack's Debian packages (their shared-library dependencies)
     file
+    # pip install . into a virtual environment (its test), offline
+    python3-venv python3-pip python3-setuptools python3-wheel
     # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
     elfutils gdb
     # the live job page's browser test (headless) and the Prometheus scrape

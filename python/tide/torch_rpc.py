@@ -18,11 +18,23 @@ import os
 import socket
 import urllib.parse
 
+import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api, backend_registry, constants
 
-from . import _torch_rpc
+from ._torch_rpc_built_for import TORCH_VERSION as _BUILT_FOR
+
+# The module links torch's C++ library, whose interface changes from one
+# release to the next: loaded into another torch it would fail on a missing
+# symbol, or worse, load.
+if torch.__version__ != _BUILT_FOR:
+    raise ImportError(
+        f"tide.torch_rpc was built for torch {_BUILT_FOR}, but this interpreter has torch "
+        f"{torch.__version__}: build tide again against it (pip install . in this "
+        "environment, or scripts/build.sh)")
+
+from . import _torch_rpc  # noqa: E402
 
 __all__ = ["TideRpcBackendOptions", "TideAgent", "BACKEND"]
 

@@ -93,6 +93,11 @@ class Agent {
         static_cast<int64_t>(s["monitor_interval"].cast<double>() * 1e3));
     spec.redirects = to_std_spec(s["redirects"]);
     spec.tee = to_std_spec(s["tee"]);
+    for (int rank : s["local_ranks_filter"].cast<std::vector<int>>()) {
+      spec.local_ranks_filter.insert(rank);
+    }
+    spec.log_line_prefix_template =
+        s["log_line_prefix_template"].cast<std::string>();
     spec.log_dir = s["log_dir"].cast<std::string>();
     if (!s["master_addr"].is_none()) {
       spec.master_addr = s["master_addr"].cast<std::string>();

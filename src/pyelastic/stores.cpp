@@ -1,6 +1,7 @@
 // tide._elastic's stores: tide's TCPStore, HashStore and PrefixStore as
 // Python objects with torch.distributed.Store's methods, and any Python store
 // (torch's, or a user's) as a tide store.
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,39 @@ class PyStore final : public store::Store {
 
 // A Python object as a tide store: one of ours, or any other through
 // PyStore.
+
+// TCPStore's dialect: "legacy" (torch < 2.2), "modern" (torch >= 2.2), or
+// None: the dialect of the torch this interpreter has, whose server is the
+// one its TCPStore most likely meets (tide's serves both); legacy without
+// torch, which every torch 1.x server speaks.
+store::Dialect to_dialect(const py::object& chosen) {
+  if (chosen.is_none()) {
+    std::string version;
+    try {
+      version = py::module_::import("importlib.metadata")
+                    .attr("version")("torch")
+                    .cast<std::string>();
+    } catch (const py::error_already_set&) {
+      return store::Dialect::kLegacy;  // No torch here.
+    }
+    int major = 0;
+    int minor = 0;
+    std::sscanf(version.c_str(), "%d.%d", &major, &minor);
+    bool modern = major > 2 || (major == 2 && minor >= 2);
+    return modern ? store::Dialect::kModern : store::Dialect::kLegacy;
+  }
+  auto name = chosen.cast<std::string>();
+  if (name == "legacy") {
+    return store::Dialect::kLegacy;
+  }
+  if (name == "modern") {
+    return store::Dialect::kModern;
+  }
+  throw py::value_error(
+      "dialect must be 'legacy' (torch < 2.2's servers), 'modern' (torch >= "
+      "2.2's) or None (this interpreter's torch), not '" +
+      name + "'");
+}
 
 }  // namespace
 
@@ -280,12 +314,14 @@ void bind_stores(py::module_& m) {
                       bool is_master,
                       const py::object& timeout,
                       bool /*wait_for_workers*/,
-                      const std::string& token) {
+                      const std::string& token,
+                      const py::object& dialect) {
             store::TcpStoreOptions o;
             o.host = host;
             o.port = port;
             o.is_server = is_master;
             o.token = token;
+            o.dialect = to_dialect(dialect);
             if (!timeout.is_none()) {
               o.timeout =
                   milliseconds(static_cast<int64_t>(seconds(timeout) * 1e3));
@@ -299,8 +335,12 @@ void bind_stores(py::module_& m) {
           py::arg("is_master") = false,
           py::arg("timeout") = py::none(),
           py::arg("wait_for_workers") = true,
-          py::arg("token") = "")
-      .def_property_readonly("port", &store::TcpStore::port);
+          py::arg("token") = "",
+          py::arg("dialect") = py::none())
+      .def_property_readonly("port", &store::TcpStore::port)
+      .def_property_readonly("dialect", [](const store::TcpStore& s) {
+        return s.dialect() == store::Dialect::kModern ? "modern" : "legacy";
+      });
   m.def("HashStore", &store::make_hash_store);
   py::class_<store::PrefixStore, Store, std::shared_ptr<store::PrefixStore>>(
       m, "PrefixStore")

@@ -2,7 +2,8 @@
 """tide.elastic with real processes: LocalElasticAgent running function and
 program entrypoints on tide's C++ agent (return values, failures with error
 files and tracebacks, restarts, a killed worker, a killed launcher), rendezvous
-handlers written in Python (rounds, closed, failing, raising), metric and
+handlers written in Python (rounds, closed, failing, raising), torch 1.13's
+and torch >= 2.3's signatures (LogsSpecs), metric and
 event handlers written in Python (receiving the agent's, raising), and
 expiration timers (a worker stuck inside expires() is reaped and the group
 retried; torch's FileTimerClient against tide's FileTimerServer).
@@ -21,6 +22,7 @@ import unittest
 
 from tide.elastic import events, metrics, timer
 from tide.elastic.agent.server import LocalElasticAgent, WorkerSpec, WorkerState
+from tide.elastic.multiprocessing import DefaultLogsSpecs, Std
 from tide.elastic.multiprocessing.api import SignalException
 from tide.elastic.rendezvous import (
     RendezvousClosedError,
@@ -335,6 +337,60 @@ class AgentTest(unittest.TestCase):
                           args=(0,), rdzv_handler=PythonHandler())
         with self.assertRaisesRegex(ValueError, "start_method='spawn'"):
             LocalElasticAgent(spec, start_method="fork")
+
+    def test_torch_2_3s_signature_with_default_logs_specs(self):
+        printer = "import os; print('out of', os.environ['LOCAL_RANK'])"
+        with tempfile.TemporaryDirectory() as d:
+            spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=sys.executable,
+                              args=("-c", printer), rdzv_handler=c10d(), max_restarts=0,
+                              monitor_interval=0.1)
+            logs = DefaultLogsSpecs(log_dir=os.path.join(d, "logs"), redirects=Std.OUT)
+            agent = LocalElasticAgent(spec, logs, "spawn", 30)  # torch >= 2.3's order
+            self.assertEqual(agent.run().state, WorkerState.SUCCEEDED)
+            self.assertEqual(os.path.dirname(agent.run_log_dir), os.path.join(d, "logs"))
+            for rank in (0, 1):
+                path = os.path.join(agent.run_log_dir, "attempt_0", str(rank), "stdout.log")
+                with open(path) as f:
+                    self.assertEqual(f.read(), f"out of {rank}\n")
+
+    def test_torch_2_3s_local_ranks_filter_and_line_prefix_reach_the_console(self):
+        launcher = (
+            "import sys\n"
+            "from tide.elastic.agent.server import LocalElasticAgent, WorkerSpec\n"
+            "from tide.elastic.multiprocessing import DefaultLogsSpecs, Std\n"
+            "from tide.elastic.rendezvous import RendezvousParameters\n"
+            "from tide.elastic.rendezvous.registry import get_rendezvous_handler\n"
+            "handler = get_rendezvous_handler(RendezvousParameters(backend='c10d',\n"
+            f"    endpoint='127.0.0.1:{free_port()}', run_id='logs', min_nodes=1, max_nodes=1))\n"
+            "spec = WorkerSpec(role='trainer', local_world_size=2, entrypoint=sys.executable,\n"
+            "    args=('-c', 'import os; print(\"line of\", os.environ[\"LOCAL_RANK\"])'),\n"
+            "    rdzv_handler=handler, max_restarts=0, monitor_interval=0.1)\n"
+            "logs = DefaultLogsSpecs(tee=Std.OUT, local_ranks_filter={1})\n"
+            "agent = LocalElasticAgent(spec, logs_specs=logs,\n"
+            "    log_line_prefix_template='<${role_name}:${local_rank}> ')\n"
+            "sys.exit(agent.run().is_failed())\n")
+        out = subprocess.run([sys.executable, "-c", launcher], stdout=subprocess.PIPE,
+                             text=True, timeout=DEADLINE, check=True).stdout
+        self.assertIn("<trainer:1> line of 1\n", out)
+        self.assertNotIn("line of 0", out)
+
+    def test_the_two_signatures_refuse_what_they_cannot_both_mean(self):
+        spec = WorkerSpec(role="trainer", local_world_size=1, entrypoint=rank_plus,
+                          args=(0,), rdzv_handler=PythonHandler())
+        with tempfile.TemporaryDirectory() as d:
+            logs = DefaultLogsSpecs(log_dir=d)
+            with self.assertRaisesRegex(TypeError, "log_dir .* or logs_specs"):
+                LocalElasticAgent(spec, logs, log_dir=d)
+            with self.assertRaisesRegex(TypeError, "multiple values for argument 'start_method'"):
+                LocalElasticAgent(spec, logs, "spawn", start_method="spawn")
+            with self.assertRaisesRegex(TypeError, "at most 5 positional"):
+                LocalElasticAgent(spec, logs, "spawn", 30, None, "extra")
+            teeing = WorkerSpec(role="trainer", local_world_size=1, entrypoint=rank_plus,
+                                args=(0,), rdzv_handler=PythonHandler(), tee=Std.ALL)
+            with self.assertRaisesRegex(ValueError, "set them in one place"):
+                LocalElasticAgent(teeing, logs)
+            # torch 1.13's order is still read as such.
+            LocalElasticAgent(spec, "spawn", 30, d)
 
     def test_a_queue_no_timer_server_knows_is_refused(self):
         queue = multiprocessing.get_context("spawn").Queue()

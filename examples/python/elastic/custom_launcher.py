@@ -2,7 +2,8 @@
 """A custom launcher with a custom rendezvous handler: torch.distributed.elastic's
 "Customization" listings, runnable. Only the imports differ from torch's (swap
 `tide.elastic` for `torch.distributed.elastic` and `tide.elastic.store` for
-`torch.distributed` and it runs on torch's agent).
+`torch.distributed` and it runs on torch's agent, 1.13's or 2.x's: the agent
+is made in torch >= 2.3's form where LogsSpecs exists, in 1.13's otherwise).
 
     PYTHONPATH=build/python /usr/bin/python3 examples/python/elastic/custom_launcher.py \
         --nproc-per-node 2 --max-restarts 1 --fail-once
@@ -22,6 +23,11 @@ from tide.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from tide.elastic.rendezvous import RendezvousClosedError
 from tide.elastic.rendezvous.registry import get_rendezvous_handler, handler_registry
 from tide.elastic.store import PrefixStore, TCPStore
+
+try:  # torch >= 2.3's LocalElasticAgent takes a LogsSpecs (tide's takes either form)
+    from tide.elastic.multiprocessing import DefaultLogsSpecs
+except ImportError:
+    DefaultLogsSpecs = None
 
 
 class SingleNodeRendezvousHandler(RendezvousHandler):
@@ -92,7 +98,10 @@ if __name__ == "__main__":
         max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval,
     )
-    agent = LocalElasticAgent(spec, start_method="spawn")
+    if DefaultLogsSpecs is None:  # torch < 2.3
+        agent = LocalElasticAgent(spec, start_method="spawn")
+    else:  # torch >= 2.3: where the logs go comes second
+        agent = LocalElasticAgent(spec, DefaultLogsSpecs(), start_method="spawn")
     run_result = agent.run()
     if run_result.is_failed():
         for rank, failure in sorted(run_result.failures.items()):

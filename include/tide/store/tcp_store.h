@@ -172,6 +172,9 @@ class TcpStore final : public Store {
 
   // The server's port (the real one when is_server with port 0).
   uint16_t port() const;
+  Dialect dialect() const {
+    return options_.dialect;
+  }
   // The embedded server, or null.
   TcpStoreServer* server() const {
     return server_.get();

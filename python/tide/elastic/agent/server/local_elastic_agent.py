@@ -17,7 +17,8 @@ import signal
 import sys
 import tempfile
 import threading
-from typing import Any, Dict, List
+import warnings
+from typing import Any, Dict, List, Optional
 
 import tide
 from tide import _elastic
@@ -30,7 +31,7 @@ from tide.elastic.agent.server.api import (
     WorkerSpec,
     WorkerState,
 )
-from tide.elastic.multiprocessing.api import SignalException
+from tide.elastic.multiprocessing.api import SignalException, Std
 from tide.elastic.multiprocessing.errors import ProcessFailure
 from tide.elastic.timer.local_timer import TimerQueue, timer_queue_of
 
@@ -61,15 +62,44 @@ class _ArgsPickler(pickle.Pickler):
 class LocalElasticAgent(ElasticAgent):
     """Runs one node's workers of `spec` on tide's agent.
 
+    Both torch's signatures:
+      torch 1.13:   LocalElasticAgent(spec, start_method="spawn",
+                                      exit_barrier_timeout=300, log_dir=None)
+      torch >= 2.3: LocalElasticAgent(spec, logs_specs, start_method="spawn",
+                                      exit_barrier_timeout=300,
+                                      log_line_prefix_template=None)
+    (a LogsSpecs in second place, or logs_specs= by name, is the 2.3 form).
+
     start_method: "spawn" only (workers are fresh interpreters; torch's "fork"
     and "forkserver" would run workers from a copy of the launcher, which
     tide's agent does not). exit_barrier_timeout: seconds a finished node
-    waits for the others. log_dir: where the run's logs and error files go
-    (default: a new directory under $TMPDIR)."""
+    waits for the others. log_dir, or logs_specs' root_log_dir: where the
+    run's logs and error files go (default: a new directory under $TMPDIR).
+    logs_specs also gives the streams (redirects, tee) and local_ranks_filter,
+    which torch 1.13 read from WorkerSpec. log_line_prefix_template: the
+    prefix of each tee'd line, with ${role_name}, ${rank} and ${local_rank}
+    (default "[<role><local_rank>]:")."""
 
-    def __init__(self, spec: WorkerSpec, start_method: str = "spawn",
-                 exit_barrier_timeout: float = 300, log_dir: str = None,
-                 logs_specs: Any = None) -> None:
+    _TORCH_1_13_ORDER = ("start_method", "exit_barrier_timeout", "log_dir")
+    _TORCH_2_3_ORDER = ("logs_specs", "start_method", "exit_barrier_timeout",
+                        "log_line_prefix_template")
+
+    def __init__(self, spec: WorkerSpec, *args: Any, **kwargs: Any) -> None:
+        order = self._TORCH_1_13_ORDER
+        if args and not isinstance(args[0], str):
+            order = self._TORCH_2_3_ORDER
+        if len(args) > len(order):
+            raise TypeError(f"LocalElasticAgent() takes at most {len(order) + 1} positional "
+                            f"arguments ({len(args) + 1} given)")
+        for name, value in zip(order, args):
+            if name in kwargs:
+                raise TypeError(f"LocalElasticAgent() got multiple values for argument {name!r}")
+            kwargs[name] = value
+        self._init(spec, **kwargs)
+
+    def _init(self, spec: WorkerSpec, start_method: str = "spawn",
+              exit_barrier_timeout: float = 300, log_dir: Optional[str] = None,
+              logs_specs: Any = None, log_line_prefix_template: Optional[str] = None) -> None:
         if start_method != "spawn":
             raise ValueError(
                 f"start_method={start_method!r}: tide's agent starts each worker as a fresh "
@@ -77,9 +107,27 @@ class LocalElasticAgent(ElasticAgent):
                 "be importable, or defined in the launcher's __main__ module)")
         self._spec = spec
         self._exit_barrier_timeout = exit_barrier_timeout
-        if log_dir is None and logs_specs is not None:
-            log_dir = getattr(logs_specs, "root_log_dir", None)
+        self._redirects, self._tee, self._local_ranks_filter = spec.redirects, spec.tee, None
+        if logs_specs is not None:
+            if log_dir is not None:
+                raise TypeError("give log_dir (torch 1.13) or logs_specs (torch >= 2.3), "
+                                "not both")
+            if spec.redirects != Std.NONE or spec.tee != Std.NONE:
+                raise ValueError(
+                    "redirects/tee are set both in WorkerSpec (torch 1.13) and by "
+                    "logs_specs (torch >= 2.3); set them in one place")
+            root = logs_specs.root_log_dir  # "None" when a LogsSpecs has none
+            log_dir = root if root and root != "None" else None
+            self._redirects = getattr(logs_specs, "_redirects", Std.NONE)
+            self._tee = getattr(logs_specs, "_tee", Std.NONE)
+            self._local_ranks_filter = getattr(logs_specs, "_local_ranks_filter", None)
+            if type(logs_specs).__name__ != "DefaultLogsSpecs":
+                warnings.warn(
+                    f"{type(logs_specs).__name__}: tide's agent reads its log_dir, redirects, "
+                    "tee and local_ranks_filter and lays the files out as DefaultLogsSpecs "
+                    "does; its reify() is not called")
         self._log_dir = log_dir or ""
+        self._log_line_prefix_template = log_line_prefix_template or ""
         self._worker_group = WorkerGroup(spec)
         self._native = None
         self._run_log_dir = ""
@@ -104,8 +152,10 @@ class LocalElasticAgent(ElasticAgent):
                 "rdzv_handler": spec.rdzv_handler,
                 "max_restarts": spec.max_restarts,
                 "monitor_interval": float(spec.monitor_interval),
-                "redirects": _std(spec.redirects),
-                "tee": _std(spec.tee),
+                "redirects": _std(self._redirects),
+                "tee": _std(self._tee),
+                "local_ranks_filter": sorted(self._local_ranks_filter or ()),
+                "log_line_prefix_template": self._log_line_prefix_template,
                 "log_dir": self._log_dir,
                 "master_addr": spec.master_addr,
                 "master_port": spec.master_port,
