@@ -26,45 +26,27 @@ if [[ $(id -u) -ne 0 ]]; then
   echo "fresh_machine.sh: run as root (debootstrap, chroot, mounts)" >&2
   exit 2
 fi
-if ! command -v debootstrap >/dev/null; then
-  apt-get install -y -q --no-install-recommends debootstrap >/dev/null
-fi
+source "$repo/scripts/lib/debian_root.sh"
 
 cleanup() {
-  # run/netns: where the tests' network namespaces leave a mount.
-  for m in run/netns dev/pts dev proc sys; do
-    umount -l "$root/$m" 2>/dev/null || true
-  done
+  debian_root_unmount "$root"
   if [[ ${KEEP_ROOT:-0} != 1 ]]; then
     rm -rf "$root"
   fi
 }
 trap cleanup EXIT
 cleanup
-mkdir -p "$root"
 echo "== debootstrap bookworm (minbase) into $root"
-debootstrap --variant=minbase --include=ca-certificates,git,sudo bookworm \
-  "$root" http://deb.debian.org/debian >"$root.debootstrap.log" 2>&1 ||
-  { tail -20 "$root.debootstrap.log"; exit 1; }
-cp /etc/resolv.conf "$root/etc/resolv.conf"
-# What Debian's installer writes and debootstrap does not: without it
-# "localhost" does not resolve (torch's agent looks it up).
-printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
-  "$(hostname)" >"$root/etc/hosts"
+debian_root_make "$root" bookworm git,sudo
 cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/" 2>/dev/null &&
   rm -f "$root/etc/apt/sources.list" || true
-mount -t proc proc "$root/proc"
-mount -t sysfs sys "$root/sys"
-mount --bind /dev "$root/dev"
-mount --bind /dev/pts "$root/dev/pts"
+debian_root_mount "$root"
 git clone -q "$repo" "$root/work/tide"
 
 echo "== $command in the fresh root"
 start=$(date +%s)
 status=0
-chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb \
-  PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  bash -c "cd /work/tide && $command" || status=$?
+debian_root_run "$root" "cd /work/tide && $command" || status=$?
 end=$(date +%s)
 echo "== $command on a fresh machine: $((end - start)) s, exit status $status"
 exit $status

@@ -11,6 +11,10 @@
 #   scripts/setup.sh unit   what building the unit tests needs (the elastic
 #                           half's and GoogleTest's); scripts/test.sh starts
 #                           the sanitizer builds on it while the rest installs
+#   scripts/setup.sh torch  what building and running the tests that involve
+#                           torch needs (scripts/torch2.sh's Debian 13 root)
+#
+# Debian 12 and 13 alike (their package names here are the same).
 #
 # As root, or with sudo available.
 set -euo pipefail
@@ -31,6 +35,12 @@ demo)
   ;;
 unit)
   packages+=(libgtest-dev libgmock-dev)
+  ;;
+torch)
+  packages+=(libgtest-dev libgmock-dev python3 python3-torch libtorch-dev pybind11-dev
+    python3-dev procps iproute2 curl file elfutils gdb
+    # torch 2.x's torch.testing._internal (its RPC suites) imports setuptools
+    python3-setuptools)
   ;;
 all)
   packages+=(
@@ -61,7 +71,7 @@ all)
   )
   ;;
 *)
-  echo "setup.sh: unknown profile '$profile' (demo, unit, or nothing for all)" >&2
+  echo "setup.sh: unknown profile '$profile' (demo, unit, torch, or nothing for all)" >&2
   exit 2
   ;;
 esac

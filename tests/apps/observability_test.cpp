@@ -436,10 +436,11 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheHealthPortAndRunsTheDashboard) {
   // GET /api/v1/query; nullopt while Prometheus does not answer yet.
   auto query = [&](const std::string& promql) -> std::optional<nlohmann::json> {
     // Long enough for a Prometheus on a loaded machine; one that is not up
-    // yet refuses the connection at once.
+    // yet refuses the connection at once, and one whose storage is not open
+    // yet answers 503 (what its /-/ready says too).
     auto r = test::http_get(
         web_port, "/api/v1/query?query=" + url_encode(promql), 30s);
-    if (!r) {
+    if (!r || r->status == 503) {
       return std::nullopt;
     }
     auto j =
