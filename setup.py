@@ -32,6 +32,18 @@ def torch_cmake_prefix():
     return torch.utils.cmake_prefix_path
 
 
+def check_same_python(build):
+    """A build reused as it is must be for this Python: its modules are."""
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith("Python_EXECUTABLE:"):
+                built_for = line.split("=", 1)[1].strip()
+                if os.path.realpath(built_for) != os.path.realpath(sys.executable):
+                    sys.exit(f"{build} builds tide's modules for {built_for}, not for "
+                             f"{sys.executable}: give TIDE_BUILD_DIR a new directory")
+                return
+
+
 class BuildWithCMake(build_ext):
     """The package is CMake's build/python/tide (the Python files and the
     modules): configured and built here, then copied into the wheel."""
@@ -50,6 +62,8 @@ class BuildWithCMake(build_ext):
             if torch_prefix:
                 configure.append(f"-DCMAKE_PREFIX_PATH={torch_prefix}")
             subprocess.run(configure, check=True)
+        else:
+            check_same_python(BUILD)
         targets = ["tide_elastic_module", *COMMANDS]
         known = subprocess.run(["cmake", "--build", BUILD, "--target", "help"], check=True,
                                capture_output=True, text=True).stdout

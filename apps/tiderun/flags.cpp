@@ -210,6 +210,20 @@ void put_rank_order(const Flags& f, LaunchConfig& c) {
   }
 }
 
+// The interpreter of a script when PYTHON_EXEC is not set: the virtual
+// environment's when tiderun is installed in one (venv/bin/tiderun beside
+// venv/pyvenv.cfg, as pip install puts it), as torchrun runs its workers
+// with its own interpreter; python3 from PATH otherwise.
+std::string default_python() {
+  std::error_code ec;
+  auto bin = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  if (!ec && std::filesystem::exists(bin.parent_path() / "pyvenv.cfg", ec) &&
+      ::access((bin / "python3").c_str(), X_OK) == 0) {
+    return (bin / "python3").string();
+  }
+  return "python3";
+}
+
 }  // namespace
 
 // The job secret: TIDE_JOB_SECRET, or the first line of the file
@@ -505,24 +519,6 @@ void add_flags(CLI::App& app, Flags& f) {
       "the timer FIFO's path (default: in the run's log directory)");
 }
 
-namespace {
-
-// The interpreter of a script when PYTHON_EXEC is not set: the virtual
-// environment's when tiderun is installed in one (venv/bin/tiderun beside
-// venv/pyvenv.cfg, as pip install puts it), as torchrun runs its workers
-// with its own interpreter; python3 from PATH otherwise.
-std::string default_python() {
-  std::error_code ec;
-  auto bin = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
-  if (!ec && std::filesystem::exists(bin.parent_path() / "pyvenv.cfg", ec) &&
-      ::access((bin / "python3").c_str(), X_OK) == 0) {
-    return (bin / "python3").string();
-  }
-  return "python3";
-}
-
-}  // namespace
-
 tide::agent::Entrypoint make_entrypoint(
     const Flags& f, const std::vector<std::string>& rest) {
   if (rest.empty()) {
@@ -539,8 +535,6 @@ tide::agent::Entrypoint make_entrypoint(
   }
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   std::vector<std::string> argv;
-  const char* py = std::getenv("PYTHON_EXEC");
-  std::string python = py && *py ? py : default_python();
   bool is_py =
       script.size() > 3 && script.compare(script.size() - 3, 3, ".py") == 0;
   bool direct = f.no_python || (!f.module && !f.run_path && !is_py &&
@@ -548,10 +542,14 @@ tide::agent::Entrypoint make_entrypoint(
                                 ::access(script.c_str(), X_OK) == 0);
   if (direct) {
     argv.push_back(script);
-  } else if (f.module) {
-    argv = {python, "-u", "-m", script};
   } else {
-    argv = {python, "-u", script};
+    const char* py = std::getenv("PYTHON_EXEC");
+    std::string python = py && *py ? py : default_python();
+    if (f.module) {
+      argv = {python, "-u", "-m", script};
+    } else {
+      argv = {python, "-u", script};
+    }
   }
   argv.insert(argv.end(), args.begin(), args.end());
   return tide::agent::Command{std::move(argv)};
