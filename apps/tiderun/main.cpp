@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "flags.h"
 #include "status.h"
+#include "torch_probe.h"
 
 namespace {
 
@@ -200,6 +201,7 @@ int main(int argc, char** argv) {
     tiderun::apply_environment(app, flags);
     tiderun::apply_slurm(app, flags);
     config = tiderun::make_config(flags);
+    tiderun::fit_to_torch(entrypoint, flags.no_python, config);
     TIDE_LOG_DEBUG(
         "configuration: --nnodes={}:{} --nproc-per-node={} --rdzv-backend={} "
         "--rdzv-endpoint={} --rdzv-id={} --max-restarts={} "

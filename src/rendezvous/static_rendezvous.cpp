@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <charconv>
+
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/events/events.h"
 #include "tide/store/prefix_store.h"
 
 #include "net/address.h"
+#include "net/socket.h"
 #include "rendezvous/conf_keys.h"
 
 namespace tide::rendezvous {
@@ -17,13 +20,14 @@ StaticRendezvousHandler::StaticRendezvousHandler(
     : run_id_(params.run_id),
       rank_(static_cast<int>(params.get_as_int("rank", 0))),
       world_size_(params.max_nodes),
-      timeout_(params.get_as_seconds("timeout", std::chrono::seconds(600))) {
+      timeout_(params.get_as_seconds("timeout", std::chrono::seconds(600))),
+      agent_store_(params.get_as_bool("agent_store", true)) {
   auto [host, port] = net::parse_host_port(
       params.endpoint.empty() ? "127.0.0.1" : params.endpoint,
       store::kDefaultPort);
   host_ = std::move(host);
   port_ = port;
-  warn_unknown_conf_keys(params, {"rank", "timeout"});
+  warn_unknown_conf_keys(params, {"rank", "timeout", "agent_store"});
   if (params.min_nodes != params.max_nodes) {
     throw InvalidArgument(
         "the static rendezvous needs a fixed node count, not " +
@@ -106,7 +110,8 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
         host_,
         port_);
   }
-  if (round_ > 0) {
+  uint16_t workers_port = agent_store_ ? port_ : workers_store_port();
+  if (round_ > 0 && agent_store_) {
     forget_previous_attempt();
   }
   rdzv_event(
@@ -121,8 +126,30 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
       .store = std::make_shared<store::PrefixStore>(run_id_, store_),
       .rank = rank_,
       .world_size = world_size_,
-      .bootstrap = {.master_addr = host_, .master_port = port_},
+      .bootstrap = {.master_addr = host_, .master_port = workers_port},
   };
+}
+
+uint16_t StaticRendezvousHandler::workers_store_port() {
+  if (world_size_ == 1) {
+    return net::free_port();
+  }
+  // The nodes' rounds are their own: node 0 picks one port for the job and
+  // the others read it from the agents' store.
+  store::PrefixStore store(run_id_, store_);
+  if (rank_ == 0 && round_ == 0) {
+    store.set("workers_port", std::to_string(net::free_port()));
+  }
+  std::string value = store.get("workers_port");
+  uint16_t port = 0;
+  auto [end, ec] =
+      std::from_chars(value.data(), value.data() + value.size(), port);
+  if (ec != std::errc() || end != value.data() + value.size() || port == 0) {
+    throw RendezvousError(
+        "static rendezvous: the workers' port node 0 published is '" + value +
+        "', not a port");
+  }
+  return port;
 }
 
 void StaticRendezvousHandler::forget_previous_attempt() {

@@ -7,6 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <map>
+#include <regex>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -431,6 +434,135 @@ TEST_F(
     ASSERT_TRUE(status.has_value()) << "run " << i << " stalled:\n" << out;
     EXPECT_EQ(exit_code(*status), 0) << out;
     EXPECT_EQ(out.find("sending SIGKILL"), std::string::npos) << out;
+  }
+}
+
+// A stand-in for a torch package on PYTHONPATH: its version file and a
+// TCPStore that fails as a torch built without libuv does when asked for it
+// (torch >= 2.4's default); importing torch.distributed leaves a line in
+// `asked`, so a test sees whether tiderun imported it.
+void fake_torch(
+    const fs::path& site,
+    const std::string& version,
+    bool has_libuv,
+    const fs::path& asked) {
+  fs::create_directories(site / "torch/distributed");
+  std::ofstream(site / "torch/__init__.py") << "";
+  std::ofstream(site / "torch/version.py")
+      << "__version__ = '" << version << "'\n";
+  std::ofstream(site / "torch/distributed/__init__.py")
+      << "open(" << std::quoted(asked.string()) << ", 'a').write('asked\\n')\n"
+      << "class TCPStore:\n"
+      << "    def __init__(self, *args, use_libuv=True, **kwargs):\n"
+      << "        if use_libuv and not " << (has_libuv ? "True" : "False")
+      << ":\n"
+      << "            raise RuntimeError('use_libuv was requested but PyTorch "
+         "was build without libuv support')\n";
+}
+
+// Each worker says what store it was given; rank 0 fails on attempt 0,
+// once rank 1 has said it (a file rank 1 makes after its line).
+constexpr const char* kStoreReport =
+    "import os, sys, time\n"
+    "e = os.environ\n"
+    "attempt = e['TORCHELASTIC_RESTART_COUNT']\n"
+    "print(f\"attempt={attempt} rank={e['RANK']} "
+    "libuv={e.get('USE_LIBUV', 'unset')} "
+    "agent_store={e['TORCHELASTIC_USE_AGENT_STORE']} "
+    "port={e['MASTER_PORT']}\", flush=True)\n"
+    "said = os.path.join(os.path.dirname(__file__), 'said_' + attempt)\n"
+    "if e['RANK'] == '1':\n"
+    "    open(said, 'w').close()\n"
+    "elif attempt == '0':\n"
+    "    while not os.path.exists(said):\n"
+    "        time.sleep(0.01)\n"
+    "    sys.exit(1)\n";
+
+// The MASTER_PORT each "attempt=N rank=R" line of `out` names.
+std::map<std::string, std::string> store_ports(const std::string& out) {
+  std::map<std::string, std::string> ports;
+  std::regex line("(attempt=[0-9]+ rank=[0-9]+) .* port=([0-9]+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line);
+       it != std::sregex_iterator();
+       ++it) {
+    ports[(*it)[1].str()] = (*it)[2].str();
+  }
+  return ports;
+}
+
+// Debian's torch 2.6 asks for libuv by default and lacks it: no store a
+// worker makes under the agent's store can work. tiderun asks that torch
+// once, and its workers host their own store without libuv, at a new port
+// each attempt.
+TEST_F(TiderunTest, WorkersOfATorchWithoutLibuvHostTheirOwnStoreEachAttempt) {
+  fs::path asked = dir_ / "asked";
+  fake_torch(dir_ / "site", "2.6.0+debian", false, asked);
+  std::ofstream(dir_ / "w.py") << kStoreReport;
+  test::SubprocessOptions opts{
+      .env =
+          {{"PYTHONPATH", (dir_ / "site").string()},
+           {"XDG_CACHE_HOME", (dir_ / "cache").string()}},
+      .merge_stderr = true};
+  for (int run_no = 0; run_no < 2; ++run_no) {
+    fs::remove(dir_ / "said_0");
+    auto [status, out] =
+        run({"--standalone",
+             "--nproc-per-node=2",
+             "--max-restarts=1",
+             (dir_ / "w.py").string()},
+            opts);
+    ASSERT_EQ(exit_code(status), 0) << out;
+    EXPECT_NE(
+        out.find(
+            "torch 2.6.0+debian (" + (dir_ / "site/torch").string() +
+            ") asks for libuv by default and was built without it: "
+            "workers get USE_LIBUV=0; rank 0's worker hosts"),
+        std::string::npos)
+        << out;
+    auto ports = store_ports(out);
+    ASSERT_EQ(ports.size(), 4u) << out;
+    EXPECT_EQ(ports["attempt=0 rank=0"], ports["attempt=0 rank=1"]) << out;
+    EXPECT_EQ(ports["attempt=1 rank=0"], ports["attempt=1 rank=1"]) << out;
+    EXPECT_NE(ports["attempt=0 rank=0"], ports["attempt=1 rank=0"]) << out;
+    EXPECT_NE(
+        out.find("rank=1 libuv=0 agent_store=False port="), std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("agent_store=True"), std::string::npos) << out;
+  }
+  // Asked in the first run only; the second read the answer kept.
+  std::ifstream in(asked);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "asked\n");
+  EXPECT_FALSE(fs::is_empty(dir_ / "cache/tide"));
+}
+
+// A torch with libuv, and a torch older than 2.4 (no libuv by default; not
+// even asked): the workers use the agent's store as they always did.
+TEST_F(TiderunTest, WorkersOfATorchThatNeedsNothingUseTheAgentsStore) {
+  for (auto [version, has_libuv] :
+       {std::pair{"2.6.0", true}, std::pair{"1.13.1", false}}) {
+    fs::path site = dir_ / version;
+    fs::path asked = dir_ / (std::string(version) + ".asked");
+    fake_torch(site, version, has_libuv, asked);
+    fs::create_directories(site / "job");
+    std::ofstream(site / "job/w.py") << kStoreReport;
+    auto [status, out] =
+        run({"--standalone",
+             "--nproc-per-node=2",
+             "--max-restarts=1",
+             (site / "job/w.py").string()},
+            {.env =
+                 {{"PYTHONPATH", site.string()},
+                  {"XDG_CACHE_HOME", (dir_ / "cache").string()}},
+             .merge_stderr = true});
+    ASSERT_EQ(exit_code(status), 0) << version << "\n" << out;
+    EXPECT_EQ(out.find("asks for libuv"), std::string::npos) << out;
+    auto ports = store_ports(out);
+    ASSERT_EQ(ports.size(), 4u) << out;
+    EXPECT_EQ(ports["attempt=0 rank=0"], ports["attempt=1 rank=0"]) << out;
+    EXPECT_NE(
+        out.find("rank=1 libuv=unset agent_store=True"), std::string::npos)
+        << out;
+    EXPECT_EQ(fs::exists(asked), has_libuv) << version;
   }
 }
 

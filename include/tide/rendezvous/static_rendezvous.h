@@ -13,8 +13,12 @@ namespace tide::rendezvous {
 // the others connect to it. No elasticity: num_nodes_waiting() is 0.
 //
 // Parameters: endpoint "host[:port]" (default port 29500), max_nodes = the
-// node count, config "rank" (this node's rank, default 0) and "timeout"
-// (seconds, the store timeout, default 600).
+// node count, config "rank" (this node's rank, default 0), "timeout"
+// (seconds, the store timeout, default 600) and "agent_store" (default 1:
+// the workers use the agents' store, TORCHELASTIC_USE_AGENT_STORE; 0: global
+// rank 0's worker hosts theirs, at a new free port each round on one node,
+// at one port node 0 picks for the job on several, as for a torch that
+// cannot reach the agent's store).
 //
 // The constructor checks the parameters (InvalidArgument: a count that is
 // not fixed, a rank outside it, port 0 for several nodes) and connects to
@@ -44,11 +48,16 @@ class StaticRendezvousHandler final : public RendezvousHandler {
     return run_id_;
   }
   bool shutdown() override;
+  bool use_agent_store() const override {
+    return agent_store_;
+  }
 
  private:
   // Between two attempts: empties the workers' store of what the previous
   // attempt's workers wrote (one node), or warns once that it cannot (more).
   void forget_previous_attempt();
+  // agent_store=0: where rank 0's worker hosts the workers' store this round.
+  uint16_t workers_store_port();
 
   std::string run_id_;
   std::string host_;
@@ -57,6 +66,7 @@ class StaticRendezvousHandler final : public RendezvousHandler {
   int world_size_ = 1;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<store::TcpStore> store_;
+  bool agent_store_ = true;
   bool closed_ = false;
   int round_ = 0;
 };
