@@ -65,6 +65,8 @@ all)
     python3-venv python3-pip python3-setuptools python3-wheel
     # stacks of hung workers (tiderun --heartbeat-timeout): eu-stack, else gdb
     elfutils gdb
+    # scripts/torch2.sh's Debian 13 root (the tests beside torch 2.6)
+    debootstrap
     # the live job page's browser test (headless) and the Prometheus scrape
     # test (prometheus, promtool)
     chromium prometheus

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test: on the normal build everything
 # that runs programs, Python, libtorch, packages (multi-process, interop with
-# PyTorch, the rpc backend under torch's own suite, a 30 s fuzz run); the
-# unit tests (tide's code in the test process) under ASan+UBSan and under
-# TSan (TIDE_TSAN=0 skips that pass).
+# PyTorch 1.13, the rpc backend under torch's own suite, a 30 s fuzz run);
+# the unit tests (tide's code in the test process) under ASan+UBSan and under
+# TSan (TIDE_TSAN=0 skips that pass); the tests that involve torch again
+# beside Debian 13's torch 2.6, in a root scripts/torch2.sh makes and keeps
+# (TIDE_TORCH2=0 skips that pass).
 #
 # The sanitizer builds need only the unit tests' packages: they start as
 # soon as those are installed and compile in the background, at the lowest
 # priority, while the other packages install, the normal build compiles and
 # its tests run, using what CPU those leave. Their output goes to
-# build-asan.log and build-tsan.log.
+# build-asan.log and build-tsan.log. The Debian 13 root and tide's build in
+# it start once every package is in, in the background too (torch2.log).
 set -euo pipefail
 SECONDS=0
 step() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
@@ -27,6 +30,9 @@ unit=(-DTIDE_BUILD_TESTS=ON -DTIDE_TESTS=unit -DTIDE_BUILD_BENCH=OFF
 asan=(build-asan -DTIDE_SANITIZE=address "${unit[@]}")
 tsan=(build-tsan -DTIDE_SANITIZE=thread "${unit[@]}")
 tsan_on=${TIDE_TSAN:-1}
+torch2_on=${TIDE_TORCH2:-1}
+as_root=""
+if [[ $(id -u) -ne 0 ]]; then as_root="sudo"; fi
 
 step "packages the unit tests' builds need"
 scripts/setup.sh unit
@@ -53,19 +59,38 @@ set -m
 builds=$!
 set +m
 trap 'kill -- -$builds 2>/dev/null || true' EXIT
+# Results in the order the builds finish.
+declare -A finished
 wait_for_build() {
   local name status
   step "waiting for the $1 build (background, $1.log)"
-  read -r name status <&"$results"
-  if [[ $name != "$1" || $status != 0 ]]; then
-    tail -40 "$name.log"
-    echo "== the $name build failed (exit status $status); its log: $name.log" >&2
+  while [[ -z ${finished[$1]:-} ]]; do
+    read -r name status <&"$results"
+    finished[$name]=$status
+  done
+  if [[ ${finished[$1]} != 0 ]]; then
+    tail -40 "$1.log"
+    echo "== the $1 build failed (exit status ${finished[$1]}); its log: $1.log" >&2
     exit 1
   fi
 }
 
 step "the other packages (the sanitizer builds compile meanwhile)"
 scripts/setup.sh
+if [[ $torch2_on == 1 ]]; then
+  step "a Debian 13 root with torch 2.6, and tide built there (background, torch2.log)"
+  set -m
+  (
+    if nice -n 19 $as_root scripts/torch2.sh build >torch2.log 2>&1; then
+      echo "torch2 0" >&"$results"
+    else
+      echo "torch2 $?" >&"$results"
+    fi
+  ) &
+  torch2=$!
+  set +m
+  trap 'kill -- -$builds -$torch2 2>/dev/null || true' EXIT
+fi
 step "build (RelWithDebInfo)"
 scripts/build.sh "${plain[@]}"
 step "naming rules on the last commit's sources (.clang-tidy)"
@@ -83,5 +108,10 @@ if [[ $tsan_on == 1 ]]; then
   # Known false positives of uninstrumented libstdc++ (see the file).
   TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}" \
     ctest --test-dir build-tsan --output-on-failure -j2 --timeout 600
+fi
+if [[ $torch2_on == 1 ]]; then
+  wait_for_build torch2
+  step "the tests that involve torch, beside Debian 13's torch 2.6 (scripts/torch2.sh)"
+  $as_root scripts/torch2.sh test
 fi
 step "all tests passed"

@@ -5,8 +5,13 @@
 # /build there, against libtorch 2.6 and Python 3.13. As root.
 #
 #   scripts/torch2.sh                  # make/update the root, build, run the torch tests
+#   scripts/torch2.sh root             # make/update the root only
 #   scripts/torch2.sh build            # make/update the root and build
 #   scripts/torch2.sh run 'COMMAND'    # COMMAND in the root, from /src (after a build)
+#
+# scripts/test.sh runs it: the root and its build in the background, the
+# tests at the end. The tests are those that involve torch (ctest labels
+# torch_rpc, elastic_py, interop, prestart); the build is what they need.
 #
 # TIDE_TORCH2_ROOT: where the root lives (default /var/cache/tide/trixie,
 # about 3 GB with a build).
@@ -38,9 +43,11 @@ build() {
     "dpkg-query -W -f='\${Version}' libtorch-dev") in /build"
   debian_root_run "$root" "cd /src && scripts/build.sh /build -DTIDE_BUILD_TESTS=ON \
     -DTIDE_TESTS=integration -DTIDE_FUZZ_TESTS=OFF -DTIDE_BUILD_BENCH=OFF -DTIDE_WITH_TORCH=ON \
-    -DTIDE_WITH_PYTHON=ON"
+    -DTIDE_WITH_PYTHON=ON -- tiderun tide-store tide_elastic_module tide_torch_rpc_module \
+    tide_interop_tests tide_torch_rpc_tests"
 }
 case $what in
+root) ;;
 build) build ;;
 test)
   build
@@ -52,7 +59,7 @@ run)
   debian_root_run "$root" "cd /src && ${2:?torch2.sh run 'COMMAND'}"
   ;;
 *)
-  echo "torch2.sh: unknown command '$what' (test, build or run)" >&2
+  echo "torch2.sh: unknown command '$what' (test, root, build or run)" >&2
   exit 2
   ;;
 esac

@@ -208,7 +208,7 @@ void fit_to_torch(
       use_libuv == nullptr
           ? "workers get USE_LIBUV=0"
           : std::string("USE_LIBUV=") + use_libuv + " is kept (set)",
-      own_store ? "; rank 0's worker hosts the workers' store, at a new port "
+      own_store ? "; rank 0's worker hosts the workers' store, made anew "
                   "each attempt (the agent's store needs libuv there)"
                 : "");
 }

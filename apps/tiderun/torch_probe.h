@@ -35,8 +35,8 @@ std::optional<TorchFacts> probe_torch(const std::string& python);
 // (nothing for other entrypoints, or `no_python`): for a torch that asks
 // for libuv without having it, the workers get USE_LIBUV=0 (unless it is
 // set) and, on the static backend, host their own store (--rdzv-conf
-// agent_store=0, unless given) at a new port each attempt, the agent's
-// store being out of their reach; logged once.
+// agent_store=0, unless given), made anew each attempt, the agent's store
+// being out of their reach; logged once.
 void fit_to_torch(
     const tide::agent::Entrypoint& entrypoint,
     bool no_python,

@@ -10,7 +10,8 @@
 debian_root_make() {
   local root=$1 suite=$2 extra=${3:+,$3}
   if ! command -v debootstrap >/dev/null; then
-    apt-get install -y -q --no-install-recommends debootstrap >/dev/null
+    apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends \
+      debootstrap >/dev/null
   fi
   mkdir -p "$root"
   debootstrap --variant=minbase --include="ca-certificates$extra" "$suite" \

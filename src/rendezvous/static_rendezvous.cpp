@@ -27,6 +27,12 @@ StaticRendezvousHandler::StaticRendezvousHandler(
       store::kDefaultPort);
   host_ = std::move(host);
   port_ = port;
+  if (!agent_store_ && world_size_ == 1) {
+    // The workers' store takes the endpoint's port (a script may name it in
+    // tcp://); the agents' store, which no other node needs, any other.
+    workers_port_ = port;
+    port_ = 0;
+  }
   warn_unknown_conf_keys(params, {"rank", "timeout", "agent_store"});
   if (params.min_nodes != params.max_nodes) {
     throw InvalidArgument(
@@ -132,7 +138,9 @@ RendezvousInfo StaticRendezvousHandler::next_rendezvous() {
 
 uint16_t StaticRendezvousHandler::workers_store_port() {
   if (world_size_ == 1) {
-    return net::free_port();
+    // Each attempt's rank 0 makes the store anew, at the given port or
+    // at a free one.
+    return workers_port_ != 0 ? workers_port_ : net::free_port();
   }
   // The nodes' rounds are their own: node 0 picks one port for the job and
   // the others read it from the agents' store.

@@ -224,7 +224,9 @@ class TorchStoreHandler(PythonHandler):
         import torch.distributed as dist
         self.dist = dist
         self.rank, self.world = rank, world
-        self.tcp = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+        from torch_facts import store_kwargs
+        self.tcp = dist.TCPStore("127.0.0.1", port, world, rank == 0, **store_kwargs())
 
     def next_rendezvous(self):
         self.rounds += 1

@@ -4,15 +4,21 @@ init_process_group adds one; 2.5 and later do not). Attempt 0 leaves a key
 where gloo leaves its address, then fails; attempt 1 must not find it, as
 a restarted group must never read the previous attempt's addresses.
 
-Run under a launcher with TORCHELASTIC_USE_AGENT_STORE=True, one worker."""
+Run under a launcher, one worker: on the agent's store
+(TORCHELASTIC_USE_AGENT_STORE=True), else on the store it hosts as torch's
+rank 0 does (tiderun's choice for a torch without libuv)."""
 import os
 import sys
 from datetime import timedelta
 
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from torch_facts import store_kwargs  # noqa: E402
+
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                      is_master=False, timeout=timedelta(seconds=60))
+                      is_master=os.environ["TORCHELASTIC_USE_AGENT_STORE"] != "True",
+                      timeout=timedelta(seconds=60), **store_kwargs())
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 key = f"default_pg/0/rank_{os.environ['RANK']}"
 if attempt == 0:

@@ -64,6 +64,8 @@ constexpr const char* kDdpScript = TIDE_INTEROP_DIR "/ddp_train.py";
 const std::string kTimerScript =
     std::string(TIDE_INTEROP_DIR) + "/torch_timer_worker.py";
 constexpr const char* kPrintEnvScript = TIDE_INTEROP_DIR "/print_env.py";
+constexpr const char* kInitMethodScript =
+    TIDE_INTEROP_DIR "/init_method_worker.py";
 constexpr const char* kAttemptStoreScript =
     TIDE_INTEROP_DIR "/attempt_store_worker.py";
 constexpr const char* kInjectedFailure =
@@ -602,10 +604,62 @@ TEST(
   EXPECT_NE(
       r.out.find("attempt 1 found nothing of attempt 0"), std::string::npos)
       << r.describe();
-  EXPECT_TRUE(std::regex_search(
-      r.err,
-      std::regex("round 1: erased [1-9][0-9]* key\\(s\\) of the previous")))
-      << r.describe();
+  // The agent's store emptied between attempts; for a torch without
+  // libuv, a store of the workers' own, made anew each attempt, instead.
+  if (r.err.find("asks for libuv by default and was built without it") ==
+      std::string::npos) {
+    EXPECT_TRUE(std::regex_search(
+        r.err,
+        std::regex("round 1: erased [1-9][0-9]* key\\(s\\) of the previous")))
+        << r.describe();
+  } else {
+    EXPECT_NE(
+        r.err.find("rank 0's worker hosts the workers' store, made anew "
+                   "each attempt"),
+        std::string::npos)
+        << r.describe();
+  }
+}
+
+// torch's own launcher tests (test_init_method_{env,tcp}_with_torchelastic):
+// four workers meet through env:// or through tcp:// at the launcher's
+// --master-port, all_reduce once and end. With destroy_process_group()
+// before exit (without it torch 2.6 on Python 3.13 may abort at exit under
+// any launcher: init_method_worker.py says why), every run ends cleanly.
+TEST(TiderunInteropTest, TorchsLauncherTestCaseEndsCleanlyEveryTime) {
+  TempDir tmp;
+  Env env = parent_env(tmp);
+  for (int i = 0; i < 2; ++i) {
+    for (bool tcp : {false, true}) {
+      uint16_t port = free_port();
+      std::string init_method =
+          tcp ? "tcp://localhost:" + std::to_string(port) : "env://";
+      Outcome r =
+          run(tiderun({
+                  "--run-path",
+                  "--nnodes=1",
+                  "--nproc-per-node=4",
+                  "--master-addr=localhost",
+                  "--master-port=" + std::to_string(port),
+                  "--monitor-interval=1",
+                  kInitMethodScript,
+                  "--init-method=" + init_method,
+                  "--destroy",
+              }),
+              env,
+              tmp.path(),
+              "tiderun");
+      ASSERT_FALSE(r.timed_out) << r.describe();
+      EXPECT_EQ(r.exit_code, 0) << init_method << "\n" << r.describe();
+      for (int rank = 0; rank < 4; ++rank) {
+        EXPECT_NE(
+            r.out.find("rank " + std::to_string(rank) + ": Done"),
+            std::string::npos)
+            << r.describe();
+      }
+      EXPECT_TRUE(r.leftovers.empty()) << r.describe();
+    }
+  }
 }
 
 TEST(
@@ -810,6 +864,18 @@ TEST(TiderunInteropTest, AWorkersChildIsReapedByItsTimerAndStrangersAreNot) {
   EXPECT_TRUE(r.leftovers.empty()) << r.describe();
 }
 
+// torchrun of a torch >= 2.4 built without libuv (Debian 13's 2.6) makes
+// its rendezvous store with libuv, whatever USE_LIBUV says, and stops
+// there: it is no reference on that torch.
+bool torchrun_cannot_make_its_store(const Outcome& torch_run) {
+  return torch_run.err.find(
+             "use_libuv was requested but PyTorch was build without libuv "
+             "support") != std::string::npos;
+}
+constexpr const char* kNoTorchrun =
+    "torchrun of this torch cannot make its rendezvous store (built without "
+    "libuv, which its TCPStore asks for): nothing to compare with";
+
 TEST(TiderunInteropTest, FailureSummaryMatchesTorchrunsLineForLine) {
   TempDir tmp;
   Env env = parent_env(tmp);
@@ -831,6 +897,9 @@ TEST(TiderunInteropTest, FailureSummaryMatchesTorchrunsLineForLine) {
           tmp.path(),
           "torchrun");
   ASSERT_FALSE(torch_run.timed_out) << torch_run.describe();
+  if (torchrun_cannot_make_its_store(torch_run)) {
+    GTEST_SKIP() << kNoTorchrun;
+  }
   Outcome tide_run =
       run(tiderun({
               "--standalone",
@@ -916,6 +985,9 @@ TEST(TiderunInteropTest, WorkersGetEveryVariableTorchrunGivesThem) {
           tmp.path(),
           "torchrun");
   ASSERT_FALSE(torch_run.timed_out) << torch_run.describe();
+  if (torchrun_cannot_make_its_store(torch_run)) {
+    GTEST_SKIP() << kNoTorchrun;
+  }
   ASSERT_EQ(torch_run.exit_code, 0) << torch_run.describe();
   // The same flags, in torchrun's spelling.
   Outcome tide_run =

@@ -1,8 +1,10 @@
-// tide's TCP store against Debian's real PyTorch 1.13 (python3-torch), both
-// ways: torch clients on a tide server, and tide clients on a torch server.
-// The torch side is tests/interop/torch_store_peer.py, run as a child.
+// tide's TCP store against Debian's real PyTorch (python3-torch: 1.13 on
+// Debian 12, 2.6 on Debian 13), both ways: torch clients on a tide server, and
+// tide clients on a torch server. The torch side is
+// tests/interop/torch_store_peer.py, run as a child.
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <future>
 #include <iterator>
 #include <latch>
@@ -96,13 +98,23 @@ std::vector<int64_t> to_ints(std::string_view csv) {
   return out;
 }
 
+// The protocol a torch of this version serves: 1.13 to 2.1 the legacy one,
+// 2.2 on the modern one.
+Dialect dialect_of(const std::string& torch_version) {
+  int major = 0;
+  int minor = 0;
+  std::sscanf(torch_version.c_str(), "%d.%d", &major, &minor);
+  return major > 2 || (major == 2 && minor >= 2) ? Dialect::kModern
+                                                 : Dialect::kLegacy;
+}
+
 std::unique_ptr<TcpStore> tide_client(
-    uint16_t port, milliseconds timeout = kStoreTimeout) {
+    uint16_t port, Dialect dialect, milliseconds timeout = kStoreTimeout) {
   return std::make_unique<TcpStore>(TcpStoreOptions{
       .host = "127.0.0.1",
       .port = port,
       .is_server = false,
-      .dialect = Dialect::kLegacy,
+      .dialect = dialect,
       .timeout = timeout});
 }
 
@@ -187,12 +199,14 @@ void expect_pass(TorchPeer& peer) {
   EXPECT_EQ(peer.wait_exit(kExitTimeout), 0) << peer.transcript();
 }
 
-TEST(TorchInteropTest, SystemPythonImportsTorch113) {
+// The tests run beside Debian 12's torch 1.13 and Debian 13's 2.6 (the
+// dialect a tide client speaks to a torch server follows the version).
+TEST(TorchInteropTest, SystemPythonImportsATorchOfAKnownDialect) {
   TorchPeer peer({"version"});
   peer.started(kStartTimeout);
-  EXPECT_TRUE(peer.torch_version().starts_with("1.13"))
-      << "Dialect::kLegacy targets torch 1.13; /usr/bin/python3 has torch "
-      << peer.torch_version();
+  const std::string& v = peer.torch_version();
+  EXPECT_TRUE(v.starts_with("1.13") || v.starts_with("2."))
+      << "/usr/bin/python3 has torch " << v;
   EXPECT_EQ(peer.wait_exit(kExitTimeout), 0) << peer.transcript();
 }
 
@@ -206,7 +220,8 @@ class TorchClientOnTideServerTest : public ::testing::Test {
   }
 
   std::unique_ptr<TcpStore> tide() {
-    return tide_client(server_->port());
+    // tide's server speaks both; the legacy one is torch 1.13's clients'.
+    return tide_client(server_->port(), Dialect::kLegacy);
   }
 
   // A peer running a client scenario of torch_store_peer.py; not yet started.
@@ -377,7 +392,7 @@ class TideClientOnTorchServerTest : public ::testing::Test {
   }
 
   std::unique_ptr<TcpStore> tide(milliseconds timeout = kStoreTimeout) {
-    return tide_client(port_, timeout);
+    return tide_client(port_, dialect_of(server_->torch_version()), timeout);
   }
 
   // Through the torch server's own TCPStore client. torch's get waits for

@@ -42,6 +42,9 @@ except Exception as e:  # noqa: BLE001 - any import failure is reported
     )
     sys.exit(3)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from torch_facts import store_kwargs  # noqa: E402
+
 # Values both sides know; torch_interop_test.cpp has the same ones.
 TIDE_STR = b"hello from tide"
 TIDE_BIN = bytes(range(256))
@@ -122,7 +125,12 @@ class Stdin:
 
 def connect(args, **kwargs):
     return dist.TCPStore(
-        args.host, args.port, is_master=False, timeout=seconds(args.timeout_s), **kwargs
+        args.host,
+        args.port,
+        is_master=False,
+        timeout=seconds(args.timeout_s),
+        **kwargs,
+        **store_kwargs(),
     )
 
 
@@ -195,7 +203,12 @@ def scenario_semantics(args, checks, _stdin):
     # one key torch puts in the store without the "/" prefix.
     n1 = s.num_keys()
     dist.TCPStore(
-        args.host, args.port, world_size=2, is_master=False, timeout=seconds(args.timeout_s)
+        args.host,
+        args.port,
+        world_size=2,
+        is_master=False,
+        timeout=seconds(args.timeout_s),
+        **store_kwargs(),
     )
     checks.equal(s.num_keys(), n1 + 1, "num_keys after a world_size client joined")
 
@@ -301,7 +314,12 @@ def run_client(args):
 
 def run_server(args):
     store = dist.TCPStore(
-        args.host, 0, is_master=True, wait_for_workers=False, timeout=seconds(args.timeout_s)
+        args.host,
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=seconds(args.timeout_s),
+        **store_kwargs(),
     )
     print(f"PORT {store.port}", flush=True)
     stdin = Stdin(exit_on_eof=False)

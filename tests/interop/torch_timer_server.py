@@ -4,6 +4,7 @@
 
 Prints "ready" once the server watches the FIFO, then serves for 60 s.
 """
+import inspect
 import sys
 import time
 
@@ -11,7 +12,11 @@ from torch.distributed.elastic.timer import FileTimerServer
 
 
 def main():
-    server = FileTimerServer(sys.argv[1], max_interval=0.05)
+    # torch 2.x added run_id (a name for its logs) as the second parameter.
+    if "run_id" in inspect.signature(FileTimerServer).parameters:
+        server = FileTimerServer(sys.argv[1], "tide-interop", max_interval=0.05)
+    else:
+        server = FileTimerServer(sys.argv[1], max_interval=0.05)
     server.start()
     print("ready", flush=True)
     time.sleep(60)

@@ -52,6 +52,21 @@ TEST(StaticRendezvousTest, OnOneNodeTheWorkersStoreMovesToANewPortEachRound) {
   EXPECT_EQ(first.bootstrap.master_addr, "127.0.0.1");
 }
 
+// A script may name the launcher's --master-port in tcp://: on one node
+// that port goes to the workers' store, made anew by each attempt's rank 0.
+TEST(StaticRendezvousTest, OnOneNodeTheWorkersStoreTakesTheGivenPort) {
+  uint16_t port = net::free_port("127.0.0.1");
+  StaticRendezvousHandler h(params(1, 0, port, "0"));
+  auto first = h.next_rendezvous();
+  EXPECT_EQ(first.bootstrap.master_port, port);
+  EXPECT_EQ(h.next_rendezvous().bootstrap.master_port, port);
+  // Free for rank 0's worker: the agents' store listens elsewhere.
+  auto workers =
+      store::TcpStore({.host = "127.0.0.1", .port = port, .is_server = true});
+  first.store->set("k", "v");
+  EXPECT_FALSE(workers.check({"k", "job/k", "/job/k"}));
+}
+
 TEST(StaticRendezvousTest, OnSeveralNodesNodeZeroNamesTheWorkersPort) {
   uint16_t port = net::free_port("127.0.0.1");
   StaticRendezvousHandler node0(params(2, 0, port, "0"));

@@ -16,6 +16,17 @@ from tide.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from tide.elastic.rendezvous import RendezvousParameters
 from tide.elastic.rendezvous.registry import get_rendezvous_handler
 
+try:  # torch >= 2.3's LocalElasticAgent takes a LogsSpecs (tide's takes either form)
+    from tide.elastic.multiprocessing import DefaultLogsSpecs
+except ImportError:
+    DefaultLogsSpecs = None
+
+
+def make_agent(spec):
+    if DefaultLogsSpecs is None:  # torch < 2.3
+        return LocalElasticAgent(spec, start_method="spawn")
+    return LocalElasticAgent(spec, DefaultLogsSpecs(), start_method="spawn")
+
 
 class MyEventHandler(events.EventHandler):
     def record(self, event: events.Event):
@@ -39,6 +50,6 @@ if __name__ == "__main__":
     spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=trainer,
                       rdzv_handler=handler, max_restarts=1, monitor_interval=0.1)
     events.record(events.Event("launcher.start", events.EventSource.AGENT))
-    result = LocalElasticAgent(spec, start_method="spawn").run()
+    result = make_agent(spec).run()
     print("failed" if result.is_failed() else "succeeded")
     sys.exit(1 if result.is_failed() else 0)

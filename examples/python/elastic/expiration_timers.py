@@ -22,6 +22,17 @@ from tide.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from tide.elastic.rendezvous import RendezvousParameters
 from tide.elastic.rendezvous.registry import get_rendezvous_handler
 
+try:  # torch >= 2.3's LocalElasticAgent takes a LogsSpecs (tide's takes either form)
+    from tide.elastic.multiprocessing import DefaultLogsSpecs
+except ImportError:
+    DefaultLogsSpecs = None
+
+
+def make_agent(spec):
+    if DefaultLogsSpecs is None:  # torch < 2.3
+        return LocalElasticAgent(spec, start_method="spawn")
+    return LocalElasticAgent(spec, DefaultLogsSpecs(), start_method="spawn")
+
 
 def trainer_func(mp_queue, stuck_rank):
     timer.configure(timer.LocalTimerClient(mp_queue))
@@ -46,7 +57,7 @@ if __name__ == "__main__":
                       args=(mp_queue, 1), rdzv_handler=handler, max_restarts=1,
                       monitor_interval=0.1)
     start = time.time()
-    result = LocalElasticAgent(spec, start_method="spawn").run()
+    result = make_agent(spec).run()
     server.stop()
     if result.is_failed():
         print(f"failed: {result.failures}")

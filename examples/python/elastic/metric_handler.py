@@ -15,6 +15,17 @@ from tide.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from tide.elastic.rendezvous import RendezvousParameters
 from tide.elastic.rendezvous.registry import get_rendezvous_handler
 
+try:  # torch >= 2.3's LocalElasticAgent takes a LogsSpecs (tide's takes either form)
+    from tide.elastic.multiprocessing import DefaultLogsSpecs
+except ImportError:
+    DefaultLogsSpecs = None
+
+
+def make_agent(spec):
+    if DefaultLogsSpecs is None:  # torch < 2.3
+        return LocalElasticAgent(spec, start_method="spawn")
+    return LocalElasticAgent(spec, DefaultLogsSpecs(), start_method="spawn")
+
 
 class MyMetricHandler(metrics.MetricHandler):
     def __init__(self):
@@ -32,7 +43,7 @@ def trainer():
 def launch(handler):
     spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=trainer,
                       rdzv_handler=handler, max_restarts=0, monitor_interval=0.1)
-    return LocalElasticAgent(spec, start_method="spawn").run()
+    return make_agent(spec).run()
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ namespace tide::rendezvous {
 // node count, config "rank" (this node's rank, default 0), "timeout"
 // (seconds, the store timeout, default 600) and "agent_store" (default 1:
 // the workers use the agents' store, TORCHELASTIC_USE_AGENT_STORE; 0: global
-// rank 0's worker hosts theirs, at a new free port each round on one node,
-// at one port node 0 picks for the job on several, as for a torch that
-// cannot reach the agent's store).
+// rank 0's worker hosts theirs, anew each round, as for a torch that cannot
+// reach the agent's store: on one node at the endpoint's port, the agents'
+// store moving to a free one, or at a new free port each round for port 0;
+// on several, at one port node 0 picks for the job).
 //
 // The constructor checks the parameters (InvalidArgument: a count that is
 // not fixed, a rank outside it, port 0 for several nodes) and connects to
@@ -62,6 +63,8 @@ class StaticRendezvousHandler final : public RendezvousHandler {
   std::string run_id_;
   std::string host_;
   uint16_t port_ = 0;
+  // agent_store=0 on one node: the endpoint's port, for the workers' store.
+  uint16_t workers_port_ = 0;
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_;
