@@ -31,7 +31,7 @@ source "$repo/scripts/lib/debian_root.sh"
 cleanup() {
   debian_root_unmount "$root"
   if [[ ${KEEP_ROOT:-0} != 1 ]]; then
-    rm -rf "$root"
+    rm -rf --one-file-system "$root"
   fi
 }
 trap cleanup EXIT

@@ -41,6 +41,12 @@ debian_root_unmount() {
   for m in "$@" run/netns dev/pts dev proc sys; do
     umount -l "$root/$m" 2>/dev/null || true
   done
+  # Whatever is still mounted below ROOT (a root made inside it, as
+  # scripts/torch2.sh makes one in scripts/fresh_machine.sh's), deepest
+  # first: nothing of the host may stay reachable from ROOT once it goes.
+  findmnt -rn -o TARGET | grep "^$root/" | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
 }
 
 # debian_root_run ROOT COMMAND: COMMAND (a bash command line) in ROOT, with
