@@ -44,8 +44,10 @@ debian_root_unmount() {
   # Whatever is still mounted below ROOT (a root made inside it, as
   # scripts/torch2.sh makes one in scripts/fresh_machine.sh's), deepest
   # first: nothing of the host may stay reachable from ROOT once it goes.
-  findmnt -rn -o TARGET | grep "^$root/" | sort -r | while read -r m; do
-    umount -l "$m" 2>/dev/null || true
+  for m in $(findmnt -rn -o TARGET | sort -r); do
+    if [[ $m == "$root"/* ]]; then
+      umount -l "$m" 2>/dev/null || true
+    fi
   done
 }
 
