@@ -39,8 +39,9 @@ unit)
 torch)
   packages+=(libgtest-dev libgmock-dev python3 python3-torch libtorch-dev pybind11-dev
     python3-dev procps iproute2 curl file elfutils gdb
-    # torch 2.x's torch.testing._internal (its RPC suites) imports setuptools
-    python3-setuptools)
+    # torch 2.x's torch.testing._internal (its RPC suites) imports setuptools;
+    # pip install . into a virtual environment (its test)
+    python3-setuptools python3-venv python3-pip python3-wheel)
   ;;
 all)
   packages+=(

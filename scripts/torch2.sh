@@ -11,7 +11,8 @@
 #
 # scripts/test.sh runs it: the root and its build in the background, the
 # tests at the end. The tests are those that involve torch (ctest labels
-# torch_rpc, elastic_py, interop, prestart); the build is what they need.
+# torch_rpc, elastic_py, interop, prestart, and pip: pip install . into a
+# venv on torch 2.6); the build is what they need.
 #
 # TIDE_TORCH2_ROOT: where the root lives (default /var/cache/tide/trixie,
 # about 3 GB with a build).
@@ -43,8 +44,8 @@ build() {
     "dpkg-query -W -f='\${Version}' libtorch-dev") in /build"
   debian_root_run "$root" "cd /src && scripts/build.sh /build -DTIDE_BUILD_TESTS=ON \
     -DTIDE_TESTS=integration -DTIDE_FUZZ_TESTS=OFF -DTIDE_BUILD_BENCH=OFF -DTIDE_WITH_TORCH=ON \
-    -DTIDE_WITH_PYTHON=ON -- tiderun tide-store tide_elastic_module tide_torch_rpc_module \
-    tide_interop_tests tide_torch_rpc_tests"
+    -DTIDE_WITH_PYTHON=ON -- tiderun tide-store tide-timeline tide_elastic_module \
+    tide_torch_rpc_module tide_interop_tests tide_torch_rpc_tests"
 }
 case $what in
 root) ;;
@@ -53,7 +54,7 @@ test)
   build
   echo "== the tests that involve torch"
   debian_root_run "$root" "ctest --test-dir /build --output-on-failure -j2 --timeout 600 \
-    -L 'torch_rpc|elastic_py|interop|prestart'"
+    -L 'torch_rpc|elastic_py|interop|prestart|pip'"
   ;;
 run)
   debian_root_run "$root" "cd /src && ${2:?torch2.sh run 'COMMAND'}"
