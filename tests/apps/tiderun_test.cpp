@@ -460,16 +460,17 @@ void fake_torch(
          "was build without libuv support')\n";
 }
 
-// Each worker says what store it was given; rank 0 fails on attempt 0,
-// once rank 1 has said it (a file rank 1 makes after its line).
+// Each worker says what store it was given, in one write (two workers'
+// lines never mix); rank 0 fails on attempt 0, once rank 1 has said it (a
+// file rank 1 makes after its line).
 constexpr const char* kStoreReport =
     "import os, sys, time\n"
     "e = os.environ\n"
     "attempt = e['TORCHELASTIC_RESTART_COUNT']\n"
-    "print(f\"attempt={attempt} rank={e['RANK']} "
+    "os.write(1, f\"attempt={attempt} rank={e['RANK']} "
     "libuv={e.get('USE_LIBUV', 'unset')} "
     "agent_store={e['TORCHELASTIC_USE_AGENT_STORE']} "
-    "port={e['MASTER_PORT']}\", flush=True)\n"
+    "port={e['MASTER_PORT']}\\n\".encode())\n"
     "said = os.path.join(os.path.dirname(__file__), 'said_' + attempt)\n"
     "if e['RANK'] == '1':\n"
     "    open(said, 'w').close()\n"
@@ -481,7 +482,9 @@ constexpr const char* kStoreReport =
 // The MASTER_PORT each "attempt=N rank=R" line of `out` names.
 std::map<std::string, std::string> store_ports(const std::string& out) {
   std::map<std::string, std::string> ports;
-  std::regex line("(attempt=[0-9]+ rank=[0-9]+) .* port=([0-9]+)");
+  std::regex line(
+      "(attempt=[0-9]+ rank=[0-9]+) libuv=[^ ]+ agent_store=[^ ]+ "
+      "port=([0-9]+)");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), line);
        it != std::sregex_iterator();
        ++it) {
