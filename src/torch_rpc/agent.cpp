@@ -569,6 +569,10 @@ void Agent::join(bool shutdown, float /*timeout*/) {
       timeout);
   if (shutdown) {
     impl.barrier->sum(0, timeout);
+    // Rank 0 hosts the store (tcp:// and env://): it leaves last, once
+    // every worker has read the last round, so that none finds the store
+    // gone ("Connection reset by peer").
+    impl.barrier->leave(workerInfo_.id_ == 0, timeout);
   }
 }
 
