@@ -540,6 +540,20 @@ std::string now_local() {
   return format_time("%Y-%m-%d %H:%M %Z", /*utc=*/false);
 }
 
+std::string first_line_of(
+    const std::vector<std::string>& argv, double timeout_s) {
+  try {
+    Child child(argv, ChildOptions{.pipes = true});
+    LineReader reader(child.out());
+    auto line = reader.next(deadline_after(timeout_s), argv.front());
+    return line.value_or("");
+  } catch (const Interrupted&) {
+    throw;
+  } catch (const std::runtime_error&) {
+    return "";
+  }
+}
+
 std::string kernel() {
   utsname u{};
   ::uname(&u);

@@ -182,6 +182,12 @@ class Child {
   double exit_wall_s_ = 0;
 };
 
+// The first line `argv` prints on stdout (the child is then stopped); empty
+// when it prints none within `timeout_s` or cannot be started. For asking a
+// peer's interpreter about itself (torch's version, a default).
+std::string first_line_of(
+    const std::vector<std::string>& argv, double timeout_s);
+
 // ---------------------------------------------------------------------------
 // Files.
 

@@ -5,6 +5,7 @@ process group is up and when its first training step completes; rank
 BENCH_FAIL_RANK raises after step 3 of attempt 0. Attempt 1 runs
 BENCH_STEPS steps and exits."""
 import os
+import sys
 import time
 
 T0 = time.time()
@@ -25,6 +26,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
+# A torch built without libuv that asks for it (Debian 13's 2.6): the store
+# under torchrun's agent needs USE_LIBUV honoured (bench/peers/libuv_fix.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from libuv_fix import follow_use_libuv  # noqa: E402
+
+follow_use_libuv()
 stamp("imported")
 dist.init_process_group("gloo")
 stamp("pg")

@@ -1,6 +1,6 @@
 // launch_bench: what a launcher costs, tiderun against torchrun (Debian's
-// python3-torch 1.13.1, through bench/peers/torchrun_py311.py), in one run on
-// one machine:
+// python3-torch: 1.13.1, or 2.6 in Debian 13, through
+// bench/peers/torchrun.py), in one run on one machine:
 //
 //   launch   wall time of `LAUNCHER --standalone --nproc-per-node=4 /bin/true`,
 //            spawn to the launcher's exit;
@@ -12,8 +12,9 @@
 //            torchrun after arming torch's file timer (T s ahead; torch has
 //            no heartbeats), from the arming.
 //
-// Each at the launchers' default monitor interval (tiderun 0.1 s, torchrun
-// 5 s) and at the smallest they accept (tiderun 0.001 s, torchrun 0.1 s).
+// Each at the launchers' default monitor interval (tiderun 0.1 s; torchrun
+// as its parser says: 5 s in 1.13, 0.1 s in 2.x) and at the smallest they
+// accept (tiderun 0.001 s, torchrun 0.1 s).
 // Both launchers run the same worker binaries (torchrun with --no_python), so
 // only the launcher differs. Runs alternate which launcher goes first; the
 // report gives medians, the ratio torch/tide, and lines starting with RESULT
@@ -29,6 +30,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -71,6 +73,9 @@ struct Options {
   double torch_smallest = 0.1;
   double timeout_s = 120;
   double hang_timeout_s = 1;
+  // Asked of torchrun's torch before the runs.
+  std::string torch_version = "?";
+  double torch_default = 5;
 };
 
 enum class Launcher { kTide, kTorch };
@@ -89,10 +94,41 @@ const char* name(Launcher l) {
 
 std::string interval_label(const Options& o, Launcher l, Interval i) {
   if (i == Interval::kDefault) {
-    return l == Launcher::kTide ? "default(0.1)" : "default(5)";
+    return l == Launcher::kTide ? "default(0.1)"
+                                : fmt::format("default({})", o.torch_default);
   }
   return fmt::format(
       "{}", l == Launcher::kTide ? o.tide_smallest : o.torch_smallest);
+}
+
+// torchrun's torch version and its default monitor interval, as its own
+// argument parser has it. False (said on stderr) when torch cannot say.
+bool ask_torchrun(Options& o) {
+  std::string line = first_line_of(
+      {o.python,
+       "-c",
+       "import torch\n"
+       "from torch.distributed.run import get_args_parser\n"
+       "print(torch.__version__, "
+       "get_args_parser().get_default('monitor_interval'))"},
+      120);
+  auto space = line.find(' ');
+  char* end = nullptr;
+  double interval = space == std::string::npos
+                        ? 0
+                        : std::strtod(line.c_str() + space + 1, &end);
+  if (!(interval > 0)) {
+    std::fprintf(
+        stderr,
+        "launch_bench: %s could not tell torch's version and torchrun's "
+        "default monitor interval (printed \"%s\")\n",
+        o.python.c_str(),
+        line.c_str());
+    return false;
+  }
+  o.torch_version = line.substr(0, space);
+  o.torch_default = interval;
+  return true;
 }
 
 std::vector<std::string> command(
@@ -295,7 +331,7 @@ int bench_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--python", o.python, "Python with torch for torchrun")
       ->capture_default_str();
-  app.add_option("--torchrun", o.torchrun, "torchrun_py311.py (see its header)")
+  app.add_option("--torchrun", o.torchrun, "torchrun.py (see its header)")
       ->capture_default_str();
   app.add_option("--trivial", o.trivial, "worker of the launch cases")
       ->capture_default_str();
@@ -313,7 +349,8 @@ int bench_main(int argc, char** argv) {
   app.add_option(
          "--slow-reps",
          o.slow_reps,
-         "runs of torchrun at its default 5 s interval (each takes 5-11 s)")
+         "runs of torchrun at its default interval when that is 1 s or more "
+         "(torch 1.13's 5 s: each takes 5-11 s)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_option("--warmup", o.warmup, "unrecorded launches of each first")
@@ -366,6 +403,11 @@ int bench_main(int argc, char** argv) {
   }
 
   install_interrupt_handlers();
+  if (run_torch) {
+    if (!ask_torchrun(o)) {
+      return 2;
+    }
+  }
 
   std::string command_line =
       join(std::vector<std::string>(argv, argv + argc), " ");
@@ -398,7 +440,9 @@ int bench_main(int argc, char** argv) {
     }
     for (Kind k : kinds) {
       for (Interval i : intervals) {
-        int torch_reps = i == Interval::kDefault ? o.slow_reps : o.reps;
+        int torch_reps = i == Interval::kDefault && o.torch_default >= 1
+                             ? o.slow_reps
+                             : o.reps;
         for (int rep = 0; rep < std::max(o.reps, torch_reps); ++rep) {
           // Alternate which launcher goes first.
           Launcher order[2] = {launchers[rep % 2], launchers[1 - rep % 2]};
@@ -455,6 +499,12 @@ int bench_main(int argc, char** argv) {
       load_average().c_str(),
       TIDE_BENCH_BUILD_TYPE,
       sanitizer.empty() ? "" : (", sanitizer " + sanitizer).c_str());
+  if (run_torch) {
+    std::printf(
+        "torch %s (torchrun's default monitor interval %g s).\n\n",
+        o.torch_version.c_str(),
+        o.torch_default);
+  }
   for (Launcher l : launchers) {
     std::printf(
         "- %s: `%s`\n",
@@ -514,7 +564,7 @@ int bench_main(int argc, char** argv) {
       double b = torch.med(row.metric);
       std::string interval =
           i == Interval::kDefault
-              ? std::string("0.1 s / 5 s (defaults)")
+              ? fmt::format("0.1 s / {} s (defaults)", o.torch_default)
               : fmt::format("{} s / {} s", o.tide_smallest, o.torch_smallest);
       std::printf(
           "| %s | %s | %s | %s | %s | %s | %s | %zu / %zu |\n",

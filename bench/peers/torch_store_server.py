@@ -6,7 +6,8 @@ wait_for_workers=False), prints the bound port on one line, and serves until
 stdin closes (the parent went away) or SIGTERM/SIGINT arrives; then exits 0.
 
 Run it with /usr/bin/python3 (Debian's python3-torch): the python3 first on
-PATH may be another interpreter without torch.
+PATH may be another interpreter without torch. With Debian 13's torch 2.6,
+built without libuv, set USE_LIBUV=0.
 
 torch 1.13 accepts port 0 (the kernel picks a free port) and reports the real
 one in store.port, so there is no port race. The server is torch's C++
@@ -40,12 +41,18 @@ def main() -> int:
 
     import torch.distributed as dist  # Slow (seconds): after the handlers.
 
+    # torch >= 2.4 serves with libuv by default; one built without it
+    # (Debian 13's 2.6) serves as USE_LIBUV=0 says, as its env:// path does.
+    options = {}
+    if "use_libuv" in (dist.TCPStore.__init__.__doc__ or ""):
+        options["use_libuv"] = os.environ.get("USE_LIBUV", "1") != "0"
     store = dist.TCPStore(
         args.host,
         args.port,
         is_master=True,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=args.timeout),
+        **options,
     )
     port = store.port
     if not port:

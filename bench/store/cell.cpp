@@ -129,7 +129,7 @@ const char* describe(Driver d) {
   switch (d) {
     case Driver::kThreads:
       return "one thread per client, each with its own tide TcpStore "
-             "(blocking calls, legacy dialect)";
+             "(blocking calls)";
     case Driver::kEpoll:
       return "the same requests, pre-encoded, on N connections multiplexed "
              "by epoll in few threads (one request outstanding per "

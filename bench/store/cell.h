@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tide/store/tcp_store.h"
+
 #include "server_process.h"
 
 // One measurement of store_bench, a cell: a workload run by N concurrent
@@ -44,6 +46,9 @@ const char* describe(Driver d);
 struct CellConfig {
   Driver driver = Driver::kThreads;
   Workload workload = Workload::kMix;
+  // What the clients speak: torch 1.13's, or torch >= 2.2's (a VALIDATE
+  // first, shifted codes). tide's server takes both; torch's its own.
+  store::Dialect dialect = store::Dialect::kLegacy;
   int clients = 1;
   // Threads of the epoll driver (at most `clients`).
   int epoll_threads = 1;

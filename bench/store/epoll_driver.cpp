@@ -36,10 +36,10 @@ using store::wire::Writer;
 // the others go.
 constexpr int kMaxUnansweredInARow = 16;
 
-// A request's first byte in the legacy (torch 1.13) dialect.
-std::string begin(Op op) {
+// A request's first byte in dialect d.
+std::string begin(Op op, Dialect d) {
   std::string out;
-  Writer(out).u8(*store::wire::op_code(op, Dialect::kLegacy));
+  Writer(out).u8(*store::wire::op_code(op, d));
   return out;
 }
 
@@ -94,19 +94,26 @@ class EpollWorker {
       Conn& c = conns_[i];
       c.fd = connect_one();
       std::string key = "/" + client_key(first_ + static_cast<int>(i));
-      c.set_req = begin(Op::kSet);
+      const Dialect d = cfg_.dialect;
+      c.set_req = begin(Op::kSet, d);
       Writer(c.set_req).str(key).str(value);
-      c.wait_req = begin(Op::kWait);
+      c.wait_req = begin(Op::kWait, d);
       Writer(c.wait_req).u64(1).str(key);
-      c.get_req = begin(Op::kGet);
+      c.get_req = begin(Op::kGet, d);
       Writer(c.get_req).str(key);
-      c.add_req = begin(Op::kAdd);
+      c.add_req = begin(Op::kAdd, d);
       Writer(c.add_req).str(counter).i64(1);
-      c.check_req = begin(Op::kCheck);
+      c.check_req = begin(Op::kCheck, d);
       Writer(c.check_req).u64(1).str(key);
       epoll_event ev{.events = EPOLLIN, .data = {.u64 = i}};
       if (::epoll_ctl(ep_.get(), EPOLL_CTL_ADD, c.fd.get(), &ev) != 0) {
         throw NetworkError(errno_text("epoll_ctl", errno));
+      }
+      if (d == Dialect::kModern) {
+        // As a torch >= 2.2 client opens: VALIDATE (no reply) first.
+        std::string validate = begin(Op::kValidate, d);
+        Writer(validate).u32(store::wire::kValidateMagic);
+        send(i, validate);
       }
       send(i, c.set_req);
     }

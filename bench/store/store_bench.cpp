@@ -1,8 +1,9 @@
 // store_bench: store operations per second with 1, 16, 256... concurrent
 // clients, against tide's store server (apps/tide-store) and torch's TCPStore
-// server (bench/peers/torch_store_server.py, Debian's python3-torch 1.13), in
-// one run. Both servers run as child processes for the whole run and are
-// driven by the same load generator in the legacy (torch 1.13) dialect, so
+// server (bench/peers/torch_store_server.py, Debian's python3-torch: 1.13, or
+// 2.6 in Debian 13), in one run. Both servers run as child processes for the
+// whole run and are driven by the same load generator in the dialect of that
+// torch (--dialect auto: legacy for 1.13 through 2.1, modern since 2.2), so
 // only the server differs.
 //
 // A cell (cell.h) is (driver, workload, clients, server). Every cell runs
@@ -109,7 +110,22 @@ struct Options {
   std::string tide_store;
   std::string python = "/usr/bin/python3";
   std::string torch_peer;
+  std::string dialect = "auto";
 };
+
+// The dialect torch `version` speaks: modern since 2.2.
+store::Dialect dialect_of_torch(const std::string& version) {
+  int major = 0;
+  int minor = 0;
+  std::sscanf(version.c_str(), "%d.%d", &major, &minor);
+  return major > 2 || (major == 2 && minor >= 2) ? store::Dialect::kModern
+                                                 : store::Dialect::kLegacy;
+}
+
+const char* dialect_name(store::Dialect d) {
+  return d == store::Dialect::kModern ? "modern (torch >= 2.2)"
+                                      : "legacy (torch 1.13 through 2.1)";
+}
 
 // results[driver][workload][clients][server]
 using Results = std::map<
@@ -198,15 +214,16 @@ void print_table(
   }
 }
 
-void print_report(const Options& o, Results& results) {
+void print_report(const Options& o, store::Dialect d, Results& results) {
   std::printf(
-      "\nAll traffic over 127.0.0.1, torch 1.13's protocol. %.1f s measured "
+      "\nAll traffic over 127.0.0.1, the %s protocol. %.1f s measured "
       "after %.1f s warm-up per cell, %d reps, the servers alternating which "
       "goes first. ratio: of the medians; paired ratio: median of the reps' "
       "own ratios. get is WAIT + GET (two round trips), as torch's client "
       "does; set has no reply in this protocol. server us/op: server CPU time "
       "per op. cores: CPU time over the window, server process / this "
       "process (the clients).\n",
+      dialect_name(d),
       o.seconds,
       o.warmup,
       o.reps);
@@ -319,6 +336,13 @@ int run(int argc, char** argv) {
   app.add_option("--torch-peer", o.torch_peer, "torch_store_server.py")
       ->capture_default_str();
   app.add_option(
+         "--dialect",
+         o.dialect,
+         "what the clients speak: legacy, modern, or auto (that of --python's "
+         "torch)")
+      ->check(CLI::IsMember({"auto", "legacy", "modern"}))
+      ->capture_default_str();
+  app.add_option(
          "--op-timeout",
          o.op_timeout_s,
          "seconds any one client call may take before the cell fails")
@@ -356,6 +380,26 @@ int run(int argc, char** argv) {
         build_type.c_str(),
         sanitized ? " with sanitizer " : "",
         sanitized ? sanitize.c_str() : "");
+  }
+
+  store::Dialect dialect =
+      o.dialect == "modern" ? store::Dialect::kModern : store::Dialect::kLegacy;
+  if (o.dialect == "auto") {
+    std::string version = first_line_of(
+        {o.python, "-c", "import torch; print(torch.__version__)"}, 120);
+    if (version.empty()) {
+      std::fprintf(
+          stderr,
+          "store_bench: %s could not tell torch's version: give --dialect\n",
+          o.python.c_str());
+      return 2;
+    }
+    dialect = dialect_of_torch(version);
+    std::fprintf(
+        stderr,
+        "store_bench: torch %s: the clients speak the %s dialect\n",
+        version.c_str(),
+        dialect_name(dialect));
   }
 
   std::vector<std::string> cmdline(argv, argv + argc);
@@ -407,6 +451,7 @@ int run(int argc, char** argv) {
             CellConfig cfg{
                 .driver = parse_driver(dname),
                 .workload = parse_workload(wname),
+                .dialect = dialect,
                 .clients = n,
                 .epoll_threads = o.epoll_threads,
                 .warmup = Seconds(o.warmup),
@@ -462,7 +507,7 @@ int run(int argc, char** argv) {
       "# done %s, load average %s\n",
       now_utc().c_str(),
       load_average().c_str());
-  print_report(o, results);
+  print_report(o, dialect, results);
   return 0;
 }
 

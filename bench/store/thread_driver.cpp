@@ -18,7 +18,7 @@ void run_thread_client(
     store::TcpStore s(store::TcpStoreOptions{
         .host = "127.0.0.1",
         .port = port,
-        .dialect = store::Dialect::kLegacy,
+        .dialect = cfg.dialect,
         .timeout = cfg.op_timeout});
     const std::string key = client_key(index);
     const std::string value(kValueBytes, 'v');

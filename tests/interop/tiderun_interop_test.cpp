@@ -3,7 +3,7 @@
 // unchanged, a failing rank restarts the group or ends the run with torch's
 // failure summary, and workers see every variable torchrun gives them.
 // Where torchrun itself is the reference it runs too, through
-// bench/peers/torchrun_py311.py (stock torchrun 1.13 crashes on Python
+// bench/peers/torchrun.py (stock torchrun 1.13 crashes on Python
 // 3.11; 1.13 only takes underscore flag spellings).
 //
 // Every launcher runs with an explicit, small environment (PYTHON_EXEC is
