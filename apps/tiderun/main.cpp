@@ -16,7 +16,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "tide/agent/job_status.h"
 #include "tide/common/error.h"
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
@@ -26,6 +25,7 @@
 #include "tide/launcher/launcher.h"
 #include "tide/metrics/metrics.h"
 #include "tide/rendezvous/registry.h"
+#include "tide/status/job_status.h"
 
 #include "cli.h"
 #include "common/clock.h"
@@ -127,7 +127,7 @@ std::string job_view_json() {
   static std::mutex mutex;
   static std::shared_ptr<tide::store::Store> store;  // Guarded by mutex.
   std::shared_ptr<tide::rendezvous::RendezvousHandler> handler;
-  tide::agent::NodeStatus own;
+  tide::status::NodeStatus own;
   double threshold = 0;
   {
     std::lock_guard lock(g_health_mutex);
@@ -144,19 +144,19 @@ std::string job_view_json() {
       store = handler->open_job_store();
     }
     if (store) {
-      return tide::agent::to_json(
-          tide::agent::read_job_view(*store, handler->get_run_id(), threshold));
+      return tide::status::to_json(tide::status::read_job_view(
+          *store, handler->get_run_id(), threshold));
     }
   } catch (const std::exception&) {
     store.reset();  // connect again at the next request
     throw;
   }
-  std::vector<tide::agent::NodeStatus> records;
+  std::vector<tide::status::NodeStatus> records;
   if (own.updated_at > 0) {
     own.slot = 0;
     records.push_back(own);
   }
-  return tide::agent::to_json(tide::agent::make_job_view(
+  return tide::status::to_json(tide::status::make_job_view(
       handler->get_run_id(), records, tide::now_seconds(), threshold));
 }
 

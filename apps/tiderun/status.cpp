@@ -5,13 +5,14 @@
 
 #include <CLI/CLI.hpp>
 
-#include "tide/agent/job_status.h"
 #include "tide/common/error.h"
 #include "tide/common/strings.h"
 #include "tide/rendezvous/registry.h"
+#include "tide/status/job_status.h"
 
 #include "cli.h"
 #include "flags.h"
+#include "status_table.h"
 
 namespace tiderun {
 
@@ -118,12 +119,13 @@ int status_main(int argc, char** argv) {
     return kStatusUsage;
   }
 
-  tide::agent::JobView view;
+  tide::status::JobView view;
   try {
     auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
     auto store = tide::rendezvous::open_job_store(params, timeout);
-    view = tide::agent::read_job_view(*store, f.rdzv_id, f.straggler_threshold);
+    view =
+        tide::status::read_job_view(*store, f.rdzv_id, f.straggler_threshold);
   } catch (const std::exception& e) {
     std::fprintf(
         stderr,
@@ -134,7 +136,7 @@ int status_main(int argc, char** argv) {
     return kStatusUnreachable;
   }
   if (f.json) {
-    std::printf("%s\n", tide::agent::to_json(view).c_str());
+    std::printf("%s\n", tide::status::to_json(view).c_str());
   } else if (view.nodes.empty()) {
     std::printf(
         "job %s: no status records at %s (no such --rdzv-id, not started "
@@ -142,7 +144,7 @@ int status_main(int argc, char** argv) {
         f.rdzv_id.c_str(),
         f.rdzv_endpoint.c_str());
   } else {
-    std::printf("%s", tide::agent::format_job_view(view).c_str());
+    std::printf("%s", format_job_view(view).c_str());
   }
   return exit_code(view.state);
 }

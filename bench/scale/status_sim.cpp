@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "tide/agent/job_status.h"
+#include "tide/status/job_status.h"
 
 #include "agent/status_publisher.h"
 #include "bench_util.h"
@@ -27,7 +27,7 @@ using sim::Co;
 
 // A record as an agent of `ranks` workers writes it, every field filled.
 std::string record(size_t slot, int ranks, int nodes, double interval) {
-  agent::NodeStatus s{
+  status::NodeStatus s{
       .node = fmt::format("node-{:05d}.cluster.example.com", slot),
       .slot = static_cast<int64_t>(slot),
       .health = fmt::format("node-{:05d}.cluster.example.com:8080", slot),
@@ -46,7 +46,7 @@ std::string record(size_t slot, int ranks, int nodes, double interval) {
       .interval = interval,
   };
   for (int r = 0; r < ranks; ++r) {
-    s.ranks.push_back(agent::RankStatus{
+    s.ranks.push_back(status::RankStatus{
         .local_rank = r,
         .rank = static_cast<int>(slot) * ranks + r,
         .pid = 500000 + r,
@@ -57,7 +57,7 @@ std::string record(size_t slot, int ranks, int nodes, double interval) {
         .best_step_time = 0.0498765,
     });
   }
-  return agent::to_json(s);
+  return status::to_json(s);
 }
 
 struct Cell {
@@ -200,7 +200,7 @@ Cell run_once(const StatusOptions& o, size_t n, int rep) {
           o.tide_store, "--host", "127.0.0.1", "--port", "0"},
       sim::kServerStartTimeout);
   double interval =
-      agent::effective_status_interval(o.interval_s, static_cast<int>(n));
+      status::effective_status_interval(o.interval_s, static_cast<int>(n));
   Simulation simulation{
       .o = o,
       .server = server,

@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
-// The job's status board at scale (tide/agent/job_status.h): N simulated
+// The job's status board at scale (tide/status/job_status.h): N simulated
 // agents, each publishing its node's record as StatusPublisher does (the
 // same bytes, the same requests, at the interval effective_status_interval
 // gives a job of N nodes), the leader reading every record, against a

@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "tide/agent/job_status.h"
 #include "tide/agent/local_elastic_agent.h"
 #include "tide/common/fd.h"
 #include "tide/common/host.h"
 #include "tide/events/events.h"
 #include "tide/metrics/registry.h"
 #include "tide/rendezvous/rendezvous_handler.h"
+#include "tide/status/job_status.h"
 #include "tide/timer/heartbeat.h"
 #include "tide/timer/timer_server.h"
 
@@ -140,13 +140,13 @@ struct LocalElasticAgent::Impl {
   std::map<std::string, std::string> base_env;
   bool warned_omp = false;
 
-  // The node's state moves to `s` (tide/agent/job_status.h), in one place:
+  // The node's state moves to `s` (tide/status/job_status.h), in one place:
   // the group's WorkerState (torch's: status(), metrics) follows, and the
   // node's record is posted at once. Called after the attempt's outcome is
   // recorded (end_attempt) and before the agent acts on the move, so a
   // record never shows a group doing what its state denies.
-  void enter(NodeState s);
-  NodeState node_state = NodeState::kStarting;
+  void enter(status::NodeState s);
+  status::NodeState node_state = status::NodeState::kStarting;
   // Local ranks whose exit ended the running attempt (failures()).
   std::set<int> attempt_failures;
   // Metrics, events and the status snapshot (read by other threads).
@@ -238,7 +238,7 @@ struct LocalElasticAgent::Impl {
   };
   std::unique_ptr<detail::StatusPublisher> status_publisher;
   Clock::time_point next_status = Clock::time_point::max();
-  std::vector<AttemptStatus> attempts;
+  std::vector<status::AttemptStatus> attempts;
   struct LastRestart {
     double at = 0;
     std::string reason;
@@ -246,7 +246,7 @@ struct LocalElasticAgent::Impl {
   std::vector<StepClock> steps;  // by local rank
   // Guarded by status_mutex: the last record made, and the attempt's log
   // directory.
-  NodeStatus last_record;
+  status::NodeStatus last_record;
   std::string attempt_log_dir;
 };
 

@@ -42,6 +42,8 @@ extern char** environ;
 
 namespace tide::agent {
 
+using status::NodeState;
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -624,7 +626,7 @@ RunResult LocalElasticAgent::Impl::run() {
     return run_groups();
   } catch (const std::exception& e) {
     // However run() ends, the node's last record says it is over.
-    if (!is_final(node_state)) {
+    if (!status::is_final(node_state)) {
       end_attempt("TERMINATED", e.what());
       enter(NodeState::kFailed);
     }

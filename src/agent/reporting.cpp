@@ -12,6 +12,8 @@
 
 namespace tide::agent {
 
+using status::NodeState;
+
 namespace {
 
 constexpr WorkerState kStates[] = {

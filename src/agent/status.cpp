@@ -1,4 +1,4 @@
-// The agent's part of the job's status board (tide/agent/job_status.h): the
+// The agent's part of the job's status board (tide/status/job_status.h): the
 // record of its node it posts to its publisher, the attempts of its group,
 // the ranks' step times from their heartbeats, and the straggler flags.
 #include <unistd.h>
@@ -14,6 +14,12 @@
 #include "agent/agent_impl.h"
 
 namespace tide::agent {
+
+using status::AttemptStatus;
+using status::NodeState;
+using status::NodeStatus;
+using status::RankStatus;
+using status::Scores;
 
 namespace {
 
@@ -74,7 +80,7 @@ void LocalElasticAgent::Impl::post_status(bool urgent) {
       .last_restart_reason = last_restart.reason,
       .started_at = started_at,
       .updated_at = now_seconds(),
-      .interval = effective_status_interval(
+      .interval = status::effective_status_interval(
           static_cast<double>(spec.status_interval.count()) / 1000,
           group.group_world_size),
       .attempts = attempts,
@@ -86,7 +92,7 @@ void LocalElasticAgent::Impl::post_status(bool urgent) {
         .local_rank = w.local_rank,
         .rank = w.global_rank,
         .pid = p.pid(),
-        .state = rank_state(
+        .state = status::rank_state(
             node_state,
             p.exited() ? std::optional<int>(p.exitcode()) : std::nullopt,
             attempt_failures.contains(w.local_rank)),
@@ -196,7 +202,7 @@ void LocalElasticAgent::Impl::flag_stragglers() {
     if (i < processes.size() && processes[i]->exited()) {
       continue;
     }
-    Scores sc = score(
+    Scores sc = status::score(
         RankStatus{.step_time = c.step_time, .best_step_time = c.best},
         fastest);
     bool below = sc.below(spec.straggler_threshold);

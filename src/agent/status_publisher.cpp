@@ -7,6 +7,9 @@
 
 namespace tide::agent::detail {
 
+using status::NodeStatus;
+using status::StatusBoard;
+
 StatusPublisher::StatusPublisher(
     std::function<std::shared_ptr<store::Store>()> open)
     : open_(std::move(open)),
@@ -114,7 +117,7 @@ void StatusPublisher::publish_once(NodeStatus s, bool leader) {
       TIDE_LOG_DEBUG("status records in slot {} of the job store", slot_);
     }
     s.slot = slot_;
-    std::string attempts = attempts_to_json(s.attempts);
+    std::string attempts = status::attempts_to_json(s.attempts);
     board_->publish(s, attempts != last_attempts_);
     last_attempts_ = std::move(attempts);
     // The figure changes slowly: the leader makes it, and a follower reads
@@ -125,13 +128,13 @@ void StatusPublisher::publish_once(NodeStatus s, bool leader) {
       double now = now_seconds();
       std::vector<NodeStatus> live;
       for (auto& r : board_->read()) {
-        if (now - r.updated_at > expires_after(r)) {
+        if (now - r.updated_at > status::expires_after(r)) {
           board_->retire(r.slot);
-        } else if (now - r.updated_at <= silent_after(r)) {
+        } else if (now - r.updated_at <= status::silent_after(r)) {
           live.push_back(std::move(r));
         }
       }
-      fastest = agent::fastest_step_time(live);
+      fastest = status::fastest_step_time(live);
       board_->set_fastest_step_time(*fastest);
     } else if (read_figure) {
       fastest = board_->fastest_step_time();

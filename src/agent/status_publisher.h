@@ -9,7 +9,7 @@
 #include <optional>
 #include <thread>
 
-#include "tide/agent/job_status.h"
+#include "tide/status/job_status.h"
 #include "tide/store/store.h"
 
 namespace tide::agent::detail {
@@ -50,23 +50,24 @@ class StatusPublisher {
 
   // The record to write next (its slot is filled in). `leader`: this agent
   // is the round's group rank 0.
-  void post(NodeStatus snapshot, bool urgent, bool leader);
+  void post(status::NodeStatus snapshot, bool urgent, bool leader);
   // The job's fastest step time, as the leader last wrote it.
   std::optional<double> fastest_step_time() const;
 
  private:
   void run(std::stop_token stop);
   // One pass: connect if needed, write the record, lead. Logs what fails.
-  void publish_once(NodeStatus s, bool leader);
+  void publish_once(status::NodeStatus s, bool leader);
 
   const std::function<std::shared_ptr<store::Store>()> open_;
 
   mutable std::mutex mutex_;
   std::condition_variable_any changed_;
   // Guarded by mutex_.
-  std::optional<NodeStatus> latest_;
-  bool fresh_ = false;             // posted since last written
-  std::deque<NodeStatus> queued_;  // earlier states, unwritten, oldest first
+  std::optional<status::NodeStatus> latest_;
+  bool fresh_ = false;  // posted since last written
+  std::deque<status::NodeStatus>
+      queued_;  // earlier states, unwritten, oldest first
   bool urgent_ = false;
   bool leader_ = false;
   uint64_t generation_ = 0;  // counts posts, to wake the thread
@@ -75,7 +76,7 @@ class StatusPublisher {
   // The publisher thread's own.
   std::string written_state_;  // the state of the last snapshot written
   std::shared_ptr<store::Store> store_;
-  std::unique_ptr<StatusBoard> board_;
+  std::unique_ptr<status::StatusBoard> board_;
   int64_t slot_ = -1;
   uint64_t writes_ = 0;
   std::string last_attempts_;

@@ -32,7 +32,7 @@ using etcd::RangeOptions;
 //   r<R>/alive/<i>   arrival i's liveness, attached to its lease
 //   r<R>/left/<i>    arrival i finished
 //   r<R>/agents/...  the round's store for the agents
-//   status/...       the agents' status records (agent/job_status.h)
+//   status/...       the agents' status records (status/job_status.h)
 class EtcdKeys {
  public:
   EtcdKeys(const std::string& prefix, const std::string& run_id)

@@ -16,7 +16,7 @@ namespace tide::rendezvous {
 //   r<R>/hb/<i>          arrival i's heartbeat counter
 //   r<R>/left/<i>        arrival i finished
 //   r<R>/agents/...      the round's store for the agents
-//   status/...           the agents' status records (agent/job_status.h)
+//   status/...           the agents' status records (status/job_status.h)
 class StoreKeys {
  public:
   explicit StoreKeys(const std::string& run_id)

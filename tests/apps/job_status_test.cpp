@@ -1,7 +1,7 @@
 // The job's status seen from outside: `tiderun status` against real tiderun
 // agents forming one c10d job on this machine (a restarted node, a killed
 // one, a straggling rank), and its exit statuses for scripts.
-#include "tide/agent/job_status.h"
+#include "tide/status/job_status.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -263,7 +263,7 @@ TEST_F(JobStatusTest, ANodeWhoseRankFailedIsNeverPublishedHealthy) {
       10s);
   std::map<std::string, int> seen;  // node states read
   std::vector<std::string> contradictions;
-  auto check = [&](const agent::JobView& v) {
+  auto check = [&](const status::JobView& v) {
     for (const auto& n : v.nodes) {
       const auto& s = n.status;
       ++seen[s.state];
@@ -274,19 +274,19 @@ TEST_F(JobStatusTest, ANodeWhoseRankFailedIsNeverPublishedHealthy) {
                   : s.state == "SUCCEEDED" ? r.state == "SUCCEEDED"
                                            : r.state != "HEALTHY";
         if (!ok || (running && r.pid <= 0)) {
-          contradictions.push_back(agent::to_json(v));
+          contradictions.push_back(status::to_json(v));
         }
       }
       if (v.state == "HEALTHY" && n.member && s.state != "HEALTHY" &&
           s.state != "SUCCEEDED") {
-        contradictions.push_back(agent::to_json(v));
+        contradictions.push_back(status::to_json(v));
       }
     }
   };
-  agent::JobView last;
+  status::JobView last;
   for (;;) {
     bool over = c.agent("a").wait(0ms).has_value();
-    last = agent::read_job_view(*store, "job", 0.7);
+    last = status::read_job_view(*store, "job", 0.7);
     check(last);
     if (over) {
       break;
@@ -298,9 +298,9 @@ TEST_F(JobStatusTest, ANodeWhoseRankFailedIsNeverPublishedHealthy) {
   // It read every kind of record: running, being restarted, failed.
   EXPECT_GT(seen["HEALTHY"], 0) << c.log();
   EXPECT_GT(seen["RESTARTING"], 0) << c.log();
-  ASSERT_EQ(last.nodes.size(), 1u) << agent::to_json(last);
+  ASSERT_EQ(last.nodes.size(), 1u) << status::to_json(last);
   const auto& node = last.nodes[0].status;
-  EXPECT_EQ(last.state, "FAILED") << agent::to_json(last);
+  EXPECT_EQ(last.state, "FAILED") << status::to_json(last);
   EXPECT_EQ(node.state, "FAILED");
   EXPECT_EQ(node.restarts, kRestarts);
   ASSERT_EQ(node.ranks.size(), 2u);

@@ -4,10 +4,10 @@
 #include <memory>
 #include <string>
 
-#include "tide/agent/job_status.h"
 #include "tide/agent/worker.h"
 #include "tide/agent/worker_spec.h"
 #include "tide/common/error.h"
+#include "tide/status/job_status.h"
 
 // The agent: runs one node's worker group, restarts it on failure, admits
 // new nodes, and reports how it ended (torch's LocalElasticAgent).
@@ -81,9 +81,9 @@ class LocalElasticAgent {
   int remaining_restarts() const;
   // Thread safe.
   AgentStatus status() const;
-  // This node's record for the job's status board (tide/agent/
+  // This node's record for the job's status board (tide/status/
   // job_status.h), as last made; thread safe.
-  NodeStatus node_status() const;
+  status::NodeStatus node_status() const;
   // The directory of local rank's output files (stdout.log, stderr.log,
   // when redirected) in the current attempt; "" before the first start.
   // Thread safe.

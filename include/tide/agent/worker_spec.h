@@ -137,7 +137,7 @@ struct WorkerSpec {
   // also get the heartbeat socket, so they may report their step numbers
   // (tide/timer/heartbeat.h) without hang detection.
   std::chrono::milliseconds status_interval{5'000};
-  // A rank whose straggler score (relative or individual, tide/agent/
+  // A rank whose straggler score (relative or individual, tide/status/
   // job_status.h) falls below this is flagged: an event and a metric,
   // nothing done to it. In (0, 1].
   double straggler_threshold = 0.7;

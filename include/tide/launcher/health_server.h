@@ -13,7 +13,7 @@ struct HealthSources {
   // The agent's current snapshot (GET /health), nullopt before the agent
   // exists.
   std::function<std::optional<agent::AgentStatus>()> status;
-  // The job's view as JSON (GET /api/job, tide/agent/job_status.h's
+  // The job's view as JSON (GET /api/job, tide/status/job_status.h's
   // to_json(JobView)); may throw, which answers 503 with the error. Null:
   // no job view.
   std::function<std::string()> job;

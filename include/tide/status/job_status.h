@@ -15,7 +15,7 @@
 // rate; anyone who reaches that store reads the records back as one view of
 // the job: `tiderun status`, the live page on the health port. The records
 // and the straggler scores are described in docs/observability.md.
-namespace tide::agent {
+namespace tide::status {
 
 // A node's state in its record: where its worker group is in its life, as
 // its agent decided it (docs/observability.md, "States"). An agent moves
@@ -207,9 +207,8 @@ JobView make_job_view(
 JobView read_job_view(
     store::Store& store, std::string run_id, double threshold);
 
-// The view as JSON (tiderun status --json, the page's /api/job), and as
-// the table tiderun status prints.
+// The view as JSON (tiderun status --json, the page's /api/job); tiderun
+// status prints it as a table (apps/tiderun/status_table.h).
 std::string to_json(const JobView& v);
-std::string format_job_view(const JobView& v);
 
-}  // namespace tide::agent
+}  // namespace tide::status

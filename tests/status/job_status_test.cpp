@@ -1,7 +1,7 @@
 // The job's status board in one process: records to JSON and back, bad
 // records, the straggler scores, the board in a store, and what a reader
-// makes of the records (tide/agent/job_status.h).
-#include "tide/agent/job_status.h"
+// makes of the records (tide/status/job_status.h).
+#include "tide/status/job_status.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -10,8 +10,9 @@
 #include "tide/store/hash_store.h"
 
 #include "common/clock.h"
+#include "tiderun/status_table.h"
 
-namespace tide::agent {
+namespace tide::status {
 namespace {
 
 NodeStatus record(
@@ -209,7 +210,7 @@ TEST(JobStatusTest, TheJobsStateComesFromItsCurrentRoundsMembersOnly) {
   EXPECT_FALSE(v.nodes[3].member);
   auto j = nlohmann::json::parse(to_json(v));
   EXPECT_EQ(j["nodes"][2]["member"], false);
-  std::string text = format_job_view(v);
+  std::string text = tiderun::format_job_view(v);
   EXPECT_NE(
       text.find("job job: HEALTHY, round 3, 2 node(s), 2 rank(s)"),
       std::string::npos)
@@ -277,4 +278,4 @@ TEST(JobStatusTest, TheBoardKeepsOneSlotAnAgentAndSkipsWhatItCannotRead) {
 }
 
 }  // namespace
-}  // namespace tide::agent
+}  // namespace tide::status

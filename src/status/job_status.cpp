@@ -1,8 +1,7 @@
-#include "tide/agent/job_status.h"
+#include "tide/status/job_status.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -11,7 +10,7 @@
 
 #include "common/clock.h"
 
-namespace tide::agent {
+namespace tide::status {
 
 using nlohmann::json;
 
@@ -494,117 +493,4 @@ std::string to_json(const JobView& v) {
       .dump();
 }
 
-namespace {
-
-std::string seconds(std::optional<double> s) {
-  if (!s) {
-    return "-";
-  }
-  char buf[32];
-  if (*s < 1) {
-    std::snprintf(buf, sizeof buf, "%.0fms", *s * 1000);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1fs", *s);
-  }
-  return buf;
-}
-
-std::string score_text(std::optional<double> s) {
-  if (!s) {
-    return "-";
-  }
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%.2f", *s);
-  return buf;
-}
-
-}  // namespace
-
-std::string format_job_view(const JobView& v) {
-  std::string out;
-  char line[512];
-  int stragglers = 0, members = 0;
-  for (const auto& n : v.nodes) {
-    members += n.member ? 1 : 0;
-    for (const auto& r : n.ranks) {
-      stragglers += r.straggler ? 1 : 0;
-    }
-  }
-  std::snprintf(
-      line,
-      sizeof line,
-      "job %s: %s, round %lld, %d node(s), %d rank(s), %d restart(s), %d "
-      "straggler(s)",
-      v.run_id.c_str(),
-      v.state.c_str(),
-      static_cast<long long>(v.round),
-      members,
-      v.ranks,
-      v.restarts,
-      stragglers);
-  out += line;
-  if (members < static_cast<int>(v.nodes.size())) {
-    out += ", " + std::to_string(v.nodes.size() - members) +
-           " other node(s) not in the round";
-  }
-  out += "\n";
-  for (const auto& n : v.nodes) {
-    const NodeStatus& s = n.status;
-    std::string restarts =
-        std::to_string(s.restarts) + "/" + std::to_string(s.max_restarts);
-    if (s.last_restart_at > 0) {
-      restarts += " (last: " + s.last_restart_reason + ")";
-    }
-    std::snprintf(
-        line,
-        sizeof line,
-        "\nnode %s (slot %lld, group rank %d of %d, round %lld): %s%s%s, "
-        "restarts %s, updated %s ago\n",
-        s.node.c_str(),
-        static_cast<long long>(s.slot),
-        s.group_rank,
-        s.group_world_size,
-        static_cast<long long>(s.round),
-        s.state.c_str(),
-        n.silent ? " (SILENT)" : "",
-        n.member ? ""
-        : s.round < v.round && s.state == "STARTING"
-            ? " (waiting to join)"
-            : " (not in the current round)",
-        restarts.c_str(),
-        seconds(n.age).c_str());
-    out += line;
-    if (s.ranks.empty()) {
-      continue;
-    }
-    out +=
-        "  rank  local  pid       state       beat    step      step time  "
-        "best      relative  own\n";
-    for (size_t i = 0; i < s.ranks.size(); ++i) {
-      const RankStatus& r = s.ranks[i];
-      const JobView::Rank& sc = n.ranks[i];
-      std::snprintf(
-          line,
-          sizeof line,
-          "  %-5d %-6d %-9lld %-11s %-7s %-9s %-10s %-9s %-9s %-5s%s\n",
-          r.rank,
-          r.local_rank,
-          static_cast<long long>(r.pid),
-          r.state.c_str(),
-          seconds(r.beat_age).c_str(),
-          r.step ? std::to_string(*r.step).c_str() : "-",
-          seconds(r.step_time).c_str(),
-          seconds(r.best_step_time).c_str(),
-          score_text(sc.scores.relative).c_str(),
-          score_text(sc.scores.individual).c_str(),
-          sc.straggler ? "  STRAGGLER" : "");
-      out += line;
-    }
-  }
-  for (const auto& u : v.unreadable) {
-    out += "unreadable record: " + u + "\n";
-  }
-  return out;
-}
-
-}  // namespace tide::agent
+}  // namespace tide::status
