@@ -22,6 +22,7 @@
 #include "rpc_core/call_metrics.h"
 #include "rpc_core/endpoint.h"
 #include "rpc_core/peer_group.h"
+#include "rpc_core/request_gate.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
 #include "transport/workers.h"
@@ -159,13 +160,9 @@ struct RpcAgent::Impl {
   std::mutex shutdown_mutex;
   bool shut_down = false;  // Guarded by shutdown_mutex.
 
-  // Whether this worker knows the group yet (rendezvous()), and the
-  // requests that came before: a caller may meet the group first. Set
-  // under early_mutex, after the early requests are served, so that
-  // later ones never overtake them.
-  std::atomic<bool> met{false};
-  std::mutex early_mutex;
-  std::vector<std::pair<transport::Pipe, transport::Message>> early;
+  // Opens once this worker knows the group (rendezvous()): a caller may
+  // meet the group first.
+  rpc_core::RequestGate gate;
 
   // Last, so that it goes first: its threads use everything above until
   // they are joined.
@@ -316,18 +313,11 @@ struct RpcAgent::Impl {
       infos.push_back(WorkerInfo{p.name, p.id});
       ids[p.name] = p.id;
     }
-    std::lock_guard lock(early_mutex);
-    for (auto& [pipe, m] : std::exchange(early, {})) {
-      try {
-        serve(pipe, std::move(m));
-      } catch (const std::exception& e) {
-        TIDE_LOG_WARN(
-            "[{}] a request that came before the group met was dropped: {}",
-            self.name,
-            e.what());
-      }
-    }
-    met.store(true, std::memory_order_release);
+    gate.open(
+        [this](const transport::Pipe& pipe, transport::Message m) {
+          serve(pipe, std::move(m));
+        },
+        self.name);
   }
 
   size_t outstanding() const {
@@ -371,16 +361,9 @@ struct RpcAgent::Impl {
 
   // A request, on the transport's loop: to the pool.
   void on_request(const transport::Pipe& pipe, transport::Message m) {
-    if (!met.load(std::memory_order_acquire)) {
-      std::lock_guard lock(early_mutex);
-      if (!met.load(std::memory_order_relaxed)) {
-        // Served once this worker knows the group too (the names its RRefs
-        // and autograd contexts need), in the order they came.
-        early.emplace_back(pipe, std::move(m));
-        return;
-      }
+    if (!gate.hold(pipe, m)) {
+      serve(pipe, std::move(m));
     }
-    serve(pipe, std::move(m));
   }
 
   // A request of a worker that knows the group.

@@ -15,6 +15,7 @@
 
 #include "rpc_core/call_metrics.h"
 #include "rpc_core/endpoint.h"
+#include "rpc_core/request_gate.h"
 #include "torch_rpc/wire.h"
 #include "transport/workers.h"
 
@@ -122,10 +123,9 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   }
 
   std::mutex mutex;
-  bool started = false;  // Guarded by mutex.
   bool stopped = false;  // Guarded by mutex.
-  // Requests that came before start(): served once it runs. Guarded.
-  std::vector<std::pair<transport::Pipe, transport::Message>> early;
+  // Opens at start(): requests that come before wait for it.
+  rpc_core::RequestGate gate;
 
   // Counts for join() and the metrics.
   std::mutex count_mutex;
@@ -270,19 +270,10 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       if (stopped) {
         return;
       }
-      if (!started) {
-        // Before start(), bounded as the workers' queue is.
-        if (early.size() >= transport::Workers::kMaxQueuedRequests) {
-          throw ProtocolError(
-              "more than " +
-              std::to_string(transport::Workers::kMaxQueuedRequests) +
-              " requests before this worker started");
-        }
-        early.emplace_back(pipe, std::move(m));
-        return;
-      }
     }
-    serve_on_pool(pipe, std::move(m));
+    if (!gate.hold(pipe, m)) {
+      serve_on_pool(pipe, std::move(m));
+    }
   }
 
   // ---- the requests this worker serves ----
@@ -406,8 +397,8 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
         return;
       }
       stopped = true;
-      early.clear();
     }
+    gate.drop();
     if (endpoint) {
       endpoint->stop(
           "RPC agent of worker '" + name() +
@@ -577,16 +568,13 @@ void Agent::join(bool shutdown, float /*timeout*/) {
 }
 
 void Agent::startImpl() {
-  std::vector<std::pair<transport::Pipe, transport::Message>> early;
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->started = true;
-    impl_->serving.store(true);
-    early.swap(impl_->early);
-  }
-  for (auto& [pipe, m] : early) {
-    impl_->serve_on_pool(pipe, std::move(m));
-  }
+  Impl& impl = *impl_;
+  impl.serving.store(true);
+  impl.gate.open(
+      [&impl](const transport::Pipe& pipe, transport::Message m) {
+        impl.serve_on_pool(pipe, std::move(m));
+      },
+      impl.name());
 }
 
 void Agent::shutdownImpl() {
