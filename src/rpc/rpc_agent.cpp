@@ -227,10 +227,7 @@ struct RpcAgent::Impl {
       detail::GradsPtr grads) {
     if (workers().full()) {
       throw Error(
-          "worker '" + self.name + "' has " +
-          std::to_string(workers().queued()) +
-          " requests waiting for a thread already; " + fn +
-          "() was refused (retry later)");
+          rpc_core::busy_refusal(self.name, workers().queued(), fn + "()"));
     }
     Promise<detail::Value> promise;
     Future<detail::Value> result = promise.get_future();

@@ -43,6 +43,13 @@ void RequestGate::open(const Serve& serve, const std::string& who) {
   open_.store(true, std::memory_order_release);
 }
 
+std::string busy_refusal(
+    const std::string& worker, size_t queued, const std::string& what) {
+  return "worker '" + worker + "' has " + std::to_string(queued) +
+         " requests waiting for a thread already; " + what +
+         " was refused (retry later)";
+}
+
 void RequestGate::drop() {
   std::lock_guard lock(mutex_);
   held_.clear();

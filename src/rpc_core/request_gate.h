@@ -3,17 +3,20 @@
 #include <atomic>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "transport/transport.h"
 
-// The requests a worker receives before it can serve them: before it knows
-// its group (the C++ agent: the names its RRefs and autograd contexts need)
-// or before torch starts its agent (the TIDE backend). A caller may meet the
-// group first and call at once. They are held, in the order they came and
+// What a worker does with the requests it cannot serve now. Those that
+// arrive before it can serve any wait at a RequestGate: before it knows its
+// group (the C++ agent: the names its RRefs and autograd contexts need) or
+// before torch starts its agent (the TIDE backend); a caller may meet the
+// group first and call at once. They are held in the order they came,
 // bounded as the workers' queue is, and served when the gate opens, before
-// any request that comes later.
+// any request that comes later. Those that find its pool full are refused,
+// in busy_refusal()'s words.
 namespace tide::rpc_core {
 
 class RequestGate {
@@ -38,5 +41,11 @@ class RequestGate {
   std::mutex mutex_;
   std::vector<std::pair<transport::Pipe, transport::Message>> held_;
 };
+
+// Why a request was refused because `worker`'s pool already queues
+// `queued` (transport::Workers::full()): the caller's error, naming the
+// call (`what`).
+std::string busy_refusal(
+    const std::string& worker, size_t queued, const std::string& what);
 
 }  // namespace tide::rpc_core

@@ -285,9 +285,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
       auto refused =
           c10::make_intrusive<tr::JitFuture>(at::AnyClassType::get());
       refused->setError(std::make_exception_ptr(std::runtime_error(
-          "worker '" + name() + "' has " + std::to_string(workers().queued()) +
-          " requests waiting for a thread already; this one was refused "
-          "(retry later)")));
+          rpc_core::busy_refusal(name(), workers().queued(), "this one"))));
       respond(pipe, m.id, *refused);
       return;
     }
