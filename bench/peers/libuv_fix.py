@@ -10,7 +10,8 @@ torch whose TCPStore has no use_libuv (1.13).
 
 bench/peers/torchrun.py applies it to the launcher, bench/launch/ddp_step.py
 to the workers (under either launcher, at no measurable cost): a user of that
-torch would need the same two fixes.
+torch would need the same two fixes. bench/peers/torch_store_server.py
+applies it to torch's store server.
 """
 import os
 import sys

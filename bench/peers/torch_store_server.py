@@ -43,16 +43,15 @@ def main() -> int:
 
     # torch >= 2.4 serves with libuv by default; one built without it
     # (Debian 13's 2.6) serves as USE_LIBUV=0 says, as its env:// path does.
-    options = {}
-    if "use_libuv" in (dist.TCPStore.__init__.__doc__ or ""):
-        options["use_libuv"] = os.environ.get("USE_LIBUV", "1") != "0"
+    from libuv_fix import follow_use_libuv
+
+    follow_use_libuv()
     store = dist.TCPStore(
         args.host,
         args.port,
         is_master=True,
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=args.timeout),
-        **options,
     )
     port = store.port
     if not port:
