@@ -1,24 +1,23 @@
-// The exit barrier (torch's _exit_barrier): nodes count in when their part
-// of the job is over, and one whose workers succeeded waits for the others
-// (docs/tiderun.md#the-exit-barrier).
+#include "agent/exit_barrier.h"
+
 #include <signal.h>
 
 #include <string>
 
 #include "tide/common/logging.h"
 
-#include "agent/agent_impl.h"
+#include "common/clock.h"
 
-namespace tide::agent {
+namespace tide::agent::detail {
+
+using std::chrono::milliseconds;
 
 namespace {
 
 // The exit barrier's keys in the round's store (torch's terminal_state).
 const std::string kBarrier = "torchelastic/agent/terminal_state/";
 
-}  // namespace
-
-void LocalElasticAgent::Impl::count_in(bool failed) {
+void count_in(const rendezvous::RendezvousInfo& rdzv, bool failed) {
   // Every node counts in once its part of the job is over, failed or not,
   // so the nodes waiting for it learn at once that it will not come back.
   if (rdzv.world_size <= 1 || !rdzv.store) {
@@ -33,18 +32,24 @@ void LocalElasticAgent::Impl::count_in(bool failed) {
   }
 }
 
-void LocalElasticAgent::Impl::count_in_failed() {
+}  // namespace
+
+void count_in_failed(
+    const rendezvous::RendezvousInfo& rdzv, const WorkerSpec& spec) {
   try {
-    count_in(/*failed=*/true);
+    count_in(rdzv, /*failed=*/true);
   } catch (const Error& e) {
     TIDE_LOG_WARN(
         "[{}] exit barrier: could not count this node in: {}",
-        self.spec_.role,
+        spec.role,
         e.what());
   }
 }
 
-void LocalElasticAgent::Impl::exit_barrier() {
+void exit_barrier(
+    const rendezvous::RendezvousInfo& rdzv,
+    const WorkerSpec& spec,
+    const std::atomic<int>& stop_signal) {
   // A node whose workers succeeded waits for the others to count in (its
   // store may serve them until then), but not for a job that is over: a
   // closed rendezvous (a node failed for good) or a stop request ends the
@@ -53,13 +58,12 @@ void LocalElasticAgent::Impl::exit_barrier() {
   if (rdzv.world_size <= 1) {
     return;
   }
-  const WorkerSpec& spec = self.spec_;
   auto started = Clock::now();
   auto deadline = started + spec.exit_barrier_timeout;
   auto waited = [&] { return elapsed_ms(started); };
   try {
     store::Store& st = *rdzv.store;
-    count_in(/*failed=*/false);
+    count_in(rdzv, /*failed=*/false);
     for (;;) {
       if (int sig = stop_signal.load(); sig != 0) {
         const char* name = sigabbrev_np(sig);
@@ -121,4 +125,4 @@ void LocalElasticAgent::Impl::exit_barrier() {
   }
 }
 
-}  // namespace tide::agent
+}  // namespace tide::agent::detail

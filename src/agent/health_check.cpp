@@ -17,8 +17,9 @@
 #include "tide/metrics/metrics.h"
 #include "tide/metrics/registry.h"
 
-#include "agent/agent_impl.h"
 #include "agent/command.h"
+#include "agent/health_checks.h"
+#include "agent/reporting.h"
 #include "net/address.h"
 #include "net/socket.h"
 
@@ -190,8 +191,16 @@ uint64_t parse_size(const std::string& text, const char* what) {
   return static_cast<uint64_t>(value * std::ldexp(1.0, shift));
 }
 
-void LocalElasticAgent::Impl::check_health() {
-  const WorkerSpec& spec = self.spec_;
+namespace detail {
+
+HealthChecks::HealthChecks(
+    const AgentView& view,
+    const Reporter& reporter,
+    std::function<void(Clock::time_point)> pause)
+    : view_(view), reporter_(reporter), pause_(std::move(pause)) {}
+
+void HealthChecks::before_rendezvous() {
+  const WorkerSpec& spec = view_.spec;
   const HealthCheckPolicy& policy = spec.health;
   if (policy.checks.empty()) {
     return;
@@ -203,7 +212,8 @@ void LocalElasticAgent::Impl::check_health() {
       auto start = Clock::now();
       HealthCheckResult r;
       try {
-        r = check->run({.log_dir = run_log_dir, .timeout = policy.timeout});
+        r = check->run(
+            {.log_dir = view_.run_log_dir, .timeout = policy.timeout});
       } catch (const std::exception& e) {
         r = {false, std::string("the check threw: ") + e.what()};
       }
@@ -216,16 +226,16 @@ void LocalElasticAgent::Impl::check_health() {
       metrics::histogram(
           "tide_agent_health_check_seconds",
           "Time a health check before a rendezvous took.",
-          metric_labels({{"check", check->name()}}))
+          reporter_.labels({{"check", check->name()}}))
           .observe(std::chrono::duration<double>(took).count());
       if (!r.healthy) {
         metrics::counter(
             "tide_agent_health_check_failures_total",
             "Health checks before a rendezvous that found the node unhealthy.",
-            metric_labels({{"check", check->name()}}))
+            reporter_.labels({{"check", check->name()}}))
             .inc();
       }
-      agent_event(
+      reporter_.agent_event(
           "health_check",
           {{"check", check->name()},
            {"healthy", r.healthy},
@@ -263,24 +273,11 @@ void LocalElasticAgent::Impl::check_health() {
         "[{}] not joining the rendezvous; health checks again in {} ms",
         spec.role,
         backoff.count());
-    sleep_unless_stopped(Clock::now() + backoff);
+    pause_(Clock::now() + backoff);
     backoff = std::min(backoff * 2, policy.max_backoff);
   }
 }
 
-void LocalElasticAgent::Impl::sleep_unless_stopped(Clock::time_point deadline) {
-  while (Clock::now() < deadline) {
-    check_stop();
-    auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
-    pollfd p{.fd = wake_fd.get(), .events = POLLIN, .revents = 0};
-    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) >
-        0) {
-      uint64_t drained;
-      [[maybe_unused]] ssize_t n =
-          ::read(wake_fd.get(), &drained, sizeof drained);
-    }
-  }
-  check_stop();
-}
+}  // namespace detail
 
 }  // namespace tide::agent

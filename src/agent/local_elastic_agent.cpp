@@ -1,48 +1,54 @@
-// The agent's run loop (torch's SimpleElasticAgent._invoke_run), event
-// driven: one poll() over the workers' pidfds, their tee pipes and a wake-up
-// eventfd. Worker exits are seen when they happen; monitor_interval only
-// paces the question "are nodes waiting to join?".
+// The agent's core (torch's SimpleElasticAgent._invoke_run): a worker
+// group's life as transitions (agent/transition.h). The run loop waits,
+// observes, asks decide() what the observation means, and acts; its
+// components (agent/component.h) own every feature's state and report each
+// transition. Event driven: one poll() over a wake-up eventfd, the
+// components' descriptors and the workers' pidfds and tee pipes. Worker
+// exits are seen when they happen; monitor_interval only paces the question
+// "are nodes waiting to join?".
 #include "tide/agent/local_elastic_agent.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string_view>
+#include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "tide/agent/error_file.h"
 #include "tide/common/fd.h"
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
-#include "tide/events/events.h"
 #include "tide/metrics/metrics.h"
 #include "tide/rendezvous/rendezvous_handler.h"
 
-#include "agent/agent_impl.h"
-#include "agent/janitor.h"
-#include "agent/worker_process.h"
+#include "agent/component.h"
+#include "agent/exit_barrier.h"
+#include "agent/group_processes.h"
+#include "agent/hang_detector.h"
+#include "agent/health_checks.h"
+#include "agent/reporting.h"
+#include "agent/status_records.h"
+#include "agent/transition.h"
+#include "agent/worker_timers.h"
 #include "common/clock.h"
 #include "common/random.h"
 
-extern char** environ;
-
 namespace tide::agent {
 
+using detail::Action;
+using detail::GroupEvent;
+using detail::Observation;
+using detail::Transition;
 using status::NodeState;
+using std::chrono::milliseconds;
 
 namespace fs = std::filesystem;
 
@@ -59,21 +65,117 @@ std::string make_temp_dir(const std::string& prefix) {
   return templ;
 }
 
-// The parts of the agent's environment a worker inherits, as a map.
-std::map<std::string, std::string> inherited_env() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string_view kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string_view::npos) {
-      env.emplace(
-          std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
-    }
+}  // namespace
+
+// The core: the group's life and nothing else. Every feature is a
+// component; the core knows by type only those the public API reads
+// (reporter: status(); records: node_status(); timers: last progress).
+struct LocalElasticAgent::Impl {
+  Impl(LocalElasticAgent& agent, AgentOptions opts);
+  ~Impl();
+
+  RunResult run();
+  // run()'s loop: groups started, watched and restarted until one succeeds
+  // or fails for good.
+  RunResult run_groups();
+  // A round (health checks first), the ranks, and a new group started;
+  // `restart_of`: the transition it restarts for, seen at `seen`.
+  void start_group(
+      std::optional<GroupEvent> restart_of, Clock::time_point seen);
+  void rendezvous();
+  void assign_ranks();
+  // What the workers and the rendezvous say now, if anything changed.
+  std::optional<Observation> observe(Clock::time_point& next_membership_check);
+  // Announces t to the components (entered), acts on it (starts or stops
+  // the workers), counts the restarts, and announces that it acted.
+  void act(const Transition& t);
+  // Once a stop was requested: the STOPPED transition, then SignalException.
+  void check_stop();
+  // Waits until `deadline`; throws SignalException once a stop is requested.
+  void pause(Clock::time_point deadline);
+  // Waits for an event (a worker's, a component's, a wake-up) until
+  // `deadline`.
+  void wait_for_events(Clock::time_point deadline);
+  // Runs the components whose deadline passed; whether any did.
+  bool run_due();
+
+  LocalElasticAgent& self;
+  const AgentOptions options;
+  Fd wake_fd;
+  std::atomic<int> stop_signal{0};
+  std::string run_log_dir;
+  const std::string host = tide::fqdn();
+  const double started_at = now_seconds();
+  WorkerGroup group;
+  rendezvous::RendezvousInfo rdzv;
+  detail::Restarts restarts;
+  NodeState node_state = NodeState::kStarting;
+  const detail::AgentView view{
+      .spec = self.spec_,
+      .host = host,
+      .run_log_dir = run_log_dir,
+      .group = group,
+      .rdzv = rdzv,
+      .restarts = restarts,
+      .started_at = started_at,
+  };
+  detail::GroupProcesses processes;
+  // In the order they hear of each transition; destroyed in reverse.
+  std::vector<std::unique_ptr<detail::Component>> components;
+  detail::Reporter* reporter = nullptr;
+  detail::StatusRecords* records = nullptr;
+  detail::WorkerTimers* timers = nullptr;
+};
+
+LocalElasticAgent::Impl::Impl(LocalElasticAgent& agent, AgentOptions opts)
+    : self(agent),
+      options(opts),
+      processes(
+          view,
+          {.adopt_orphans = opts.adopt_orphans,
+           .component_env =
+               [this](std::map<std::string, std::string>& env) {
+                 for (const auto& c : components) {
+                   c->add_env(env);
+                 }
+               },
+           .exited =
+               [this](const std::set<pid_t>& pids) {
+                 for (const auto& c : components) {
+                   c->exited(pids);
+                 }
+               }}) {
+  wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd) {
+    throw Error(std::string("eventfd failed: ") + std::strerror(errno));
   }
-  return env;
+  auto add = [&]<typename C>(std::unique_ptr<C> c) {
+    C* raw = c.get();
+    components.push_back(std::move(c));
+    return raw;
+  };
+  reporter = add(std::make_unique<detail::Reporter>(view, processes));
+  records =
+      add(std::make_unique<detail::StatusRecords>(view, processes, *reporter));
+  add(std::make_unique<detail::HangDetector>(
+      view,
+      processes,
+      *reporter,
+      [records = records](
+          size_t rank, std::optional<int64_t> step, Clock::time_point at) {
+        records->beat(rank, step, at);
+      }));
+  timers =
+      add(std::make_unique<detail::WorkerTimers>(view, processes, *reporter));
+  add(std::make_unique<detail::HealthChecks>(
+      view, *reporter, [this](Clock::time_point until) { pause(until); }));
 }
 
-}  // namespace
+LocalElasticAgent::Impl::~Impl() {
+  while (!components.empty()) {
+    components.pop_back();
+  }
+}
 
 LocalElasticAgent::LocalElasticAgent(WorkerSpec spec, AgentOptions options)
     : spec_(std::move(spec)) {
@@ -96,6 +198,24 @@ const std::string& LocalElasticAgent::run_log_dir() const {
   return impl_->run_log_dir;
 }
 
+AgentStatus LocalElasticAgent::status() const {
+  AgentStatus s = impl_->reporter->snapshot();
+  s.last_progress = std::max(s.last_progress, impl_->timers->last_progress());
+  return s;
+}
+
+status::NodeStatus LocalElasticAgent::node_status() const {
+  return impl_->records->last_record();
+}
+
+std::string LocalElasticAgent::worker_log_dir(int local_rank) const {
+  std::string dir = impl_->processes.attempt_log_dir();
+  if (dir.empty() || local_rank < 0 || local_rank >= spec_.local_world_size) {
+    return "";
+  }
+  return dir + "/" + std::to_string(local_rank);
+}
+
 void LocalElasticAgent::request_stop(int sig) noexcept {
   int expected = 0;
   impl_->stop_signal.compare_exchange_strong(expected, sig);
@@ -108,21 +228,128 @@ RunResult LocalElasticAgent::run() {
   return impl_->run();
 }
 
-std::string LocalElasticAgent::Impl::attempt_dir() const {
-  // torch's layout, attempt_<restart count>; a membership change keeps the
-  // count, and gets attempt_<n>.<k> rather than wiping the last logs.
-  std::string dir = run_log_dir + "/attempt_" + std::to_string(restarts.used);
-  std::string candidate = dir;
-  for (int k = 1; fs::exists(candidate); ++k) {
-    candidate = dir + "." + std::to_string(k);
+RunResult LocalElasticAgent::Impl::run() {
+  const WorkerSpec& spec = self.spec_;
+  if (run_log_dir.empty()) {
+    std::string base =
+        spec.log_dir.empty() ? make_temp_dir("tide_") : spec.log_dir;
+    fs::create_directories(base);
+    run_log_dir =
+        base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_id(8);
+    fs::create_directories(run_log_dir);
   }
-  return candidate;
+  processes.open();
+  for (const auto& c : components) {
+    c->start();
+  }
+  TIDE_LOG_INFO(
+      "[{}] starting: {} workers per node, {} restarts allowed, logs in {}",
+      spec.role,
+      spec.local_world_size,
+      spec.max_restarts,
+      run_log_dir);
+  if (spec.prestart.enabled) {
+    processes.open_prestart();
+  }
+  // The waiting interpreters go with run(), however it ends.
+  struct Close {
+    detail::GroupProcesses& processes;
+    ~Close() {
+      processes.close();
+    }
+  } close{processes};
+
+  auto run_prof = metrics::profile("SimpleElasticAgent.run");
+  try {
+    return run_groups();
+  } catch (const std::exception& e) {
+    // However run() ends, the node's last record says it is over.
+    if (!status::is_final(node_state)) {
+      act(decide({.event = GroupEvent::kAborted, .error = e.what()}, restarts));
+    }
+    throw;
+  }
+}
+
+RunResult LocalElasticAgent::Impl::run_groups() {
+  const WorkerSpec& spec = self.spec_;
+  check_stop();
+  start_group(std::nullopt, Clock::now());
+  auto next_membership_check = Clock::now() + spec.monitor_interval;
+  for (;;) {
+    check_stop();
+    std::optional<Observation> seen = observe(next_membership_check);
+    if (!seen) {
+      // Components act after the group was looked at, so that a record
+      // never shows an exit the agent has seen but not yet acted on; and
+      // the group is looked at again before waiting (a hung worker killed
+      // is a failure at once).
+      if (!run_due()) {
+        wait_for_events(next_membership_check);
+      }
+      continue;
+    }
+    Transition t = decide(std::move(*seen), restarts);
+    act(t);
+    switch (t.action) {
+      case Action::kRestart:
+        check_stop();
+        start_group(t.event, t.seen);
+        next_membership_check = Clock::now() + spec.monitor_interval;
+        continue;
+      case Action::kFinish:
+        detail::exit_barrier(rdzv, spec, stop_signal);
+        return RunResult{
+            .state = WorkerState::kSucceeded,
+            .return_values = processes.return_values()};
+      case Action::kGiveUp:
+        // A node failing for good ends the job: the other nodes stop rather
+        // than wait in a collective for this one, and those already in the
+        // exit barrier leave it.
+        detail::count_in_failed(rdzv, spec);
+        try {
+          spec.rdzv_handler->set_closed();
+        } catch (const Error& e) {
+          TIDE_LOG_WARN("[{}] closing the rendezvous: {}", spec.role, e.what());
+        }
+        return RunResult{
+            .state = WorkerState::kFailed, .failures = std::move(t.failures)};
+      case Action::kStop:
+        if (t.cause) {
+          try {
+            std::rethrow_exception(t.cause);
+          } catch (const RendezvousClosedError&) {
+            detail::count_in_failed(rdzv, spec);  // a gone backend has none
+            throw;
+          }
+        }
+        throw SignalException(
+            t.signal, "agent stopped by " + detail::signal_text(t.signal));
+      case Action::kWatch:
+      case Action::kNothing:
+        continue;
+    }
+  }
+}
+
+void LocalElasticAgent::Impl::start_group(
+    std::optional<GroupEvent> restart_of, Clock::time_point seen) {
+  auto prof = metrics::profile("SimpleElasticAgent._initialize_workers");
+  rendezvous();
+  assign_ranks();
+  processes.choose_rpc_secret();
+  processes.prepare();
+  act(decide(
+      {.event = GroupEvent::kStarted, .restart_of = restart_of, .seen = seen},
+      restarts));
 }
 
 void LocalElasticAgent::Impl::rendezvous() {
   const WorkerSpec& spec = self.spec_;
   auto prof = metrics::profile("SimpleElasticAgent._rendezvous");
-  check_health();
+  for (const auto& c : components) {
+    c->before_rendezvous();
+  }
   TIDE_LOG_DEBUG(
       "[{}] rendezvous through {} (run {})",
       spec.role,
@@ -133,58 +360,13 @@ void LocalElasticAgent::Impl::rendezvous() {
     rdzv = spec.rdzv_handler->next_rendezvous();
   } catch (const RendezvousError&) {
     check_stop();  // interrupted by a stop request: report the signal
-    count_round(start, /*completed=*/false);
+    reporter->round(start, /*completed=*/false);
     throw;
   }
-  count_round(start, /*completed=*/true);
-  agent_event(
-      "rendezvous",
-      {{"group_rank", int64_t{rdzv.rank}},
-       {"group_world_size", int64_t{rdzv.world_size}},
-       {"duration_ms",
-        static_cast<int64_t>(
-            std::chrono::duration_cast<milliseconds>(Clock::now() - start)
-                .count())},
-       {"master_endpoint",
-        rdzv.bootstrap.master_addr + ":" +
-            std::to_string(rdzv.bootstrap.master_port)}});
   group.store = rdzv.store;
   group.group_rank = rdzv.rank;
   group.group_world_size = rdzv.world_size;
-  TIDE_LOG_INFO(
-      "[{}] rendezvous complete in {} ms: this node is {} of {} (run {})",
-      spec.role,
-      std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(),
-      rdzv.rank,
-      rdzv.world_size,
-      spec.rdzv_handler->get_run_id());
-}
-
-void LocalElasticAgent::Impl::choose_rpc_secret() {
-  const WorkerSpec& spec = self.spec_;
-  if (!spec.job_secret.empty()) {
-    rpc_secret = spec.job_secret;
-    return;
-  }
-  std::string mine = random_id(43);  // about 222 bits
-  if (rdzv.world_size <= 1) {
-    rpc_secret = mine;  // never leaves this node
-    return;
-  }
-  // The first agent's wins; the others read it back.
-  rpc_secret = rdzv.store->compare_set(
-      "torchelastic/round" + std::to_string(rdzv.round) + "/rpc_secret",
-      "",
-      mine);
-  if (!warned_shared_secret) {
-    warned_shared_secret = true;
-    TIDE_LOG_WARN(
-        "[{}] no job secret was given: the workers' rpc secret is agreed "
-        "through the rendezvous store, so whoever can read that store can "
-        "learn it; give every node the same TIDE_JOB_SECRET (or "
-        "--rdzv-conf secret_file=PATH) to keep it off the network",
-        spec.role);
-  }
+  reporter->round(start, /*completed=*/true);
 }
 
 void LocalElasticAgent::Impl::assign_ranks() {
@@ -249,183 +431,106 @@ void LocalElasticAgent::Impl::assign_ranks() {
   }
 }
 
-void LocalElasticAgent::Impl::start_workers() {
+std::optional<Observation> LocalElasticAgent::Impl::observe(
+    Clock::time_point& next_membership_check) {
   const WorkerSpec& spec = self.spec_;
-  auto prof = metrics::profile("LocalElasticAgent._start_workers");
-  std::string dir = attempt_dir();
-  {
-    std::lock_guard lock(status_mutex);
-    attempt_log_dir = dir;
+  switch (processes.state()) {
+    case WorkerState::kSucceeded:
+      return Observation{.event = GroupEvent::kSucceeded};
+    case WorkerState::kFailed:
+      return Observation{
+          .event = GroupEvent::kFailed,
+          .failures = processes.failures([&](ProcessFailure& f) {
+            for (const auto& c : components) {
+              c->explain(f);
+            }
+          }),
+          .stop_signal = stop_signal.load()};
+    default:
+      break;
   }
-  result_files.assign(static_cast<size_t>(spec.local_world_size), "");
-  error_files.assign(static_cast<size_t>(spec.local_world_size), "");
-  for (int i = 0; i < spec.local_world_size; ++i) {
-    std::string rank_dir = dir + "/" + std::to_string(i);
-    fs::create_directories(rank_dir);
-    result_files[static_cast<size_t>(i)] = rank_dir + "/return_value";
-    error_files[static_cast<size_t>(i)] = rank_dir + "/error.json";
+  if (Clock::now() < next_membership_check) {
+    return std::nullopt;
   }
+  next_membership_check = Clock::now() + spec.monitor_interval;
+  int waiting = 0;
+  try {
+    waiting = spec.rdzv_handler->num_nodes_waiting();
+  } catch (const RendezvousError& e) {
+    // The backend is gone or another node ended the job: this node's
+    // workers cannot go on.
+    return Observation{
+        .event = GroupEvent::kRendezvousLost,
+        .error = e.what(),
+        .cause = std::current_exception()};
+  }
+  if (waiting == 0) {
+    return std::nullopt;
+  }
+  return Observation{
+      .event = GroupEvent::kMembershipChanged, .nodes_waiting = waiting};
+}
 
-  auto sink = [&](const std::vector<std::string>& filters, const char* file) {
-    std::shared_ptr<detail::DuplicateSink> s;
-    if (!filters.empty()) {
-      s = std::make_shared<detail::DuplicateSink>(detail::DuplicateSink{
-          .fd = detail::open_log(dir + "/" + file), .filters = filters});
-    }
-    return s;
-  };
-  duplicate_out = sink(spec.duplicate_stdout_filters, "filtered_stdout.log");
-  duplicate_err = sink(spec.duplicate_stderr_filters, "filtered_stderr.log");
-
-  std::string exe = resolve_exe();
-  std::vector<RankBinding> numa = plan_numa();
-
-  processes.clear();
-  // Recorded before the first worker runs: anything a worker makes visible
-  // (a line of output, a store key) happens after the agent's state says
-  // this group is running.
-  metrics::put_metric(metric("remaining_restarts"), restarts.left);
-  begin_attempt();
-  enter(NodeState::kHealthy);
-  for (const Worker& w : group.workers) {
-    if (!numa.empty()) {
-      TIDE_LOG_INFO(
-          "[{}] local rank {}: --numa-binding={}: {}",
-          spec.role,
-          w.local_rank,
-          to_string(spec.numa_binding),
-          describe(numa[static_cast<size_t>(w.local_rank)]));
-    }
-    processes.push_back(start_process(launch_spec(w, exe, numa, dir)));
-    group.workers[static_cast<size_t>(w.local_rank)].pid =
-        processes.back()->pid();
+void LocalElasticAgent::Impl::act(const Transition& t) {
+  const WorkerSpec& spec = self.spec_;
+  node_state = t.to;
+  group.state = detail::worker_state(t.to);
+  for (const auto& c : components) {
+    c->entered(t);
   }
-  post_status(/*urgent=*/true);  // with the workers' pids
-  fill_prestart(exe, numa);
-  std::set<pid_t> old_pids;
-  {
-    std::lock_guard lock(timer_mutex);
-    old_pids.swap(worker_pids);
-    for (const auto& p : processes) {
-      worker_pids.insert(p->pid());
-    }
+  switch (t.action) {
+    case Action::kWatch:
+      processes.start(group);
+      break;
+    case Action::kNothing:
+      break;
+    default:
+      processes.stop(
+          t.event == GroupEvent::kStopRequested ? t.signal : SIGTERM,
+          spec.shutdown_grace);
+      break;
   }
-  // Timers of the last group's workers die with them. (Outside timer_mutex:
-  // the server calls allow_pid, which takes it, under its own lock.)
-  if (timer_server) {
-    timer_server->clear_timers(old_pids);
+  restarts = t.restarts;
+  for (const auto& c : components) {
+    c->acted(t);
   }
-  {
-    std::lock_guard lock(status_mutex);
-    status.workers = group.workers;  // now with their pids
-  }
-  for (const Worker& w : group.workers) {
-    worker_event(w, "HEALTHY");
-  }
-  TIDE_LOG_INFO(
-      "[{}] started {} workers (attempt {}, ranks {}-{} of {}, {} restarts "
-      "left)",
-      spec.role,
-      spec.local_world_size,
-      restarts.used,
-      group.workers.front().global_rank,
-      group.workers.back().global_rank,
-      group.workers.front().world_size,
-      restarts.left);
 }
 
 void LocalElasticAgent::Impl::check_stop() {
-  const WorkerSpec& spec = self.spec_;
   if (int sig = stop_signal.load(); sig != 0) {
-    const char* name = sigabbrev_np(sig);
-    TIDE_LOG_WARN(
-        "[{}] received SIG{}; stopping workers", spec.role, name ? name : "?");
-    end_attempt(
-        "TERMINATED", std::string("stopped by SIG") + (name ? name : "?"));
-    enter(NodeState::kStopped);
-    stop_workers(sig, spec.shutdown_grace);
-    for (const Worker& w : group.workers) {
-      worker_event(w, "TERMINATED");
-    }
-    throw SignalException(
-        sig, std::string("agent stopped by SIG") + (name ? name : "?"));
+    act(decide(
+        {.event = GroupEvent::kStopRequested, .stop_signal = sig}, restarts));
+    throw SignalException(sig, "agent stopped by " + detail::signal_text(sig));
   }
 }
 
-void LocalElasticAgent::Impl::initialize_workers() {
-  auto prof = metrics::profile("SimpleElasticAgent._initialize_workers");
-  rendezvous();
-  assign_ranks();
-  choose_rpc_secret();
-  reset_heartbeats();
-  start_workers();
+void LocalElasticAgent::Impl::pause(Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    check_stop();
+    auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+    pollfd p{.fd = wake_fd.get(), .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) >
+        0) {
+      uint64_t drained;
+      [[maybe_unused]] ssize_t n =
+          ::read(wake_fd.get(), &drained, sizeof drained);
+    }
+  }
+  check_stop();
 }
 
-void LocalElasticAgent::Impl::pump_output() {
-  for (auto& p : processes) {
-    for (auto& pump : p->pumps()) {
-      pump.pump();
-    }
-  }
-}
-
-void LocalElasticAgent::Impl::reap() {
-  if (options.adopt_orphans) {
-    // Orphans of workers are our children too; reap whatever has exited.
-    int st = 0;
-    pid_t pid;
-    while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
-      bool ours = false;
-      for (auto& p : processes) {
-        if (p->pid() == pid) {
-          ::kill(-pid, SIGKILL);
-          p->set_status(st);
-          ours = true;
-        }
-      }
-      if (!ours && prestart) {
-        ours = prestart->reaped(pid, st);
-      }
-      if (!ours && janitor) {
-        janitor->forget(pid);  // An earlier group's worker, left behind once.
-      }
-    }
-  }
-  std::set<pid_t> ended;
-  for (auto& p : processes) {
-    if (p->poll_exit()) {
-      ended.insert(p->pid());
-    }
-  }
-  // A reaped worker's pid may be reused: the timer server must not signal
-  // it any more.
-  if (!ended.empty() && timer_server) {
-    {
-      std::lock_guard lock(timer_mutex);
-      for (pid_t pid : ended) {
-        worker_pids.erase(pid);
-      }
-    }
-    timer_server->clear_timers(ended);
-  }
-}
-
-bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
+void LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
   std::vector<pollfd> fds;
   fds.push_back({.fd = wake_fd.get(), .events = POLLIN, .revents = 0});
-  if (heartbeats) {
-    fds.push_back({.fd = heartbeats->fd(), .events = POLLIN, .revents = 0});
-  }
-  for (auto& p : processes) {
-    if (!p->exited() && !p->abandoned()) {
-      fds.push_back({.fd = p->pidfd(), .events = POLLIN, .revents = 0});
-    }
-    for (auto& pump : p->pumps()) {
-      if (pump.fd() >= 0) {
-        fds.push_back({.fd = pump.fd(), .events = POLLIN, .revents = 0});
-      }
+  std::vector<detail::Component*> polled;
+  for (const auto& c : components) {
+    deadline = std::min(deadline, c->deadline());
+    if (int fd = c->fd(); fd >= 0) {
+      fds.push_back({.fd = fd, .events = POLLIN, .revents = 0});
+      polled.push_back(c.get());
     }
   }
+  processes.add_fds(fds);
   // Rounded up: waking before a deadline would only spin until it.
   auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
   int timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
@@ -438,366 +543,23 @@ bool LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
     [[maybe_unused]] ssize_t n =
         ::read(wake_fd.get(), &drained, sizeof drained);
   }
-  read_heartbeats();
-  pump_output();
-  reap();
-  return r > 0;
+  for (size_t i = 0; r > 0 && i < polled.size(); ++i) {
+    if (fds[i + 1].revents != 0) {
+      polled[i]->readable();
+    }
+  }
+  processes.on_wake();
 }
 
-WorkerState LocalElasticAgent::Impl::group_state() const {
-  bool all_done = true;
-  for (const auto& p : processes) {
-    if (!p->exited()) {
-      all_done = false;
-      continue;
-    }
-    if (p->exitcode() != 0) {
-      return WorkerState::kFailed;
+bool LocalElasticAgent::Impl::run_due() {
+  bool any = false;
+  for (const auto& c : components) {
+    if (Clock::now() >= c->deadline()) {
+      c->due();
+      any = true;
     }
   }
-  return all_done ? WorkerState::kSucceeded : WorkerState::kHealthy;
-}
-
-std::map<int, ProcessFailure> LocalElasticAgent::Impl::failures() const {
-  std::map<int, ProcessFailure> out;
-  for (const auto& p : processes) {
-    if (!p->exited() || p->exitcode() == 0) {
-      continue;
-    }
-    const Worker& w = group.workers[static_cast<size_t>(p->local_rank())];
-    ProcessFailure f;
-    f.local_rank = w.local_rank;
-    f.global_rank = w.global_rank;
-    f.pid = p->pid();
-    f.exitcode = p->exitcode();
-    f.host = host;
-    f.timestamp = p->exit_time();
-    f.error_file = error_files[static_cast<size_t>(w.local_rank)];
-    f.error_file_data = read_file(f.error_file);
-    std::optional<timer::ExpiredTimer> expired;
-    {
-      std::lock_guard lock(timer_mutex);
-      if (auto it = reaped.find(f.pid); it != reaped.end()) {
-        expired = it->second;
-      }
-    }
-    if (expired && f.exitcode == -expired->signal) {
-      char overrun[32];
-      std::snprintf(overrun, sizeof overrun, "%.3f", expired->overrun_seconds);
-      f.message = "expiration timer \"" + expired->scope_id +
-                  "\" expired: the worker was " + overrun +
-                  " s past its deadline and got " + f.signal_name() +
-                  " from the timer server";
-    } else if (!f.error_file_data.empty()) {
-      auto parsed = parse_error_file(f.error_file_data);
-      f.message = parsed.message;
-      f.traceback = parsed.traceback;
-      if (parsed.timestamp > 0) {
-        f.timestamp = parsed.timestamp;
-      }
-    } else if (f.exitcode < 0) {
-      f.message = "Signal " + std::to_string(-f.exitcode) + " (" +
-                  f.signal_name() + ") received by PID " +
-                  std::to_string(f.pid);
-    } else {
-      f.message = "exited with code " + std::to_string(f.exitcode) +
-                  "; to see the worker's error here, have it write "
-                  "TORCHELASTIC_ERROR_FILE "
-                  "(torch: @record)";
-    }
-    out.emplace(w.global_rank, std::move(f));
-  }
-  return out;
-}
-
-std::map<int, std::string> LocalElasticAgent::Impl::return_values() const {
-  std::map<int, std::string> out;
-  if (!std::holds_alternative<FunctionCall>(self.spec_.entrypoint)) {
-    return out;
-  }
-  for (const Worker& w : group.workers) {
-    out.emplace(
-        w.global_rank,
-        read_file(result_files[static_cast<size_t>(w.local_rank)]));
-  }
-  return out;
-}
-
-void LocalElasticAgent::Impl::stop_workers(int sig, milliseconds grace) {
-  auto prof = metrics::profile("LocalElasticAgent._stop_workers");
-  auto running = [&] {
-    int n = 0;
-    for (auto& p : processes) {
-      n += (!p->exited() && !p->abandoned()) ? 1 : 0;
-    }
-    return n;
-  };
-  auto wait_all = [&](Clock::time_point deadline) {
-    while (running() > 0 && Clock::now() < deadline) {
-      wait_for_events(deadline);
-    }
-  };
-  if (running() > 0) {
-    for (auto& p : processes) {
-      p->signal(sig);
-    }
-    wait_all(Clock::now() + grace);
-  }
-  if (running() > 0) {
-    TIDE_LOG_WARN(
-        "[{}] {} workers still running {} ms after {}; sending SIGKILL",
-        self.spec_.role,
-        running(),
-        grace.count(),
-        sigabbrev_np(sig) ? sigabbrev_np(sig) : "the signal");
-    for (auto& p : processes) {
-      p->signal(SIGKILL);
-    }
-    wait_all(Clock::now() + self.spec_.kill_wait);
-  }
-  for (auto& p : processes) {
-    if (!p->exited() && !p->abandoned()) {
-      TIDE_LOG_ERROR(
-          "[{}] worker pid {} survived SIGKILL for {} ms (stuck in the "
-          "kernel?); "
-          "leaving it behind",
-          self.spec_.role,
-          p->pid(),
-          self.spec_.kill_wait.count());
-      p->abandon();
-    }
-  }
-  for (auto& p : processes) {
-    for (auto& pump : p->pumps()) {
-      pump.finish();
-    }
-  }
-  post_status(/*urgent=*/true);  // the ranks, STOPPING no more
-}
-
-RunResult LocalElasticAgent::Impl::run() {
-  const WorkerSpec& spec = self.spec_;
-  if (run_log_dir.empty()) {
-    std::string base =
-        spec.log_dir.empty() ? make_temp_dir("tide_") : spec.log_dir;
-    fs::create_directories(base);
-    run_log_dir =
-        base + "/" + spec.rdzv_handler->get_run_id() + "_" + random_id(8);
-    fs::create_directories(run_log_dir);
-  }
-  base_env = inherited_env();
-  if (!base_env.count("OMP_NUM_THREADS") && spec.local_world_size > 1) {
-    base_env["OMP_NUM_THREADS"] = "1";
-    if (!warned_omp) {
-      warned_omp = true;
-      TIDE_LOG_WARN(
-          "Setting OMP_NUM_THREADS to 1 for each worker so {} workers do not "
-          "overload this machine; set it yourself to tune performance",
-          spec.local_world_size);
-    }
-  }
-  if (options.adopt_orphans) {
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  }
-  janitor = std::make_unique<detail::Janitor>();
-  start_timer_server();
-  start_heartbeats();
-  start_status();
-  TIDE_LOG_INFO(
-      "[{}] starting: {} workers per node, {} restarts allowed, logs in {}",
-      spec.role,
-      spec.local_world_size,
-      spec.max_restarts,
-      run_log_dir);
-
-  if (spec.prestart.enabled) {
-    start_prestart();
-  }
-  // The waiting interpreters go with run(), however it ends.
-  struct DrainPool {
-    Impl& impl;
-    ~DrainPool() {
-      impl.prestart.reset();
-    }
-  } drain_pool{*this};
-
-  auto run_prof = metrics::profile("SimpleElasticAgent.run");
-  try {
-    return run_groups();
-  } catch (const std::exception& e) {
-    // However run() ends, the node's last record says it is over.
-    if (!status::is_final(node_state)) {
-      end_attempt("TERMINATED", e.what());
-      enter(NodeState::kFailed);
-    }
-    throw;
-  }
-}
-
-RunResult LocalElasticAgent::Impl::run_groups() {
-  const WorkerSpec& spec = self.spec_;
-  enter(NodeState::kStarting);
-  check_stop();
-  initialize_workers();
-  auto next_membership_check = Clock::now() + spec.monitor_interval;
-  for (;;) {
-    wait_for_events(std::min(
-        {next_membership_check, next_heartbeat_deadline(), next_status}));
-    check_stop();
-    check_heartbeats();
-    // Decided before any record is posted: a record never shows an exit
-    // the agent has seen but not yet acted on.
-    WorkerState state = group_state();
-    if (state == WorkerState::kSucceeded) {
-      end_attempt("SUCCEEDED", "");
-      enter(NodeState::kSucceeded);
-      for (const Worker& w : group.workers) {
-        worker_event(w, "SUCCEEDED");
-      }
-      record_run_metrics(true);
-      TIDE_LOG_INFO("[{}] all workers succeeded", spec.role);
-      stop_workers(SIGTERM, spec.shutdown_grace);  // drains the tee pipes
-      exit_barrier();
-      return RunResult{.state = state, .return_values = return_values()};
-    }
-    if (state == WorkerState::kFailed) {
-      auto failure_seen = Clock::now();
-      auto fails = failures();
-      count_agent_event(
-          "tide_agent_worker_failures_total",
-          "Workers that failed (exited non-zero or by a signal).",
-          static_cast<double>(fails.size()));
-      for (const auto& [rank, f] : fails) {
-        TIDE_LOG_WARN(
-            "[{}] worker rank {} (local {}, pid {}) failed: {}",
-            spec.role,
-            rank,
-            f.local_rank,
-            f.pid,
-            f.message);
-      }
-      for (const auto& [rank, f] : fails) {
-        attempt_failures.insert(f.local_rank);
-      }
-      {
-        const ProcessFailure& first = fails.begin()->second;
-        end_attempt(
-            "FAILED",
-            "rank " + std::to_string(first.global_rank) + " (local " +
-                std::to_string(first.local_rank) + "): " + first.message);
-      }
-      bool restart = restarts.left > 0;
-      if (restart) {
-        note_restart("worker failure: " + attempts.back().reason);
-      }
-      enter(
-          stop_signal.load() != 0 ? NodeState::kStopped
-          : restart               ? NodeState::kRestarting
-                                  : NodeState::kFailed);
-      stop_workers(SIGTERM, spec.shutdown_grace);
-      for (const Worker& w : group.workers) {
-        auto f = fails.find(w.global_rank);
-        if (f != fails.end()) {
-          worker_event(
-              w,
-              "FAILED",
-              f->second.error_file_data.empty() ? f->second.message
-                                                : f->second.error_file_data);
-        } else {
-          worker_event(w, "TERMINATED");
-        }
-      }
-      check_stop();
-      if (restart) {
-        --restarts.left;
-        ++restarts.used;
-        TIDE_LOG_INFO(
-            "[{}] restarting the worker group ({} of {} restarts used)",
-            spec.role,
-            restarts.used,
-            spec.max_restarts);
-        agent_event(
-            "restart",
-            {{"reason", std::string("worker failure")},
-             {"remaining_restarts", int64_t{restarts.left}}});
-        post_status(/*urgent=*/true);  // with the restart counted
-        count_restart("worker_failure");
-        initialize_workers();
-        time_restart("worker_failure", failure_seen);
-        next_membership_check = Clock::now() + spec.monitor_interval;
-        continue;
-      }
-      record_run_metrics(false);
-      TIDE_LOG_ERROR(
-          "[{}] worker group failed and no restarts are left ({} allowed)",
-          spec.role,
-          spec.max_restarts);
-      // A node failing for good ends the job: the other nodes stop rather
-      // than wait in a collective for this one, and those already in the
-      // exit barrier leave it.
-      count_in_failed();
-      try {
-        spec.rdzv_handler->set_closed();
-      } catch (const Error& e) {
-        TIDE_LOG_WARN("[{}] closing the rendezvous: {}", spec.role, e.what());
-      }
-      return RunResult{
-          .state = WorkerState::kFailed, .failures = std::move(fails)};
-    }
-    if (Clock::now() >= next_membership_check) {
-      next_membership_check = Clock::now() + spec.monitor_interval;
-      int waiting = 0;
-      try {
-        waiting = spec.rdzv_handler->num_nodes_waiting();
-      } catch (const RendezvousError& e) {
-        // The backend is gone or another node ended the job: this node's
-        // workers cannot go on.
-        TIDE_LOG_ERROR(
-            "[{}] rendezvous: {}; stopping workers", spec.role, e.what());
-        end_attempt("TERMINATED", std::string("rendezvous: ") + e.what());
-        enter(NodeState::kFailed);
-        stop_workers(SIGTERM, spec.shutdown_grace);
-        for (const Worker& w : group.workers) {
-          worker_event(w, "TERMINATED");
-        }
-        if (dynamic_cast<const RendezvousClosedError*>(&e) != nullptr) {
-          count_in_failed();  // a backend that is gone has no barrier
-        }
-        throw;
-      }
-      if (waiting > 0) {
-        auto change_seen = Clock::now();
-        TIDE_LOG_INFO(
-            "[{}] membership changed ({} node(s) waiting or lost); restarting "
-            "the group (not counted as a restart)",
-            spec.role,
-            waiting);
-        std::string why = "membership changed: " + std::to_string(waiting) +
-                          " node(s) waiting or lost";
-        end_attempt("TERMINATED", why);
-        note_restart(why);
-        enter(NodeState::kRestarting);
-        stop_workers(SIGTERM, spec.shutdown_grace);
-        for (const Worker& w : group.workers) {
-          worker_event(w, "TERMINATED");
-        }
-        agent_event(
-            "restart",
-            {{"reason", std::string("membership changed")},
-             {"nodes_waiting", int64_t{waiting}}});
-        check_stop();
-        count_restart("membership_change");
-        initialize_workers();
-        time_restart("membership_change", change_seen);
-        continue;
-      }
-    }
-    if (Clock::now() >= next_status) {
-      next_status = Clock::now() + spec.status_interval;
-      measure_steps();
-      post_status(/*urgent=*/false);
-    }
-  }
+  return any;
 }
 
 }  // namespace tide::agent

@@ -22,7 +22,7 @@
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
 
-#include "agent/agent_impl.h"
+#include "agent/group_processes.h"
 
 namespace tide::agent {
 
@@ -558,8 +558,9 @@ std::vector<int> memory_nodes_allowed() {
   return {};
 }
 
-std::vector<RankBinding> LocalElasticAgent::Impl::plan_numa() const {
-  const WorkerSpec& spec = self.spec_;
+namespace detail {
+
+std::vector<RankBinding> plan_numa(const WorkerSpec& spec) {
   std::vector<RankBinding> numa;
   if (spec.numa_binding != NumaBinding::kNone) {
     numa = plan_numa_binding(
@@ -581,5 +582,7 @@ std::vector<RankBinding> LocalElasticAgent::Impl::plan_numa() const {
   }
   return numa;
 }
+
+}  // namespace detail
 
 }  // namespace tide::agent

@@ -9,15 +9,12 @@
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
-#include "tide/timer/file_timer.h"
-#include "tide/timer/heartbeat.h"
-#include "tide/timer/local_timer.h"
 
-#include "agent/agent_impl.h"
 #include "agent/entrypoint_run.h"
+#include "agent/group_processes.h"
 #include "agent/worker_process.h"
 
-namespace tide::agent {
+namespace tide::agent::detail {
 
 namespace {
 
@@ -79,10 +76,9 @@ std::string own_device(
 
 }  // namespace
 
-std::vector<std::string> LocalElasticAgent::Impl::worker_env(
-    const Worker& w) const {
-  const WorkerSpec& spec = self.spec_;
-  std::map<std::string, std::string> env = base_env;
+std::vector<std::string> GroupProcesses::worker_env(const Worker& w) const {
+  const WorkerSpec& spec = view_.spec;
+  std::map<std::string, std::string> env = base_env_;
   for (const auto& [k, v] : spec.env) {
     env[k] = v;
   }
@@ -94,43 +90,31 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
     set("LOCAL_RANK", std::to_string(w.local_rank));
   }
   set("RANK", std::to_string(w.global_rank));
-  set("GROUP_RANK", std::to_string(group.group_rank));
+  set("GROUP_RANK", std::to_string(view_.group.group_rank));
   set("ROLE_RANK", std::to_string(w.role_rank));
   set("ROLE_NAME", spec.role);
   set("LOCAL_WORLD_SIZE", std::to_string(spec.local_world_size));
   set("WORLD_SIZE", std::to_string(w.world_size));
-  set("GROUP_WORLD_SIZE", std::to_string(group.group_world_size));
+  set("GROUP_WORLD_SIZE", std::to_string(view_.group.group_world_size));
   set("ROLE_WORLD_SIZE", std::to_string(w.role_world_size));
-  set("MASTER_ADDR", spec.master_addr.value_or(rdzv.bootstrap.master_addr));
+  set("MASTER_ADDR",
+      spec.master_addr.value_or(view_.rdzv.bootstrap.master_addr));
   set("MASTER_PORT",
-      std::to_string(spec.master_port.value_or(rdzv.bootstrap.master_port)));
-  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts.used));
+      std::to_string(
+          spec.master_port.value_or(view_.rdzv.bootstrap.master_port)));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(view_.restarts.used));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(spec.max_restarts));
   set("TORCHELASTIC_RUN_ID", spec.rdzv_handler->get_run_id());
   set("TORCHELASTIC_USE_AGENT_STORE",
       py_bool(spec.rdzv_handler->use_agent_store()));
   set("TORCHELASTIC_ERROR_FILE",
-      error_files[static_cast<size_t>(w.local_rank)]);
-  if (auto* f = dynamic_cast<timer::FileTimerServer*>(timer_server.get())) {
-    set("TORCHELASTIC_TIMER_FILE", f->path());
-  } else if (
-      auto* l = dynamic_cast<timer::LocalTimerServer*>(timer_server.get())) {
-    set("TIDE_TIMER_SOCKET", l->path());
-  }
-  if (heartbeats) {
-    set(timer::kHeartbeatSocketEnv, heartbeats->path());
-  }
-  if (heartbeats && spec.heartbeat_timeout.count() > 0) {
-    char timeout[32];
-    std::snprintf(
-        timeout,
-        sizeof timeout,
-        "%g",
-        static_cast<double>(spec.heartbeat_timeout.count()) / 1000);
-    set(timer::kHeartbeatTimeoutEnv, timeout);
+      error_files_[static_cast<size_t>(w.local_rank)]);
+  // The components' own (timers, heartbeats), then what every worker gets.
+  if (options_.component_env) {
+    options_.component_env(env);
   }
   // tide's rpc proves this secret (unless the job chose its own token).
-  env.emplace("TIDE_RPC_TOKEN", rpc_secret);
+  env.emplace("TIDE_RPC_TOKEN", rpc_secret_);
   // torch 1.13 and today's torch name this differently; set both.
   env.emplace("NCCL_ASYNC_ERROR_HANDLING", "1");
   env.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
@@ -142,14 +126,14 @@ std::vector<std::string> LocalElasticAgent::Impl::worker_env(
   return out;
 }
 
-std::string LocalElasticAgent::Impl::resolve_exe() const {
-  const auto* c = std::get_if<Command>(&self.spec_.entrypoint);
+std::string GroupProcesses::resolve_exe() const {
+  const auto* c = std::get_if<Command>(&view_.spec.entrypoint);
   if (c == nullptr) {
     return "";
   }
-  auto path = base_env.find("PATH");
-  std::string exe = detail::find_executable(
-      c->argv[0], path == base_env.end() ? "" : path->second);
+  auto path = base_env_.find("PATH");
+  std::string exe =
+      find_executable(c->argv[0], path == base_env_.end() ? "" : path->second);
   if (exe.empty()) {
     throw InvalidArgument(
         "cannot run \"" + c->argv[0] +
@@ -158,18 +142,18 @@ std::string LocalElasticAgent::Impl::resolve_exe() const {
   return exe;
 }
 
-detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
+LaunchSpec GroupProcesses::launch_spec(
     const Worker& w,
     const std::string& exe,
     const std::vector<RankBinding>& numa,
     const std::string& dir) const {
-  const WorkerSpec& spec = self.spec_;
-  detail::LaunchSpec ls;
+  const WorkerSpec& spec = view_.spec;
+  LaunchSpec ls;
   ls.local_rank = w.local_rank;
   ls.env = worker_env(w);
   if (!numa.empty()) {
     const RankBinding& b = numa[static_cast<size_t>(w.local_rank)];
-    ls.binding = detail::Binding::make(b.cpus, b.mem_nodes);
+    ls.binding = Binding::make(b.cpus, b.mem_nodes);
     for (const auto& [k, v] : numa_env(spec.numa_binding, b)) {
       std::erase_if(
           ls.env, [&](const std::string& e) { return e.starts_with(k + "="); });
@@ -182,7 +166,7 @@ detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
     ls.argv = c->argv;
   } else {
     const auto& f = std::get<FunctionCall>(spec.entrypoint);
-    ls.result_file = result_files[static_cast<size_t>(w.local_rank)];
+    ls.result_file = result_files_[static_cast<size_t>(w.local_rank)];
     if (spec.start_method == StartMethod::kFork) {
       ls.function = f.name;
       ls.function_args = f.args;
@@ -190,34 +174,33 @@ detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
       ls.path = "/proc/self/exe";
       ls.argv.push_back(std::string("tide-worker:") + f.name);
       ls.argv.insert(ls.argv.end(), f.args.begin(), f.args.end());
-      ls.env.push_back(std::string(detail::kFunctionEnv) + "=" + f.name);
-      ls.env.push_back(
-          std::string(detail::kResultFileEnv) + "=" + ls.result_file);
+      ls.env.push_back(std::string(kFunctionEnv) + "=" + f.name);
+      ls.env.push_back(std::string(kResultFileEnv) + "=" + ls.result_file);
     }
   }
   bool shown = spec.local_ranks_filter.empty() ||
                spec.local_ranks_filter.count(w.local_rank) > 0;
   auto target = [&](Std bit, const char* file) {
-    detail::StreamTarget t;
+    StreamTarget t;
     auto has = [&](const StdSpec& s) {
       return (static_cast<int>(s.for_rank(w.local_rank)) &
               static_cast<int>(bit)) != 0;
     };
     if (has(spec.tee) && shown) {
-      t.mode = detail::StreamTarget::Mode::kTee;
+      t.mode = StreamTarget::Mode::kTee;
     } else if (has(spec.redirects) || has(spec.tee) || !shown) {
-      t.mode = detail::StreamTarget::Mode::kFile;
+      t.mode = StreamTarget::Mode::kFile;
     }
     t.path = rank_dir + "/" + file;
     return t;
   };
   ls.out = target(Std::kOut, "stdout.log");
   ls.err = target(Std::kErr, "stderr.log");
-  if (ls.out.mode == detail::StreamTarget::Mode::kTee) {
-    ls.out.duplicate = duplicate_out;
+  if (ls.out.mode == StreamTarget::Mode::kTee) {
+    ls.out.duplicate = duplicate_out_;
   }
-  if (ls.err.mode == detail::StreamTarget::Mode::kTee) {
-    ls.err.duplicate = duplicate_err;
+  if (ls.err.mode == StreamTarget::Mode::kTee) {
+    ls.err.duplicate = duplicate_err_;
   }
   ls.console_prefix =
       spec.log_line_prefix_template.empty()
@@ -230,12 +213,12 @@ detail::LaunchSpec LocalElasticAgent::Impl::launch_spec(
   return ls;
 }
 
-std::unique_ptr<detail::WorkerProcess> LocalElasticAgent::Impl::start_process(
-    const detail::LaunchSpec& ls) {
-  const WorkerSpec& spec = self.spec_;
-  if (prestart) {
+std::unique_ptr<WorkerProcess> GroupProcesses::start_process(
+    const LaunchSpec& ls) {
+  const WorkerSpec& spec = view_.spec;
+  if (prestart_) {
     std::string why_not;
-    if (auto p = prestart->take(ls, *prestart_cmd, &why_not)) {
+    if (auto p = prestart_->take(ls, *prestart_cmd_, &why_not)) {
       TIDE_LOG_INFO(
           "[{}] local rank {}: handed to prestarted interpreter {}",
           spec.role,
@@ -249,29 +232,29 @@ std::unique_ptr<detail::WorkerProcess> LocalElasticAgent::Impl::start_process(
         ls.local_rank,
         why_not);
   }
-  return std::make_unique<detail::WorkerProcess>(ls, janitor.get());
+  return std::make_unique<WorkerProcess>(ls, janitor_.get());
 }
 
-void LocalElasticAgent::Impl::start_prestart() {
-  const WorkerSpec& spec = self.spec_;
+void GroupProcesses::open_prestart() {
+  const WorkerSpec& spec = view_.spec;
   std::string exe = resolve_exe();
   std::string why_not = "the workers run a C++ function";
   if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
-    prestart_cmd = detail::PythonCommand::parse(exe, c->argv, &why_not);
+    prestart_cmd_ = PythonCommand::parse(exe, c->argv, &why_not);
   }
-  if (!prestart_cmd) {
+  if (!prestart_cmd_) {
     TIDE_LOG_WARN("[{}] --prestart does not apply: {}", spec.role, why_not);
     return;
   }
-  prestart = std::make_unique<detail::PrestartPool>(
-      detail::PrestartPool::Options{
+  prestart_ = std::make_unique<PrestartPool>(
+      PrestartPool::Options{
           .imports = spec.prestart.imports,
           .spares = spec.prestart.spares,
-          .log_dir = run_log_dir + "/prestart",
+          .log_dir = view_.run_log_dir + "/prestart",
       },
-      janitor.get());
+      janitor_.get());
   // Started now, so that their imports run while the rendezvous does.
-  fill_prestart(exe, plan_numa());
+  fill_prestart(exe, plan_numa(spec));
   TIDE_LOG_INFO(
       "[{}] prestarting Python interpreters: {} (one per local rank, {} "
       "spares), importing {}",
@@ -283,23 +266,23 @@ void LocalElasticAgent::Impl::start_prestart() {
           : fmt::format("{}", fmt::join(spec.prestart.imports, ",")));
 }
 
-void LocalElasticAgent::Impl::fill_prestart(
+void GroupProcesses::fill_prestart(
     const std::string& exe, const std::vector<RankBinding>& numa) {
-  if (!prestart) {
+  if (!prestart_) {
     return;
   }
   // The slots' environments and bindings as the next attempt's workers
   // will have them, but for what changes per attempt (dropped by the pool).
-  const WorkerSpec& spec = self.spec_;
-  if (error_files.size() < static_cast<size_t>(spec.local_world_size)) {
-    error_files.resize(static_cast<size_t>(spec.local_world_size));
-    result_files.resize(static_cast<size_t>(spec.local_world_size));
+  const WorkerSpec& spec = view_.spec;
+  if (error_files_.size() < static_cast<size_t>(spec.local_world_size)) {
+    error_files_.resize(static_cast<size_t>(spec.local_world_size));
+    result_files_.resize(static_cast<size_t>(spec.local_world_size));
   }
-  std::vector<detail::LaunchSpec> slots;
+  std::vector<LaunchSpec> slots;
   for (int i = 0; i < spec.local_world_size; ++i) {
     slots.push_back(launch_spec(Worker{.local_rank = i}, exe, numa, ""));
   }
-  prestart->fill(exe, slots);
+  prestart_->fill(exe, slots);
 }
 
-}  // namespace tide::agent
+}  // namespace tide::agent::detail

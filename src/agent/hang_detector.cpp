@@ -1,20 +1,23 @@
-// Hang detection: the workers' heartbeats, and what the agent does with a
-// worker whose heartbeats stopped (docs/tiderun.md#hang-detection).
+#include "agent/hang_detector.h"
+
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "tide/agent/error_file.h"
 #include "tide/common/logging.h"
 #include "tide/metrics/metrics.h"
 #include "tide/timer/heartbeat.h"
 
-#include "agent/agent_impl.h"
 #include "agent/command.h"
+#include "agent/group_processes.h"
+#include "agent/reporting.h"
 
-namespace tide::agent {
+namespace tide::agent::detail {
 
 namespace {
 
@@ -65,7 +68,7 @@ std::string capture_stack(pid_t pid) {
   };
   std::string why;
   for (const auto& argv : tools) {
-    auto out = detail::run_command(argv, kStackTimeout);
+    auto out = run_command(argv, kStackTimeout);
     if (out.exitcode == 0 && !out.output.empty()) {
       return argv[0] + " -p " + p + ":\n" + out.output;
     }
@@ -80,20 +83,30 @@ std::string capture_stack(pid_t pid) {
 
 }  // namespace
 
-void LocalElasticAgent::Impl::start_heartbeats() {
-  const WorkerSpec& spec = self.spec_;
+HangDetector::HangDetector(
+    const AgentView& view,
+    GroupProcesses& processes,
+    const Reporter& reporter,
+    BeatSink on_beat)
+    : view_(view),
+      processes_(processes),
+      reporter_(reporter),
+      on_beat_(std::move(on_beat)) {}
+
+void HangDetector::start() {
+  const WorkerSpec& spec = view_.spec;
   // Open for hang detection, and for the step numbers of the job's status.
   if ((spec.heartbeat_timeout.count() <= 0 &&
        spec.status_interval.count() <= 0) ||
-      heartbeats) {
+      receiver_) {
     return;
   }
+  std::string path = view_.run_log_dir + "/heartbeat.sock";
   if (spec.heartbeat_timeout.count() <= 0) {
     // For step numbers alone: a socket that cannot be bound (a log
     // directory too deep for a socket's path) costs the job only those.
     try {
-      heartbeats = std::make_unique<timer::HeartbeatReceiver>(
-          run_log_dir + "/heartbeat.sock");
+      receiver_ = std::make_unique<timer::HeartbeatReceiver>(path);
     } catch (const Error& e) {
       TIDE_LOG_WARN(
           "[{}] no heartbeat socket, so no step times in the job's status: "
@@ -103,92 +116,87 @@ void LocalElasticAgent::Impl::start_heartbeats() {
     }
     return;
   }
-  heartbeats = std::make_unique<timer::HeartbeatReceiver>(
-      run_log_dir + "/heartbeat.sock");
+  receiver_ = std::make_unique<timer::HeartbeatReceiver>(path);
   TIDE_LOG_INFO(
       "[{}] hang detection: a worker that sent a heartbeat and then none for "
       "{} ms is treated as hung (heartbeats on {})",
       spec.role,
       spec.heartbeat_timeout.count(),
-      heartbeats->path());
+      receiver_->path());
 }
 
-void LocalElasticAgent::Impl::reset_heartbeats() {
-  last_beat.assign(
-      static_cast<size_t>(self.spec_.local_world_size), std::nullopt);
-  if (heartbeats) {
-    heartbeats->drain();  // the last group's
-  }
-}
-
-void LocalElasticAgent::Impl::read_heartbeats() {
-  if (!heartbeats) {
+void HangDetector::add_env(std::map<std::string, std::string>& env) const {
+  if (!receiver_) {
     return;
   }
+  env[timer::kHeartbeatSocketEnv] = receiver_->path();
+  if (view_.spec.heartbeat_timeout.count() > 0) {
+    env[timer::kHeartbeatTimeoutEnv] = fmt::format(
+        "{:g}",
+        static_cast<double>(view_.spec.heartbeat_timeout.count()) / 1000);
+  }
+}
+
+void HangDetector::entered(const Transition& t) {
+  if (t.event != GroupEvent::kStarted) {
+    return;
+  }
+  last_beat_.assign(
+      static_cast<size_t>(view_.spec.local_world_size), std::nullopt);
+  if (receiver_) {
+    receiver_->drain();  // the last group's
+  }
+}
+
+int HangDetector::fd() const {
+  return receiver_ ? receiver_->fd() : -1;
+}
+
+void HangDetector::readable() {
   auto now = Clock::now();
-  for (const timer::Beat& beat : heartbeats->drain()) {
-    int i = local_rank_of(beat.pid);
-    if (i < 0) {
+  for (const timer::Beat& beat : receiver_->drain()) {
+    int i = processes_.local_rank_of(beat.pid);
+    if (i < 0 || static_cast<size_t>(i) >= last_beat_.size()) {
       continue;  // a process gone by now, or not a worker's
     }
-    if (beat.step) {
-      note_step(static_cast<size_t>(i), *beat.step, now);
-    }
-    auto& last = last_beat[static_cast<size_t>(i)];
-    if (!last && self.spec_.heartbeat_timeout.count() > 0) {
+    on_beat_(static_cast<size_t>(i), beat.step, now);
+    auto& last = last_beat_[static_cast<size_t>(i)];
+    if (!last && view_.spec.heartbeat_timeout.count() > 0) {
       TIDE_LOG_INFO(
           "[{}] local rank {} sent its first heartbeat: it is watched for "
           "hangs from now on",
-          self.spec_.role,
+          view_.spec.role,
           i);
     }
     last = now;
   }
 }
 
-int LocalElasticAgent::Impl::local_rank_of(pid_t pid) const {
-  // The worker itself, or else a process in its session (its children):
-  // getsid only for those.
-  auto find = [&](pid_t candidate) {
-    for (const auto& p : processes) {
-      if (p->pid() == candidate) {
-        return p->local_rank();
-      }
-    }
-    return -1;
-  };
-  int rank = find(pid);
-  return rank >= 0 ? rank : find(::getsid(pid));
-}
-
-Clock::time_point LocalElasticAgent::Impl::next_heartbeat_deadline() const {
+Clock::time_point HangDetector::deadline() const {
   auto next = Clock::time_point::max();
-  if (self.spec_.heartbeat_timeout.count() <= 0) {
+  if (view_.spec.heartbeat_timeout.count() <= 0) {
     return next;  // heartbeats for the status only: no hang detection
   }
-  for (size_t i = 0; i < last_beat.size(); ++i) {
-    if (last_beat[i] && !processes[i]->exited()) {
-      next = std::min(next, *last_beat[i] + self.spec_.heartbeat_timeout);
+  for (size_t i = 0; i < last_beat_.size() && i < processes_.size(); ++i) {
+    if (last_beat_[i] && !processes_[i].exited()) {
+      next = std::min(next, *last_beat_[i] + view_.spec.heartbeat_timeout);
     }
   }
   return next;
 }
 
-void LocalElasticAgent::Impl::check_heartbeats() {
-  const WorkerSpec& spec = self.spec_;
-  if (spec.heartbeat_timeout.count() <= 0) {
-    return;
-  }
+void HangDetector::due() {
+  const WorkerSpec& spec = view_.spec;
   auto now = Clock::now();
-  for (size_t i = 0; i < last_beat.size(); ++i) {
-    auto& p = *processes[i];
-    if (!last_beat[i] || p.exited() || p.abandoned() ||
-        now < *last_beat[i] + spec.heartbeat_timeout) {
+  for (size_t i = 0; i < last_beat_.size() && i < processes_.size(); ++i) {
+    const WorkerProcess& p = processes_[i];
+    if (!last_beat_[i] || p.exited() || p.abandoned() ||
+        now < *last_beat_[i] + spec.heartbeat_timeout) {
       continue;
     }
-    double age = std::chrono::duration<double>(now - *last_beat[i]).count();
-    last_beat[i].reset();
-    const Worker& w = group.workers[i];
+    double age = std::chrono::duration<double>(now - *last_beat_[i]).count();
+    last_beat_[i].reset();
+    const Worker& w = view_.group.workers[i];
     std::string message =
         "hung: rank " + std::to_string(w.global_rank) + " (local rank " +
         std::to_string(w.local_rank) + ", pid " + std::to_string(p.pid()) +
@@ -201,23 +209,19 @@ void LocalElasticAgent::Impl::check_heartbeats() {
     TIDE_LOG_ERROR("[{}] {}\n{}", spec.role, message, stack);
     // The worker wrote no error file (it is hung): the agent writes it, so
     // the failure summary and tiderun's error.json carry the stack.
-    write_error_file(error_files[i], message, stack);
-    metrics::put_metric(metric("hung"), 1);
-    count_agent_event("tide_agent_worker_hangs_total", "Workers found hung.");
-    agent_event(
+    write_error_file(processes_.error_file(i), message, stack);
+    metrics::put_metric(reporter_.metric("hung"), 1);
+    reporter_.count("tide_agent_worker_hangs_total", "Workers found hung.");
+    reporter_.agent_event(
         "worker_hung",
         {{"rank", int64_t{w.global_rank}},
          {"local_rank", int64_t{w.local_rank}},
          {"pid", int64_t{p.pid()}},
          {"heartbeat_age_ms", static_cast<int64_t>(age * 1000)},
          {"stack", stack}});
-    p.signal(SIGKILL);
-    // Seen as failed by the caller at once.
-    auto deadline = Clock::now() + spec.kill_wait;
-    while (!p.exited() && Clock::now() < deadline) {
-      wait_for_events(deadline);
-    }
+    // Seen as failed by the agent's next look.
+    processes_.kill(i);
   }
 }
 
-}  // namespace tide::agent
+}  // namespace tide::agent::detail
