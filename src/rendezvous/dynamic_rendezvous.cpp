@@ -16,108 +16,27 @@
 #include "tide/events/events.h"
 
 #include "net/socket.h"
+#include "rendezvous/dynamic_records.h"
+#include "rendezvous/keep_alive.h"
 #include "rendezvous/rank_order.h"
 
 namespace tide::rendezvous {
+
+using detail::decode_master;
+using detail::decode_size;
+using detail::decode_state;
+using detail::encode_size;
+using detail::encode_state;
+using detail::JobState;
+using detail::Watch;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-constexpr const char* kStateSchema = "tide.rendezvous/1";
-
 int64_t ms(milliseconds d) {
   return d.count();
-}
-
-// The job's record: which round forms now and whether the job is over.
-struct JobState {
-  int64_t round = 0;
-  bool closed = false;
-  // Closed because an agent failed for good (running agents stop), rather
-  // than because one finished (running agents finish their work).
-  bool failed = false;
-};
-
-std::string encode_state(const std::string& run_id, const JobState& s) {
-  return json{
-      {"schema", kStateSchema},
-      {"run_id", run_id},
-      {"round", s.round},
-      {"closed", s.closed},
-      {"failed", s.failed}}
-      .dump();
-}
-
-JobState decode_state(const std::string& run_id, const std::string& text) {
-  auto bad = [&](const std::string& why) {
-    return RendezvousStateError(
-        "the rendezvous record of run \"" + run_id +
-        "\" is not usable: " + why + " (record: " + text.substr(0, 200) +
-        "); another program or tide version may use this run id; pick "
-        "another --rdzv-id");
-  };
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) {
-    throw bad("not a JSON object");
-  }
-  auto text_field = [&](const char* name) {
-    auto it = j.find(name);
-    return it != j.end() && it->is_string() ? it->get<std::string>()
-                                            : std::string();
-  };
-  if (text_field("schema") != kStateSchema) {
-    throw bad(std::string("schema is not \"") + kStateSchema + "\"");
-  }
-  if (text_field("run_id") != run_id) {
-    throw bad("it belongs to another run");
-  }
-  auto round = j.find("round");
-  auto closed = j.find("closed");
-  if (round == j.end() || !round->is_number_integer() ||
-      round->get<int64_t>() < 0) {
-    throw bad("\"round\" is not a non-negative integer");
-  }
-  auto failed = j.find("failed");
-  if (closed == j.end() || !closed->is_boolean() ||
-      (failed != j.end() && !failed->is_boolean())) {
-    throw bad("\"closed\" or \"failed\" is not a boolean");
-  }
-  return JobState{
-      .round = round->get<int64_t>(),
-      .closed = closed->get<bool>(),
-      .failed = failed != j.end() && failed->get<bool>()};
-}
-
-// A round's size, written once by whoever closes the round.
-std::string encode_size(int64_t size, const NodeDesc& by) {
-  return json{{"size", size}, {"closed_by", by.to_string()}}.dump();
-}
-
-int64_t decode_size(int64_t round, const std::string& text) {
-  json j = json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("size") || !j["size"].is_number_integer() ||
-      j["size"].get<int64_t>() < 1) {
-    throw RendezvousStateError(
-        "round " + std::to_string(round) +
-        " has a malformed size record: " + text.substr(0, 200));
-  }
-  return j["size"].get<int64_t>();
-}
-
-BootstrapStoreInfo decode_master(int64_t round, const std::string& text) {
-  json j = json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("addr") || !j["addr"].is_string() ||
-      !j.contains("port") || !j["port"].is_number_unsigned() ||
-      j["port"].get<uint64_t>() == 0 || j["port"].get<uint64_t>() > 65535) {
-    throw RendezvousStateError(
-        "round " + std::to_string(round) +
-        " has a malformed master record: " + text.substr(0, 200));
-  }
-  return BootstrapStoreInfo{
-      .master_addr = j["addr"].get<std::string>(),
-      .master_port = static_cast<uint16_t>(j["port"].get<uint64_t>())};
 }
 
 std::string host_name() {
@@ -188,145 +107,6 @@ DynamicRendezvousSettings DynamicRendezvousSettings::from(
     throw InvalidArgument("join_timeout must be > 0");
   }
   return s;
-}
-
-// The keep-alive thread's state. Shared with the thread, so the thread may
-// outlive the handler (it is detached at shutdown and ends by itself within
-// one keep-alive interval).
-struct Watch {
-  DynamicRendezvousSettings settings;
-  std::string node;
-  int64_t round = 0;
-  int64_t index = 0;  // arrival: the ring follows arrival order
-  int64_t size = 0;
-  int rank = 0;
-  std::unique_ptr<RoundMonitor> monitor;
-
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool stop = false;
-
-  Clock::time_point started = Clock::now();
-  std::atomic<int64_t> waiting{0};
-  std::atomic<int64_t> lost{0};  // arrival index of a lost neighbour
-  std::atomic<bool> closed{false};
-  std::mutex error_mutex;
-  std::string unreachable;  // set once the backend is gone
-
-  void run();
-  void check_neighbour(int64_t& peer);
-  int64_t next_peer(int64_t after) const {
-    return after % size + 1;
-  }
-};
-
-void Watch::check_neighbour(int64_t& peer) {
-  // Walks the ring past neighbours that finished; a silent one that did not
-  // finish is lost, once it had lost_after since this round began to show
-  // up at all (an etcd lease is granted as its keep-alive thread starts).
-  if (Clock::now() < started + settings.lost_after() && !monitor->alive(peer)) {
-    return;
-  }
-  for (int64_t seen = 0; peer != index && seen < size; ++seen) {
-    if (monitor->alive(peer)) {
-      return;
-    }
-    if (!monitor->has_left(peer)) {
-      if (lost.exchange(peer) == 0) {
-        TIDE_LOG_WARN(
-            "[rendezvous {}] round {}: node at arrival {} sent no heartbeat "
-            "for "
-            "{} ms; it is lost, restarting into a round without it",
-            settings.run_id,
-            round,
-            peer,
-            ms(settings.lost_after()));
-        if (events::enabled()) {
-          events::record_rdzv_event(events::RdzvEvent{
-              .name = "DynamicRendezvousHandler.node_evicted",
-              .run_id = settings.run_id,
-              .message = "arrival " + std::to_string(peer) + " of round " +
-                         std::to_string(round) + " lost (no heartbeat for " +
-                         std::to_string(ms(settings.lost_after())) + " ms)",
-              .hostname = fqdn(),
-              .pid = ::getpid(),
-              .node_state = events::NodeState::kRunning,
-              .rank = rank,
-              .local_id = node,
-          });
-        }
-      }
-      return;
-    }
-    peer = next_peer(peer);
-  }
-}
-
-void Watch::run() {
-  int failures = 0;
-  int64_t peer = size > 1 ? next_peer(index) : index;
-  auto next_beat = Clock::now();
-  // The first check only notes the neighbour's heartbeat; from then on it
-  // has lost_after to show it moves.
-  auto next_check = Clock::now();
-  for (;;) {
-    {
-      std::lock_guard lock(mutex);
-      if (stop) {
-        return;
-      }
-    }
-    try {
-      if (Clock::now() >= next_beat) {
-        next_beat = Clock::now() + settings.keep_alive_interval;
-        monitor->beat();
-        if (auto text = monitor->state()) {
-          // A job closed because an agent finished lets the others finish
-          // too; one closed by a failure stops them.
-          JobState s = decode_state(settings.run_id, *text);
-          if (s.closed && s.failed) {
-            closed = true;
-          }
-        }
-        if (Clock::now() >= next_check && lost == 0 && waiting == 0) {
-          check_neighbour(peer);
-        }
-        failures = 0;
-      }
-      if (waiting == 0) {
-        auto wait =
-            std::chrono::duration_cast<milliseconds>(next_beat - Clock::now());
-        if (int64_t n =
-                monitor->wait_next_round(std::max(wait, milliseconds(1)));
-            n > 0) {
-          waiting = n;
-          TIDE_LOG_INFO(
-              "[rendezvous {}] {} node(s) wait in round {}; this round ({}) "
-              "ends",
-              settings.run_id,
-              n,
-              round + 1,
-              round);
-        }
-        continue;
-      }
-    } catch (const std::exception& e) {
-      if (++failures >= settings.keep_alive_max_attempt) {
-        std::lock_guard lock(error_mutex);
-        if (unreachable.empty()) {
-          unreachable = e.what();
-          TIDE_LOG_ERROR(
-              "[rendezvous {}] the rendezvous backend is unreachable ({} "
-              "keep-alive attempts failed): {}",
-              settings.run_id,
-              failures,
-              e.what());
-        }
-      }
-    }
-    std::unique_lock lock(mutex);
-    cv.wait_until(lock, next_beat, [&] { return stop; });
-  }
 }
 
 struct DynamicRendezvousHandler::Impl {
@@ -704,7 +484,7 @@ RendezvousInfo DynamicRendezvousHandler::next_rendezvous() {
             // MASTER_ADDR:MASTER_PORT (global rank 0's worker hosts their
             // store there).
             std::string mine =
-                json{{"addr", self_.addr}, {"port", net::free_port()}}.dump();
+                detail::encode_master(self_.addr, net::free_port());
             master = decode_master(r, m.backend->set_once(r, "master", mine));
             m.bump_round(r);
             break;
