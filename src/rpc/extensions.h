@@ -24,6 +24,8 @@ struct AutogradHooks {
       RpcAgent& agent, int from, uint64_t context_id, uint64_t message_id) = 0;
 };
 void set_autograd_hooks(AutogradHooks* hooks);
+// The hooks installed (null: none).
+AutogradHooks* autograd_hooks();
 
 // Per-agent state of an extension (distributed autograd's contexts): made
 // on first use (AgentAccess::extension), closed when the agent stops, freed

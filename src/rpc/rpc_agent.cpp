@@ -84,29 +84,6 @@ bool register_global_handler(const std::string& name, Handler handler) {
   return true;
 }
 
-namespace {
-std::atomic<AutogradHooks*> g_autograd_hooks{nullptr};
-}  // namespace
-
-void set_autograd_hooks(AutogradHooks* hooks) {
-  g_autograd_hooks.store(hooks);
-}
-
-GradsPtr autograd_call(RpcAgent& agent, int to) {
-  AutogradHooks* hooks = g_autograd_hooks.load(std::memory_order_acquire);
-  return hooks != nullptr ? hooks->call(agent, to) : nullptr;
-}
-
-std::optional<std::pair<uint64_t, uint64_t>> read_autograd_ids(Decoder& d) {
-  if (d.remaining() == 0 || d.peek_tag() != Tag::kAutograd) {
-    return std::nullopt;
-  }
-  d.read_tag();
-  uint64_t context = d.read_varint();
-  uint64_t message = d.read_varint();
-  return std::pair{context, message};
-}
-
 }  // namespace detail
 
 // The agent whose function this thread is running (current_agent()).
@@ -344,8 +321,7 @@ struct RpcAgent::Impl {
     if (!ids) {
       return nullptr;
     }
-    detail::AutogradHooks* hooks =
-        detail::g_autograd_hooks.load(std::memory_order_acquire);
+    detail::AutogradHooks* hooks = detail::autograd_hooks();
     if (hooks == nullptr) {
       throw InvalidArgument(
           "worker '" + self.name +
