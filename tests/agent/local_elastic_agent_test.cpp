@@ -15,6 +15,7 @@
 #include "tide/store/hash_store.h"
 
 #include "support/agent_fixture.h"
+#include "support/eventually.h"
 #include "support/process_checks.h"
 #include "support/temp_dir.h"
 
@@ -281,12 +282,13 @@ TEST_F(LocalElasticAgentTest, StoppingKillsWorkersAndTheirChildren) {
     }
     return true;
   };
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!reported() && std::chrono::steady_clock::now() < deadline) {
-    ASSERT_EQ(run.wait_for(5ms), std::future_status::timeout)
-        << "agent ended early";
-  }
-  const bool in = reported();
+  bool ended = false;
+  const bool in = test::eventually([&] {
+                    ended = run.wait_for(0s) == std::future_status::ready;
+                    return ended || reported();
+                  }) &&
+                  !ended;
+  ASSERT_FALSE(ended) << "agent ended early";
   agent.request_stop(SIGTERM);
   ASSERT_TRUE(in) << "the workers did not report in within 30 s";
   ASSERT_EQ(run.wait_for(20s), std::future_status::ready);

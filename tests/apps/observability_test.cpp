@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "net/socket.h"
+#include "support/eventually.h"
 #include "support/http.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
@@ -231,15 +232,13 @@ TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
     return out;
   };
   std::optional<test::HttpResponse> r;
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  for (;;) {
-    r = test::http_get(port, "/metrics");
-    if (!r || r->status != 200 || missing(r->body).empty() ||
-        std::chrono::steady_clock::now() > deadline) {
-      break;
-    }
-    std::this_thread::sleep_for(20ms);  // the pace of asking, not a wait
-  }
+  test::eventually(
+      [&] {
+        r = test::http_get(port, "/metrics");
+        return !r || r->status != 200 || missing(r->body).empty();
+      },
+      10s,
+      20ms);
   release_workers();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 200);
@@ -456,21 +455,23 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheHealthPortAndRunsTheDashboard) {
   // The restart is counted before the second attempt's workers start.
   wait_ready(job, seen);
   std::string last;
-  bool restarted = false;
-  for (auto deadline = std::chrono::steady_clock::now() + 60s;
-       !restarted && std::chrono::steady_clock::now() < deadline;) {
-    if (auto j = query("tide_agent_restarts_total")) {
-      last = j->dump();
-      for (const auto& series : (*j)["data"]["result"]) {
-        restarted =
-            restarted || (series["metric"]["reason"] == "worker_failure" &&
-                          series["value"][1] == "1");
-      }
-    }
-    if (!restarted) {
-      std::this_thread::sleep_for(200ms);  // the poll's pace, not a wait
-    }
-  }
+  bool restarted = test::eventually(
+      [&] {
+        auto j = query("tide_agent_restarts_total");
+        if (!j) {
+          return false;
+        }
+        last = j->dump();
+        for (const auto& series : (*j)["data"]["result"]) {
+          if (series["metric"]["reason"] == "worker_failure" &&
+              series["value"][1] == "1") {
+            return true;
+          }
+        }
+        return false;
+      },
+      60s,
+      200ms);
   EXPECT_TRUE(restarted) << "Prometheus never saw tide_agent_restarts_total "
                             "= 1; last answer: "
                          << last;

@@ -13,6 +13,7 @@
 #include "tide/rpc/rpc.h"
 
 #include "rpc/messages.h"
+#include "support/eventually.h"
 #include "transport/fields.h"
 
 namespace tide::rpc::detail {
@@ -85,21 +86,18 @@ TEST(CallsTest, AThrowingContinuationLeavesTheLoopServing) {
   }
   // Answered only once the continuations are in place: they run on the
   // client's I/O thread, when the replies come.
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (true) {
-    std::unique_lock lock(server.mutex);
-    if (server.held.size() == 3) {
-      for (auto& h : server.held) {
-        std::string one;
-        Encoder e(one);
-        encode(e, int64_t{1});
-        h.pipe.send({MessageType::kResponse, h.id, {}, {Buffer(one)}});
-      }
-      break;
+  ASSERT_TRUE(test::eventually([&] {
+    std::lock_guard lock(server.mutex);
+    return server.held.size() == 3;
+  })) << "calls missing";
+  {
+    std::lock_guard lock(server.mutex);
+    for (auto& h : server.held) {
+      std::string one;
+      Encoder e(one);
+      encode(e, int64_t{1});
+      h.pipe.send({MessageType::kResponse, h.id, {}, {Buffer(one)}});
     }
-    lock.unlock();
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "calls missing";
-    std::this_thread::yield();
   }
   Payload back =
       calls->start(1, "echo", 10s, encode_call({}, int64_t{42})).wait(10s);

@@ -21,6 +21,7 @@
 #include "tide/rpc/rpc.h"
 #include "tide/store/tcp_store.h"
 
+#include "support/eventually.h"
 #include "support/rpc_child.h"
 #include "support/subprocess.h"
 
@@ -170,25 +171,21 @@ class RRefTest : public ::testing::Test {
 
   // Every agent owns and holds nothing (the deletes are asynchronous).
   void expect_all_released() {
-    auto deadline = std::chrono::steady_clock::now() + 10s;
-    for (;;) {
-      bool clean = true;
-      std::string state;
-      for (auto& a : agents_) {
-        auto r = a->rrefs();
-        if (!r.owned.empty() || !r.held.empty() || !r.passing.empty()) {
-          clean = false;
-          state += a->get_worker_info().name + ":\n" + r.str();
-        }
-      }
-      if (clean) {
-        return;
-      }
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-          << "references left:\n"
-          << state;
-      std::this_thread::sleep_for(2ms);
-    }
+    std::string state;
+    EXPECT_TRUE(test::eventually(
+        [&] {
+          state.clear();
+          for (auto& a : agents_) {
+            auto r = a->rrefs();
+            if (!r.owned.empty() || !r.held.empty() || !r.passing.empty()) {
+              state += a->get_worker_info().name + ":\n" + r.str();
+            }
+          }
+          return state.empty();
+        },
+        10s))
+        << "references left:\n"
+        << state;
   }
 
   void TearDown() override {
@@ -483,12 +480,9 @@ TEST_F(RRefTest, AControlMessageThatTimesOutIsRetriedAndItsRepeatIsHarmless) {
     Future<void> blocking = w(0).rpc_async<void>("w1", "block", 30000ms);
     Future<int64_t> passed =
         w(0).rpc_async<int64_t>("w2", "rref_value", 30000ms, r);
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (w(2).rrefs().control_retries == 0) {
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-          << "w2 never retried its fork request";
-      std::this_thread::sleep_for(5ms);
-    }
+    ASSERT_TRUE(
+        test::eventually([&] { return w(2).rrefs().control_retries > 0; }, 20s))
+        << "w2 never retried its fork request";
     unblock.set_value();
     blocking.wait(10s);
     EXPECT_EQ(passed.wait(20s), 42);
@@ -603,23 +597,24 @@ TEST_F(RRefDeathTest, AKilledOwnerFailsEveryUseOfItsRRefsAtOnce) {
   EXPECT_THROW(c.rpc_sync().call<int64_t>("get"), OwnerLostError);
   EXPECT_THROW(me.rpc_sync<void>("w2", "keep_counter", c), OwnerLostError);
   // The other user hears it too.
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  for (;;) {
-    std::optional<RRef<Counter>> kept;
-    {
-      std::lock_guard lock(kept_mutex_);
-      kept = kept_counter_;
-    }
-    ASSERT_TRUE(kept.has_value());
-    try {
-      kept->to_here(10s);
-    } catch (const OwnerLostError&) {
-      break;
-    } catch (const NetworkError&) {
-      // Not yet told: this use's connection broke first.
-    }
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+  std::optional<RRef<Counter>> kept;
+  {
+    std::lock_guard lock(kept_mutex_);
+    kept = kept_counter_;
   }
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        try {
+          kept->to_here(10s);
+        } catch (const OwnerLostError&) {
+          return true;
+        } catch (const NetworkError&) {
+          // Not yet told: this use's connection broke first.
+        }
+        return false;
+      },
+      10s));
 }
 
 TEST_F(RRefDeathTest, AKilledUsersForksAreDroppedByTheOwner) {
@@ -634,7 +629,6 @@ TEST_F(RRefDeathTest, AKilledUsersForksAreDroppedByTheOwner) {
   ASSERT_EQ(me.rrefs().owned.size(), 2u) << me.rrefs().str();
   user->signal(SIGKILL);
   auto killed = std::chrono::steady_clock::now();
-  auto deadline = killed + 10s;
   // The values stay (this worker holds them), without the dead user's
   // forks.
   auto forks_left = [&] {
@@ -644,10 +638,8 @@ TEST_F(RRefDeathTest, AKilledUsersForksAreDroppedByTheOwner) {
     }
     return n;
   };
-  while (forks_left() > 0) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << me.rrefs().str();
-    std::this_thread::sleep_for(1ms);
-  }
+  ASSERT_TRUE(test::eventually([&] { return forks_left() == 0; }, 10s))
+      << me.rrefs().str();
   std::printf(
       "the owner dropped the dead user's forks %lld ms after its SIGKILL\n",
       static_cast<long long>(

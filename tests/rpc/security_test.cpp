@@ -33,6 +33,7 @@
 #include "tide/rpc/serialize.h"
 #include "tide/store/tcp_store.h"
 
+#include "support/eventually.h"
 #include "support/netns.h"
 #include "support/peak_memory.h"
 #include "support/raw_client.h"
@@ -508,19 +509,13 @@ TEST(TransportSecurityTest, AWorkerStillCallsItselfOverTcp) {
     a.transport->set_peers(
         {{0, "a", "127.0.0.1", a.transport->port(), "", ""}});
     a.transport->pipe_to(0).send(Message{kRequest, 1, "to-myself", {}});
-    auto deadline = std::chrono::steady_clock::now() + 30s;
-    for (;;) {
-      {
-        std::lock_guard lock(a.mutex);
-        if (!a.messages.empty()) {
-          EXPECT_EQ(a.messages[0], "to-myself");
-          break;
-        }
-      }
-      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-          << "the message to itself never came (token '" << token << "')";
-      std::this_thread::sleep_for(1ms);
-    }
+    ASSERT_TRUE(test::eventually([&] {
+      std::lock_guard lock(a.mutex);
+      return !a.messages.empty();
+    })) << "the message to itself never came (token '"
+        << token << "')";
+    std::lock_guard lock(a.mutex);
+    EXPECT_EQ(a.messages[0], "to-myself");
   }
 }
 

@@ -19,6 +19,7 @@
 #include "tide/metrics/registry.h"
 
 #include "store/wire.h"
+#include "support/eventually.h"
 #include "support/peak_memory.h"
 #include "support/raw_client.h"
 #include "support/stranger_flood.h"
@@ -606,12 +607,8 @@ TEST_F(TcpStoreServerTest, ShutdownFailsAPendingWaitPromptlyWithNetworkError) {
   // The WAIT must reach the server before it shuts down (a WAIT sent after
   // finds no server and waits to reconnect). The server counts a request
   // once it has handled it: a WAIT counted is a WAIT pending there.
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (waits() == before) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-        << "the WAIT never reached the server";
-    std::this_thread::sleep_for(1ms);
-  }
+  ASSERT_TRUE(test::eventually([&] { return waits() != before; }))
+      << "the WAIT never reached the server";
   server_->shutdown();
   ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
   EXPECT_THROW(waiting.get(), NetworkError);
