@@ -1,6 +1,4 @@
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -21,7 +19,9 @@
 #include "rpc/rrefs.h"
 #include "rpc_core/call_metrics.h"
 #include "rpc_core/endpoint.h"
+#include "rpc_core/in_flight.h"
 #include "rpc_core/peer_group.h"
+#include "rpc_core/peer_table.h"
 #include "rpc_core/request_gate.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
@@ -96,8 +96,7 @@ struct RpcAgent::Impl {
   RpcBackendOptions options;
   std::unique_ptr<GroupStoreOf> store;
   std::unique_ptr<rpc_core::GroupBarrier> barrier;
-  std::vector<WorkerInfo> infos;
-  std::map<std::string, int> ids;
+  rpc_core::PeerTable<WorkerInfo> peers;
 
   std::mutex handlers_mutex;
   std::map<std::string, detail::Handler> handlers;  // Guarded by it.
@@ -121,15 +120,10 @@ struct RpcAgent::Impl {
     workers().run(std::move(fn));
   }
 
-  // Functions running here. Shared: an async function may complete after
-  // the agent is gone.
-  struct Activity {
-    std::atomic<size_t> running{0};
-    // Signalled when running drops; the shutdown barrier waits on it.
-    std::mutex idle_mutex;
-    std::condition_variable idle_cv;
-  };
-  std::shared_ptr<Activity> activity = std::make_shared<Activity>();
+  // Functions running here; the shutdown barrier waits for none. Shared:
+  // an async function may complete after the agent is gone.
+  std::shared_ptr<rpc_core::InFlight> running =
+      std::make_shared<rpc_core::InFlight>();
 
   std::mutex extension_mutex;
   std::shared_ptr<detail::AgentExtension> extension;  // Guarded by it.
@@ -208,13 +202,9 @@ struct RpcAgent::Impl {
     }
     Promise<detail::Value> promise;
     Future<detail::Value> result = promise.get_future();
-    activity->running.fetch_add(1);
-    result.on_complete([a = activity](const Future<detail::Value>&) {
-      if (a->running.fetch_sub(1) == 1) {
-        { std::lock_guard lock(a->idle_mutex); }
-        a->idle_cv.notify_all();
-      }
-    });
+    running->add(1);
+    result.on_complete(
+        [r = running](const Future<detail::Value>&) { r->add(-1); });
     run_on_pool([this,
                  caller,
                  fn = std::move(fn),
@@ -284,8 +274,7 @@ struct RpcAgent::Impl {
              options.listen_host,
              world_size,
              options.rpc_timeout)) {
-      infos.push_back(WorkerInfo{p.name, p.id});
-      ids[p.name] = p.id;
+      peers.add(p.name, WorkerInfo{p.name, p.id});
     }
     gate.open(
         [this](const transport::Pipe& pipe, transport::Message m) {
@@ -295,7 +284,7 @@ struct RpcAgent::Impl {
   }
 
   size_t outstanding() const {
-    return activity->running.load() + calls->pending();
+    return static_cast<size_t>(running->count()) + calls->pending();
   }
 
   void stop_local() {
@@ -444,23 +433,14 @@ struct RpcAgent::Impl {
     milliseconds limit = options.rpc_timeout * 10;
     auto deadline = std::chrono::steady_clock::now() + limit;
     auto wait_idle = [&] {
-      std::unique_lock lock(activity->idle_mutex);
-      // Pending calls complete on the loop without notifying: poll them.
-      while (outstanding() > 0) {
-        if (activity->idle_cv.wait_until(
-                lock,
-                std::min(
-                    deadline,
-                    std::chrono::steady_clock::now() + milliseconds(5)),
-                [this] { return outstanding() == 0; })) {
-          break;
-        }
-        if (std::chrono::steady_clock::now() >= deadline) {
-          throw TimeoutError(
-              "rpc shutdown: worker '" + self.name + "' still has " +
-              std::to_string(outstanding()) + " calls or functions after " +
-              std::to_string(limit.count()) + " ms");
-        }
+      // Pending calls complete on the loop without telling: polled.
+      if (!running->wait_idle(deadline, [this] {
+            return static_cast<int64_t>(calls->pending());
+          })) {
+        throw TimeoutError(
+            "rpc shutdown: worker '" + self.name + "' still has " +
+            std::to_string(outstanding()) + " calls or functions after " +
+            std::to_string(limit.count()) + " ms");
       }
     };
     barrier->drain(
@@ -526,9 +506,8 @@ RpcAgent::RpcAgent(
         world_size,
         *impl.calls,
         [&impl](int id) {
-          return id >= 0 && static_cast<size_t>(id) < impl.infos.size()
-                     ? impl.infos[static_cast<size_t>(id)].name
-                     : std::to_string(id).insert(0, 1, '#');
+          const WorkerInfo* w = impl.peers.find(id);
+          return w ? w->name : std::to_string(id).insert(0, 1, '#');
         },
         impl.options.rpc_timeout);
     impl.books->set_agent(this);
@@ -558,20 +537,16 @@ const WorkerInfo& RpcAgent::get_worker_info() const {
 }
 
 WorkerInfo RpcAgent::get_worker_info(const std::string& name) const {
-  auto it = impl_->ids.find(name);
-  if (it == impl_->ids.end()) {
-    std::string known;
-    for (const auto& w : impl_->infos) {
-      known += (known.empty() ? "" : ", ") + w.name;
-    }
+  const WorkerInfo* w = impl_->peers.find(name);
+  if (w == nullptr) {
     throw InvalidArgument(
-        "no rpc worker named '" + name + "'; workers: " + known);
+        "no rpc worker named '" + name + "'; workers: " + impl_->peers.names());
   }
-  return impl_->infos[static_cast<size_t>(it->second)];
+  return *w;
 }
 
 std::vector<WorkerInfo> RpcAgent::worker_infos() const {
-  return impl_->infos;
+  return impl_->peers.all();
 }
 
 void RpcAgent::add_handler(const std::string& name, detail::Handler handler) {
@@ -653,7 +628,7 @@ size_t RpcAgent::num_pending_calls() const {
 }
 
 size_t RpcAgent::num_running_functions() const {
-  return impl_->activity->running.load();
+  return static_cast<size_t>(impl_->running->count());
 }
 
 size_t RpcAgent::num_idle_threads() const {

@@ -1,6 +1,5 @@
 #include "torch_rpc/agent.h"
 
-#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -15,6 +14,8 @@
 
 #include "rpc_core/call_metrics.h"
 #include "rpc_core/endpoint.h"
+#include "rpc_core/in_flight.h"
+#include "rpc_core/peer_table.h"
 #include "rpc_core/request_gate.h"
 #include "torch_rpc/wire.h"
 #include "transport/workers.h"
@@ -107,8 +108,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   const tr::RequestCallback* callback = nullptr;
   AgentOptions options;
   int world_size = 0;
-  std::vector<tr::WorkerInfo> infos;  // by id
-  std::unordered_map<std::string, int> ids;
+  rpc_core::PeerTable<tr::WorkerInfo> peers;
   std::unique_ptr<GroupStoreOf> store;
   std::unique_ptr<rpc_core::GroupBarrier> barrier;
 
@@ -127,10 +127,10 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   // Opens at start(): requests that come before wait for it.
   rpc_core::RequestGate gate;
 
-  // Counts for join() and the metrics.
+  // The calls this worker waits for (join() drains them), and what it
+  // serves; for join() and the metrics.
+  rpc_core::InFlight client_active;
   std::mutex count_mutex;
-  std::condition_variable count_cv;
-  int client_active = 0;  // Guarded by count_mutex.
   int server_active = 0;  // Guarded by count_mutex.
   int server_async = 0;   // Guarded by count_mutex.
   std::mutex gil_mutex;
@@ -153,11 +153,8 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void count(int& counter, int delta) {
-    {
-      std::lock_guard lock(count_mutex);
-      counter += delta;
-    }
-    count_cv.notify_all();
+    std::lock_guard lock(count_mutex);
+    counter += delta;
   }
 
   // ---- the calls this worker makes ----
@@ -170,7 +167,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     uint64_t id = calls().new_id();
     message->setId(static_cast<int64_t>(id));
     transport::Message wire = to_wire(message);
-    count(client_active, +1);
+    client_active.add(1);
     calls().start(
         peer,
         std::move(wire),
@@ -241,7 +238,7 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
     } catch (const std::exception& e) {
       TIDE_LOG_ERROR("[{}] a call's callback threw: {}", name(), e.what());
     }
-    count(client_active, -1);
+    client_active.add(-1);
   }
 
   // ---- the transport's events, on the loop ----
@@ -382,8 +379,8 @@ struct Agent::Impl : std::enable_shared_from_this<Impl> {
                  ? c10d::Store::kNoTimeout
                  : milliseconds(static_cast<int64_t>(
                        options.rpcTimeoutSeconds * 1000)))) {
-      ids.emplace(p.name, p.id);
-      infos.emplace_back(p.name, static_cast<tr::worker_id_t>(p.id));
+      peers.add(
+          p.name, tr::WorkerInfo(p.name, static_cast<tr::worker_id_t>(p.id)));
     }
   }
 
@@ -515,30 +512,31 @@ c10::intrusive_ptr<tr::JitFuture> Agent::send(
 
 const tr::WorkerInfo& Agent::getWorkerInfo(
     const std::string& worker_name) const {
-  auto it = impl_->ids.find(worker_name);
+  const tr::WorkerInfo* w = impl_->peers.find(worker_name);
   TORCH_CHECK(
-      it != impl_->ids.end(),
+      w != nullptr,
       fmt::format(
           "name:{},rank:{} could not find destination name {}",
           workerInfo_.name_,
           workerInfo_.id_,
           worker_name));
-  return impl_->infos[static_cast<size_t>(it->second)];
+  return *w;
 }
 
 const tr::WorkerInfo& Agent::getWorkerInfo(tr::worker_id_t id) const {
+  const tr::WorkerInfo* w = impl_->peers.find(static_cast<int>(id));
   TORCH_CHECK(
-      id >= 0 && id < impl_->world_size,
+      w != nullptr,
       fmt::format(
           "name:{},rank:{} could not find destination id {}",
           workerInfo_.name_,
           workerInfo_.id_,
           id));
-  return impl_->infos[static_cast<size_t>(id)];
+  return *w;
 }
 
 std::vector<tr::WorkerInfo> Agent::getWorkerInfos() const {
-  return impl_->infos;
+  return impl_->peers.all();
 }
 
 void Agent::join(bool shutdown, float /*timeout*/) {
@@ -548,13 +546,10 @@ void Agent::join(bool shutdown, float /*timeout*/) {
   auto timeout = impl.store->default_timeout();
   impl.barrier->drain(
       [&] {
-        std::unique_lock lock(impl.count_mutex);
-        impl.count_cv.wait(lock, [&] { return impl.client_active == 0; });
+        impl.client_active.wait_idle(
+            std::chrono::steady_clock::time_point::max());
       },
-      [&] {
-        std::lock_guard lock(impl.count_mutex);
-        return static_cast<int64_t>(impl.client_active);
-      },
+      [&] { return impl.client_active.count(); },
       timeout);
   if (shutdown) {
     impl.barrier->sum(0, timeout);
@@ -590,7 +585,7 @@ std::unordered_map<std::string, std::string> Agent::getMetrics() {
       std::to_string(threads - static_cast<int>(impl.workers().busy()));
   {
     std::lock_guard lock(impl.count_mutex);
-    m["agent.client_active_calls"] = std::to_string(impl.client_active);
+    m["agent.client_active_calls"] = std::to_string(impl.client_active.count());
     m["agent.server_active_calls"] = std::to_string(impl.server_active);
     m["agent.server_active_async_calls"] = std::to_string(impl.server_async);
   }
