@@ -187,7 +187,7 @@ States& states() {
 std::shared_ptr<AgentState> state_of(RpcAgent& agent) {
   enable();
   return std::static_pointer_cast<AgentState>(
-      detail::AgentAccess::extension(agent, [&agent] {
+      detail::agent_extension(agent, [&agent] {
         auto state = std::make_shared<AgentState>(agent);
         auto& s = states();
         std::lock_guard lock(s.mutex);
@@ -475,7 +475,7 @@ Future<void> send_release(
     encode_args(e, id);
   }
   Promise<void> done;
-  detail::AgentAccess::control(*agent, to, kReleaseFn, std::move(args))
+  detail::control_call(*agent, to, kReleaseFn, std::move(args))
       .on_complete([state, to, id, done](const Future<void>& r) mutable {
         if (std::exception_ptr error = r.error()) {
           try {
@@ -599,8 +599,7 @@ void wait_for_releases(RpcAgent& agent) {
     std::lock_guard lock(state->mutex);
     pending.swap(state->releasing);
   }
-  detail::AgentAccess::wait(
-      agent, when_all(std::move(pending)), std::chrono::milliseconds(0));
+  agent.wait(when_all(std::move(pending)), std::chrono::milliseconds(0));
 }
 
 int64_t current_context_id() {
@@ -688,7 +687,7 @@ void backward(
   }
   auto [state, ctx] = context_for(context_id);
   Future<void> done = run_graph(state, ctx, edges, grads, retain_graph);
-  detail::AgentAccess::wait(*state->agent, done, std::chrono::milliseconds(0));
+  state->agent->wait(done, std::chrono::milliseconds(0));
 }
 
 Gradients get_gradients(int64_t context_id) {

@@ -175,10 +175,10 @@ struct DistributedOptimizerImpl {
       try {
         RpcAgent& agent = rref_agent(*optimizers[i].node());
         if constexpr (std::is_void_v<R>) {
-          AgentAccess::wait(agent, pending[i], {});
+          agent.wait(pending[i]);
           out.push_back(true);
         } else {
-          out.push_back(AgentAccess::wait(agent, pending[i], {}));
+          out.push_back(agent.wait(pending[i]));
         }
       } catch (const std::exception& e) {
         failures.emplace_back(owners[i], std::current_exception());

@@ -1,7 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "tide/rpc/rpc.h"
@@ -28,12 +31,21 @@ void set_autograd_hooks(AutogradHooks* hooks);
 AutogradHooks* autograd_hooks();
 
 // Per-agent state of an extension (distributed autograd's contexts): made
-// on first use (AgentAccess::extension), closed when the agent stops, freed
-// with it.
+// on first use (agent_extension), closed when the agent stops, freed with
+// it.
 struct AgentExtension {
   virtual ~AgentExtension() = default;
   virtual void close() = 0;
 };
+// The agent's extension, made by `make` on first use (rpc_agent.cpp).
+std::shared_ptr<AgentExtension> agent_extension(
+    RpcAgent& agent,
+    const std::function<std::shared_ptr<AgentExtension>()>& make);
+// Calls fn(args) on worker `to`, an idempotent control function, with the
+// rpc layers' one retry: again after a timeout or a broken connection to a
+// worker that lives, pausing 0.5 s, 0.75 s, ... (5 tries).
+Future<void> control_call(
+    RpcAgent& agent, int to, const std::string& fn, std::string args);
 
 // Reads what begin_call put before the arguments: the autograd context's
 // and message's ids, if any.

@@ -568,27 +568,40 @@ RRefReport RpcAgent::rrefs() const {
   return impl_->books->report();
 }
 
+RpcAgent::Impl& impl_of(RpcAgent& agent) {
+  return *agent.impl_;
+}
+
 namespace detail {
 
-RRefPtr AgentAccess::remote(
+RRefPtr rref_remote(
     RpcAgent& agent,
     const std::string& to,
     const std::string& fn,
     milliseconds timeout,
     Payload args,
     const ValueType* type) {
-  return agent.impl_->books->start_remote(
+  RpcAgent::Impl& impl = impl_of(agent);
+  return impl.books->start_remote(
       agent.get_worker_info(to).id,
       fn,
-      agent.effective_timeout(timeout),
+      timeout.count() > 0 ? timeout : impl.options.rpc_timeout,
       std::move(args),
       type);
 }
 
-std::shared_ptr<AgentExtension> AgentAccess::extension(
+RRefPtr rref_local(RpcAgent& agent, Value value) {
+  return impl_of(agent).books->local(std::move(value));
+}
+
+MessageContext message_context(RpcAgent& agent, const std::string& to) {
+  return impl_of(agent).books->context(agent.get_worker_info(to).id);
+}
+
+std::shared_ptr<AgentExtension> agent_extension(
     RpcAgent& agent,
     const std::function<std::shared_ptr<AgentExtension>()>& make) {
-  RpcAgent::Impl& impl = *agent.impl_;
+  RpcAgent::Impl& impl = impl_of(agent);
   std::lock_guard lock(impl.extension_mutex);
   if (!impl.extension) {
     impl.extension = make();
@@ -596,21 +609,13 @@ std::shared_ptr<AgentExtension> AgentAccess::extension(
   return impl.extension;
 }
 
-Future<void> AgentAccess::control(
+Future<void> control_call(
     RpcAgent& agent, int to, const std::string& fn, std::string args) {
-  return agent.impl_->books->control(to, fn, std::move(args));
-}
-
-RRefPtr AgentAccess::local(RpcAgent& agent, Value value) {
-  return agent.impl_->books->local(std::move(value));
+  return impl_of(agent).books->control(to, fn, std::move(args));
 }
 
 const std::shared_ptr<Executor>& continuation_executor(RpcAgent& agent) {
-  return agent.impl_->continuations;
-}
-
-MessageContext AgentAccess::context(RpcAgent& agent, const std::string& to) {
-  return agent.message_context(agent.get_worker_info(to).id);
+  return impl_of(agent).continuations;
 }
 
 }  // namespace detail

@@ -13,7 +13,7 @@
 
 #include "tide/common/error.h"
 #include "tide/common/future.h"
-#include "tide/rpc/rpc.h"
+#include "tide/rpc/agent.h"
 #include "tide/rpc/serialize.h"
 
 // Remote references (torch.distributed.rpc's RRef and remote()).
@@ -98,9 +98,6 @@ struct RRefReport {
 
 namespace detail {
 
-// Per-agent state of another part (src/rpc/extensions.h).
-struct AgentExtension;
-
 // One RRef as this process holds it: an owner's handle on its value, or a
 // user's fork (src/rpc/rrefs.h).
 struct RRefNode;
@@ -139,35 +136,18 @@ MessageContext rref_context(const RRefNode& n);
 void rref_write(Encoder& e, const RRefPtr& n);
 RRefPtr rref_read(Decoder& d, const ValueType* want);
 
-// What RRef<T> needs of an RpcAgent (rpc_agent.cpp).
-struct AgentAccess {
-  static RRefPtr remote(
-      RpcAgent& agent,
-      const std::string& to,
-      const std::string& fn,
-      std::chrono::milliseconds timeout,
-      Payload args,
-      const ValueType* type);
-  static RRefPtr local(RpcAgent& agent, Value value);
-  static MessageContext context(RpcAgent& agent, const std::string& to);
-  // Calls fn(args) on worker `to`, an idempotent control function, with the
-  // rpc layers' one retry: again after a timeout or a broken connection to
-  // a worker that lives, pausing 0.5 s, 0.75 s, ... (5 tries).
-  static Future<void> control(
-      RpcAgent& agent, int to, const std::string& fn, std::string args);
-  // The agent's extension, made by `make` on first use (rpc.h).
-  static std::shared_ptr<AgentExtension> extension(
-      RpcAgent& agent,
-      const std::function<std::shared_ptr<AgentExtension>()>& make);
-  // Waits for f, lending this thread to the agent's loop meanwhile (as
-  // rpc_sync does).
-  template <typename T>
-  static T wait(
-      RpcAgent& agent, const Future<T>& f, std::chrono::milliseconds t) {
-    agent.help_until([&f] { return f.ready(); });
-    return f.wait(agent.effective_timeout(t) + std::chrono::seconds(30));
-  }
-};
+// What RRef<T> asks of its agent (rpc_agent.cpp): a new RRef owned by it,
+// holding `value`; a remote() call's RRef, owned by `to`, whose value
+// `fn(args)` makes there; the context of a message to worker `to`.
+RRefPtr rref_local(RpcAgent& agent, Value value);
+RRefPtr rref_remote(
+    RpcAgent& agent,
+    const std::string& to,
+    const std::string& fn,
+    std::chrono::milliseconds timeout,
+    Payload args,
+    const ValueType* type);
+MessageContext message_context(RpcAgent& agent, const std::string& to);
 
 // A method of T, type-erased: decodes its arguments and returns what runs
 // it on the object.
@@ -246,7 +226,7 @@ class RRef {
   // `agent`).
   explicit RRef(T value) : RRef(current_agent(), std::move(value)) {}
   RRef(RpcAgent& agent, T value)
-      : node_(detail::AgentAccess::local(
+      : node_(detail::rref_local(
             agent, detail::make_value<T>(std::move(value)))) {}
   explicit RRef(detail::RRefPtr node) : node_(std::move(node)) {}
 
@@ -254,7 +234,7 @@ class RRef {
   // rpc_timeout), or copied on the owner. Throws as the top of this file
   // says.
   T to_here(std::chrono::milliseconds timeout = {}) const {
-    return detail::AgentAccess::wait(agent(), to_here_async(timeout), timeout);
+    return agent().wait(to_here_async(timeout), timeout);
   }
   Future<T> to_here_async(std::chrono::milliseconds timeout = {}) const {
     static_assert(
@@ -377,8 +357,7 @@ class RRef<T>::SyncProxy {
 
   template <typename R, typename... A>
   R call(const std::string& method, const A&... args) const {
-    return detail::AgentAccess::wait(
-        rref_.agent(),
+    return rref_.agent().wait(
         AsyncProxy(rref_, timeout_).template call<R>(method, args...),
         timeout_);
   }
@@ -428,9 +407,9 @@ RRef<R> RpcAgent::remote(
     std::chrono::milliseconds timeout,
     const A&... args) {
   detail::GradsPtr grads = detail::autograd_call(*this, get_worker_info(to).id);
-  detail::MessageContext context = detail::AgentAccess::context(*this, to);
+  detail::MessageContext context = detail::message_context(*this, to);
   context.grads = grads.get();
-  return RRef<R>(detail::AgentAccess::remote(
+  return RRef<R>(detail::rref_remote(
       *this,
       to,
       fn,
@@ -443,6 +422,12 @@ template <typename R, typename... A>
 RRef<R> RpcAgent::remote(
     const std::string& to, const std::string& fn, const A&... args) {
   return remote<R>(to, fn, std::chrono::milliseconds(0), args...);
+}
+
+// remote() on the process's agent (current_agent()).
+template <typename R, typename... A>
+RRef<R> remote(const std::string& to, const std::string& fn, const A&... args) {
+  return current_agent().remote<R>(to, fn, args...);
 }
 
 }  // namespace tide::rpc
