@@ -4,21 +4,21 @@
 // coloured by outcome, timer expiries and hangs on the same time axis; a
 // node of many workers as one summary lane. Writes a self-contained SVG, an
 // HTML page around it whose nodes open and close (.html), or the run as a
-// Chrome / Perfetto trace (.json).
+// Chrome / Perfetto trace (.json). Given a job view instead (tiderun status
+// --json), draws each node's recorded attempts and restarts up to the
+// view's "now", as the live page does.
 //
-//   tide-timeline EVENTS.jsonl -o OUT.svg|OUT.html|OUT.json [--title TEXT]
-//       [--run-id ID] [--expand] [--format svg|html|trace]
+//   tide-timeline EVENTS.jsonl|JOB.json -o OUT.svg|OUT.html|OUT.json
+//       [--title TEXT] [--run-id ID] [--expand] [--format svg|html|trace]
 //
-// Exits 0 when the picture is written, 1 when the events cannot be read, hold
-// no events or the output cannot be written, 2 on bad flags. Lines that are
-// not JSON objects are skipped with a warning on stderr; JSON lines that are
-// not events, and events of unknown names, are skipped silently.
+// Exits 0 when the picture is written, 1 when the input cannot be read,
+// holds no events or the output cannot be written, 2 on bad flags. Lines
+// that are not JSON objects are skipped with a warning on stderr; JSON lines
+// that are not events, and events of unknown names, are skipped silently.
 //
-// The program's parts: events.h (reading the file), model.h (the timeline
-// it describes), nodes.h (its lanes grouped per node), render.h (the SVG),
-// layout.h (where labels go), svg.h (SVG elements), font.h (how wide text
-// is), text.h (text for the picture), html.h (the page), trace.h (the
-// trace).
+// The picture is the timeline part (src/timeline): events.h (reading the
+// file), job_view.h (a job view), model.h (the timeline), nodes.h, render.h
+// (the SVG), html.h (the page), trace.h (the trace).
 #include <errno.h>
 #include <string.h>
 
@@ -33,12 +33,13 @@
 #include <CLI/CLI.hpp>
 
 #include "cli.h"
-#include "tide-timeline/events.h"
-#include "tide-timeline/html.h"
-#include "tide-timeline/model.h"
-#include "tide-timeline/nodes.h"
-#include "tide-timeline/render.h"
-#include "tide-timeline/trace.h"
+#include "timeline/events.h"
+#include "timeline/html.h"
+#include "timeline/job_view.h"
+#include "timeline/model.h"
+#include "timeline/nodes.h"
+#include "timeline/render.h"
+#include "timeline/trace.h"
 
 namespace {
 
@@ -56,6 +57,43 @@ std::string format_of(const std::string& path) {
                                          : "svg";
 }
 
+// The timeline of a job view, or of one run of an events file.
+Timeline read_timeline(const std::string& path, std::string& run_id) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw Fatal("cannot read " + path + ": " + ::strerror(errno));
+  }
+  std::string text{
+      std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (auto view = as_job_view(text)) {
+    Timeline tl = timeline_of_job(*view);
+    if (!run_id.empty() && run_id != tl.run_id) {
+      throw Fatal(
+          path + " is the view of run '" + tl.run_id + "', not '" + run_id +
+          "'");
+    }
+    return tl;
+  }
+  Warnings warnings(path);
+  Input input = read_events(path, warnings);
+  std::vector<Record> records =
+      select_run(std::move(input.records), path, run_id);
+  if (records.empty()) {
+    throw Fatal(
+        "no events in " + path + " (" + std::to_string(input.lines) +
+        " lines, " + std::to_string(input.malformed) +
+        " malformed); write one with tiderun --events jsonl:PATH, or a job "
+        "view with tiderun status --json");
+  }
+  std::stable_sort(
+      records.begin(), records.end(), [](const Record& a, const Record& b) {
+        return a.t_ms < b.t_ms;
+      });
+  Timeline tl = build_timeline(records, warnings);
+  tl.run_id = run_id;
+  return tl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,7 +108,11 @@ int main(int argc, char** argv) {
       "as an SVG timeline, an HTML page when OUT ends in .html, or a Chrome / "
       "Perfetto trace when it ends in .json",
       "tide-timeline"};
-  app.add_option("events", input_path, "events file, one JSON object a line")
+  app.add_option(
+         "input",
+         input_path,
+         "events file (one JSON object a line), or a job view (tiderun "
+         "status --json)")
       ->required();
   app.add_option(
          "-o,--output", output_path, "the .svg, .html or .json to write")
@@ -93,22 +135,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    Warnings warnings(input_path);
-    Input input = read_events(input_path, warnings);
-    std::vector<Record> records =
-        select_run(std::move(input.records), input_path, run_id);
-    if (records.empty()) {
-      throw Fatal(
-          "no events in " + input_path + " (" + std::to_string(input.lines) +
-          " lines, " + std::to_string(input.malformed) +
-          " malformed); write one with tiderun --events jsonl:PATH");
-    }
-    std::stable_sort(
-        records.begin(), records.end(), [](const Record& a, const Record& b) {
-          return a.t_ms < b.t_ms;
-        });
-    Timeline tl = build_timeline(records, warnings);
-    tl.run_id = run_id;
+    Timeline tl = read_timeline(input_path, run_id);
     if (title.empty()) {
       title = "Timeline of " +
               std::filesystem::path(input_path).filename().string();

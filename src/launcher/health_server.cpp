@@ -13,6 +13,8 @@
 #include "tide/metrics/registry.h"
 
 #include "launcher/page.h"
+#include "timeline/job_view.h"
+#include "timeline/render.h"
 
 namespace tide::launcher {
 
@@ -162,6 +164,27 @@ struct HealthServer::Impl {
     }
   }
 
+  // The job view drawn by the timeline part: the same picture as
+  // tide-timeline draws from `tiderun status --json`.
+  void timeline(mg_connection* conn) const {
+    if (!sources.job) {
+      respond(conn, 404, "text/plain; charset=utf-8", "no job view here\n");
+      return;
+    }
+    std::string svg;
+    try {
+      auto view = nlohmann::json::parse(sources.job());
+      auto tl = timeline::timeline_of_job(view);
+      std::string title = "Timeline of run " + tl.run_id;
+      svg = timeline::render_svg(tl, title);
+    } catch (const std::exception& e) {
+      respond(
+          conn, 503, "text/plain; charset=utf-8", std::string(e.what()) + "\n");
+      return;
+    }
+    respond(conn, 200, "image/svg+xml; charset=utf-8", svg);
+  }
+
   void log(mg_connection* conn) const {
     // Any page may read it (the job page of another node fetches it).
     const char* cors = "Access-Control-Allow-Origin: *\r\n";
@@ -237,6 +260,7 @@ HealthServer::HealthServer(const std::string& address, HealthSources sources)
   add("/health", &Impl::health);
   add("/api/job", &Impl::job);
   add("/api/log", &Impl::log);
+  add("/api/timeline.svg", &Impl::timeline);
   // The process's metrics for Prometheus: the agent's, the rendezvous', the
   // store server's (docs/observability.md).
   auto metrics_handler = std::make_unique<Get>([](mg_connection* conn) {

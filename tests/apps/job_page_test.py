@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The live job page (src/launcher/page/job.html) in Debian's headless
 chromium, against a mock of tiderun's GET /api/job and of two nodes'
-GET /api/log: a two-node job of 4 ranks each with one straggler and one
+GET /api/log, whose GET /api/timeline.svg is drawn by the real renderer
+(tide-timeline on the view the mock serves): a two-node job of 4 ranks each with one straggler and one
 restart shows every node, rank, state, restart and straggler; a second
 restart shows on the next poll; a failing /api/job keeps the last view,
 greyed, with the error; a silent node is greyed and one with no health
@@ -9,7 +10,7 @@ endpoint says why its logs cannot be read; a clicked rank's log comes from
 its own node (cross-origin); text from the JSON is never markup; thousands
 of ranks render; and a screenshot, for a look.
 
-    python3 tests/apps/job_page_test.py
+    python3 tests/apps/job_page_test.py TIDE_TIMELINE
 
 Screenshots and dumped pages go to $TIDE_TEST_ARTIFACTS (default: a new
 temporary folder, printed). Without chromium it skips, with exit status 77.
@@ -18,6 +19,7 @@ import copy
 import http.server
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +33,7 @@ import browser  # noqa: E402
 
 PAGE = os.path.join(HERE, "..", "..", "src", "launcher", "page", "job.html")
 BUDGET_MS = 5000  # virtual time: the first poll and two more, 2 s apart
+TIDE_TIMELINE = None  # the renderer's program: argv[1]
 
 
 def artifacts_dir():
@@ -130,6 +133,19 @@ def log_tail(node, local_rank, global_rank):
     return "\n".join(lines) + "\n"
 
 
+def draw_timeline(view):
+    """The SVG tiderun serves at /api/timeline.svg for `view`, drawn by the
+    same renderer (src/timeline) through tide-timeline."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "job.svg")
+        with open(src, "w") as f:
+            json.dump(view, f)
+        subprocess.run([TIDE_TIMELINE, src, "-o", out, "--format", "svg",
+                        "--title", f"Timeline of run {view['run_id']}"], check=True, timeout=60)
+        with open(out, encoding="utf-8") as f:
+            return f.read()
+
+
 # --- The mock servers: the node whose page is open, and the other node.
 
 USER = """<script>
@@ -144,8 +160,9 @@ setTimeout(() => {
 
 class MockNode:
     """One node's health endpoint on 127.0.0.1: GET / (the page), GET
-    /api/job (answers in order, the last one repeated), GET /api/log. Records
-    each request's path and query."""
+    /api/job (answers in order, the last one repeated), GET
+    /api/timeline.svg (the last /api/job answer, drawn), GET /api/log.
+    Records each request's path and query."""
 
     def __init__(self, serve_job):
         self.lock = threading.Lock()
@@ -190,6 +207,14 @@ class MockNode:
                         node.job_requests += 1
                         code, body = node.answers[i]
                     self.send(code, "application/json", json.dumps(body))
+                elif url.path == "/api/timeline.svg" and serve_job:
+                    with node.lock:
+                        i = min(max(node.job_requests - 1, 0), len(node.answers) - 1)
+                        code, body = node.answers[i]
+                    if code != 200:
+                        self.send(code, "text/plain", "no view\n")
+                    else:
+                        self.send(200, "image/svg+xml", draw_timeline(body))
                 elif url.path == "/api/log":
                     local = urllib.parse.parse_qs(url.query).get("rank", [""])[0]
                     with node.lock:
@@ -268,7 +293,7 @@ class JobPageTest(unittest.TestCase):
         return {int(e.get("data-rank")): e for e in root.find_all(class_="rank", data_rank=True)}
 
     def lane_bars(self, root, node):
-        lane = root.find("g", data_lane=node)
+        lane = root.find("g", class_="node", data_host=node)
         self.assertIsNotNone(lane, f"a timeline lane of {node}")
         return lane.find_all("rect", data_attempt=True)
 
@@ -315,13 +340,13 @@ class JobPageTest(unittest.TestCase):
                                ("host-b", ["FAILED", "RUNNING"])):
             bars = self.lane_bars(root, node)
             self.assertEqual([bar.get("data-outcome") for bar in bars], outcomes)
-        markers = root.find("g", data_lane="host-b").find_all("g", class_="marker")
+        markers = root.find("g", class_="node", data_host="host-b").find_all("g", class_="marker")
         self.assertEqual(len(markers), 1)
         self.assertIn("worker failure: rank 5 (local 1) exited with code 1",
                       markers[0].get("data-tip"))
 
         # Nothing fetched but the page and /api/*.
-        self.assertEqual(set(self.a.paths()), {"/", "/api/job"})
+        self.assertEqual(set(self.a.paths()), {"/", "/api/job", "/api/timeline.svg"})
         self.assertGreaterEqual(self.a.paths().count("/api/job"), 2, "the page polls")
 
     def test_next_poll_shows_a_restart(self):
@@ -340,7 +365,7 @@ class JobPageTest(unittest.TestCase):
         bars = self.lane_bars(after, "host-b")
         self.assertEqual([(e.get("data-attempt"), e.get("data-outcome")) for e in bars],
                          [("0", "FAILED"), ("1", "FAILED"), ("2", "RUNNING")])
-        markers = after.find("g", data_lane="host-b").find_all("g", class_="marker")
+        markers = after.find("g", class_="node", data_host="host-b").find_all("g", class_="marker")
         self.assertEqual(len(markers), 2)
         self.assertIn("SIGKILL", markers[1].get("data-tip"))
 
@@ -445,6 +470,10 @@ class JobPageTest(unittest.TestCase):
                            for i in range(4)]
             nodes.append(n)
         nodes[77]["ranks"][3]["straggler"] = True
+        # One node whose second attempt failed: it alone stands apart in the
+        # timeline, where the 511 alike are one lane.
+        odd = nodes[300]["attempts"][1]
+        odd.update(end=self.job["now"] - 1, outcome="FAILED", reason="rank 2403 exited with code 1")
         self.job.update(nodes=nodes, ranks=4096, stragglers=[])
         self.a.serve(self.job)
         root = self.dump("4096_ranks")
@@ -453,7 +482,15 @@ class JobPageTest(unittest.TestCase):
         self.assertEqual([g for g, e in ranks.items() if e.get("data-straggler") == "1"],
                          [77 * 8 + 3])
         self.assertEqual(len(root.find_all("article", data_node=True)), 512)
-        self.assertEqual(len(root.find_all("g", data_lane=True)), 512)
+        lanes = root.find_all("g", class_="node", data_host=True)
+        self.assertEqual([g.get("data-host") for g in lanes],
+                         ["node-000 and 510 more", "node-300"])
+        self.assertEqual([(b.get("data-attempt"), b.get("data-outcome"))
+                          for b in self.lane_bars(root, "node-300")],
+                         [("0", "TERMINATED"), ("1", "FAILED")])
+        folded = lanes[0].text
+        self.assertIn("511 nodes alike", folded, "its header")
+        self.assertIn("4088 workers", folded, "its lane")
         self.assertIn("compact", root.by_id("nodes").classes)
 
     def test_screenshot(self):
@@ -466,6 +503,9 @@ class JobPageTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: job_page_test.py TIDE_TIMELINE")
+    TIDE_TIMELINE = sys.argv.pop(1)
     if browser.chromium() is None:
         # 77: skipped, for ctest's SKIP_RETURN_CODE.
         print("skipped: chromium is not installed (Debian: apt-get install chromium)")

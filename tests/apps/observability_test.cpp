@@ -250,13 +250,31 @@ TEST_F(ObservabilityTest, HealthPortServesTheNativeMetrics) {
   EXPECT_EQ(WEXITSTATUS(*status), 0) << seen;
 }
 
-TEST_F(ObservabilityTest, HealthEndpointAnswersTheAgentsState) {
+TEST_F(
+    ObservabilityTest, HealthEndpointAnswersTheAgentsStateAndDrawsTheTimeline) {
   Subprocess p(job("--health-port=127.0.0.1:0"), {.merge_stderr = true});
   std::string seen;
   uint16_t port = port_from(p, "health checks", seen);
   wait_ready(p, seen);
   auto r = test::http_get(port, "/health");
+  // The job's timeline, drawn from its view (src/timeline): the attempt
+  // that failed, the one running, and the restart between them, once the
+  // node's record says so.
+  std::optional<test::HttpResponse> svg;
+  bool drawn = test::eventually([&] {
+    svg = test::http_get(port, "/api/timeline.svg");
+    return svg && svg->status == 200 &&
+           svg->body.find(R"(data-attempt="1" data-outcome="RUNNING")") !=
+               std::string::npos;
+  });
   release_workers();
+  ASSERT_TRUE(drawn) << (svg ? svg->body : "no answer");
+  EXPECT_EQ(svg->body.rfind("<svg", 0), 0u) << svg->body;
+  EXPECT_NE(
+      svg->body.find(R"(data-attempt="0" data-outcome="FAILED")"),
+      std::string::npos)
+      << svg->body;
+  EXPECT_NE(svg->body.find(R"(class="marker restart")"), std::string::npos);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 200);
   auto j = nlohmann::json::parse(r->body);

@@ -327,6 +327,64 @@ TEST_F(TimelineTest, DrawsEachWorkerTheFailureAndTheRestartOfARealRun) {
   EXPECT_NE(trace.dump().find("\"name\":\"rendezvous\""), std::string::npos);
 }
 
+// A job view (tiderun status --json) in place of an events file: each
+// node's recorded attempts, in each format, as the live page draws them.
+TEST_F(TimelineTest, DrawsAJobViewAsThePageDoes) {
+  json view = {
+      {"run_id", "r9"},
+      {"now", 1.8e9},
+      {"state", "FAILED"},
+      {"nodes",
+       {{{"node", "n0"},
+         {"slot", 0},
+         {"group_rank", 0},
+         {"ranks", {{{"rank", 0}}}},
+         {"attempts",
+          {{{"attempt", 0},
+            {"round", 1},
+            {"start", 1.8e9 - 20},
+            {"end", 1.8e9 - 5},
+            {"outcome", "FAILED"},
+            {"reason", "rank 0 (local 0) exited with code 3"}}}}}}}};
+  fs::path job = write("job.json", view.dump());
+  fs::path svg_path = dir_ / "job.svg";
+  auto [code, out] = timeline({job.string(), "-o", svg_path.string()});
+  ASSERT_EQ(code, 0) << out;
+  std::string svg = read(svg_path);
+  expect_svg_document(svg);
+  EXPECT_EQ(count(svg, R"(data-attempt="0" data-outcome="FAILED")"), 1u) << svg;
+  EXPECT_NE(svg.find("exited with code 3"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("job FAILED"), std::string::npos) << svg;
+
+  fs::path html_path = dir_ / "job.html";
+  auto [html_code, html_out] =
+      timeline({job.string(), "-o", html_path.string()});
+  ASSERT_EQ(html_code, 0) << html_out;
+  EXPECT_EQ(count(read(html_path), "<g class=\"attempts-lane\""), 1u);
+
+  fs::path trace_path = dir_ / "job.trace.json";
+  auto [trace_code, trace_out] =
+      timeline({job.string(), "-o", trace_path.string()});
+  ASSERT_EQ(trace_code, 0) << trace_out;
+  json trace = json::parse(read(trace_path));
+  int attempts = 0;
+  for (const json& e : trace["traceEvents"]) {
+    attempts += e["ph"] == "X" && e["cat"] == "attempt" ? 1 : 0;
+  }
+  EXPECT_EQ(attempts, 1) << trace.dump(1);
+
+  // A view of another run than asked for, and a view without its time.
+  auto [other, other_out] =
+      timeline({job.string(), "-o", svg_path.string(), "--run-id", "r1"});
+  EXPECT_EQ(other, 1);
+  EXPECT_NE(other_out.find("view of run 'r9', not 'r1'"), std::string::npos)
+      << other_out;
+  view["now"] = "later";
+  auto [bad, bad_out] = timeline(
+      {write("bad.json", view.dump()).string(), "-o", svg_path.string()});
+  EXPECT_EQ(bad, 1) << bad_out;
+}
+
 TEST_F(TimelineTest, GroupsLanesPerNodeAndDrawsABigNodeAsOneSummaryLane) {
   fs::path events = write("events.jsonl", job_events(2, 64, 70));
   fs::path svg_path = dir_ / "t.svg";

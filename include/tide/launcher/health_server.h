@@ -26,6 +26,7 @@ struct HealthSources {
 // check server is a stub), running on its own threads (civetweb):
 //   GET /          the live job page (src/launcher/page/job.html)
 //   GET /api/job   the job's view, JSON
+//   GET /api/timeline.svg  the job view's timeline, drawn (src/timeline)
 //   GET /api/log?rank=L&lines=N  the tail of local rank L's output files
 //   GET /health    the agent's status as JSON: 200 while it is starting,
 //                  running or done well, 503 once it failed or was stopped

@@ -1,4 +1,4 @@
-#include "tide-timeline/events.h"
+#include "timeline/events.h"
 
 #include <errno.h>
 #include <string.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tide-timeline/text.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 

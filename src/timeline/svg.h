@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "tide-timeline/model.h"
+#include "timeline/model.h"
 
 // SVG text accumulated element by element, numbers written with one decimal
 // and text escaped; plus the marker drawn for each kind of note.
@@ -26,7 +26,8 @@ class Svg {
       double w,
       double h,
       const std::string& cls,
-      double radius = 0);
+      double radius = 0,
+      const std::string& attrs = "");  // more attributes, after a blank
   // Opens a group whose tooltip is title; attrs starts with a blank.
   void begin(const std::string& attrs, const std::string& title);
   void end() {

@@ -4,10 +4,11 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "tide-timeline/model.h"
+#include "timeline/model.h"
 
 // A node (host) of the run as the picture groups it: its agent's lane heads
 // the lanes of its workers, and one summary lane can stand for all of them,
@@ -31,6 +32,10 @@ struct AttemptSummary {
 struct Node {
   std::string host;
   std::optional<int64_t> group_rank;
+  std::optional<int64_t> order;  // Timeline::host_order's
+  // From a job view: the node's attempts, drawn in place of its workers
+  // (which a view does not hold one by one). Null for an events file.
+  const NodeRecord* record = nullptr;
   std::vector<Note> agent_notes;
   std::vector<const WorkerLane*> workers;  // by global rank
   std::vector<AttemptSummary> attempts;    // by attempt
@@ -43,8 +48,12 @@ struct Node {
 // tl, which must outlive them.
 std::vector<Node> group_by_node(const Timeline& tl);
 
-// The ranks of workers as ranges: "rank 5", "ranks 0–63, 128".
-std::string rank_ranges(const std::vector<const WorkerLane*>& workers);
+// The global ranks of a node's workers: its workers' lanes', or its
+// record's.
+std::set<int64_t> ranks_of(const Node& node);
+
+// Ranks as ranges: "rank 5", "ranks 0–63, 128".
+std::string rank_ranges(const std::set<int64_t>& ranks);
 
 // How the workers of an attempt ended, worst first: "1 failed, 63
 // terminated".

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "tide-timeline/model.h"
+#include "timeline/model.h"
 
 // Where things go in the picture: its geometry, the time axis, and labels
 // laid out in rows so that none overlaps another and none runs off the

@@ -16,7 +16,8 @@ namespace tide::timeline {
 
 using nlohmann::json;
 
-// A problem that ends the program with exit code 1 and this message.
+// Input the timeline cannot be drawn from (tide-timeline ends with exit
+// code 1 and this message).
 struct Fatal : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "tide-timeline/model.h"
-#include "tide-timeline/render.h"
+#include "timeline/model.h"
+#include "timeline/render.h"
 
 // The picture as an HTML page: the SVG drawn interactive, and a small inline
 // script (no network, nothing else to load) that opens and closes a node's

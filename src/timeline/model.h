@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "tide-timeline/events.h"
+#include "timeline/events.h"
 
 // What the picture shows, built from a run's records: a lane per worker
 // with its processes' lifetimes and notes, the agents' notes per host, and
@@ -19,6 +19,9 @@ enum class Outcome { kSucceeded, kFailed, kTerminated, kRunning };
 
 // The CSS class a bar of this outcome is drawn with.
 const char* css_class(Outcome o);
+// Its name as tide's records write it: SUCCEEDED, FAILED, TERMINATED,
+// RUNNING.
+const char* outcome_name(Outcome o);
 
 // Worse outcomes compare greater: a node's attempt is as bad as its worst
 // worker's.
@@ -44,6 +47,10 @@ enum class Mark {
   kHang,
 };
 
+// Its name in the picture's markup: rendezvous, restart, timer, failure,
+// pending, hang.
+const char* mark_name(Mark m);
+
 // A point (or, for a rendezvous, the span it waited) with a label.
 struct Note {
   Mark mark;
@@ -68,16 +75,47 @@ struct Boundary {
   std::string label;
 };
 
+// An attempt of a node as its agent recorded it (a job view's attempts:
+// tide/status/job_status.h), where the source knows the node's group but
+// not each worker's process.
+struct RecordedAttempt {
+  int64_t attempt = 0;
+  int64_t round = 0;
+  int64_t start_ms = 0;
+  int64_t end_ms = 0;  // the timeline's end while it runs
+  Outcome outcome = Outcome::kRunning;
+  std::string reason;  // why it ended, when it did not succeed
+};
+
+// A node as a job view shows it; in a big job, alike nodes folded into one
+// (job_view.h).
+struct NodeRecord {
+  size_t nodes = 1;                   // how many nodes it stands for
+  std::optional<int64_t> group_rank;  // unset outside the current round
+  std::vector<int64_t> ranks;         // its workers' global ranks, now
+  bool silent = false;                // no update for a while
+  double age = 0;                     // seconds since its last update
+  std::vector<RecordedAttempt> attempts;
+};
+
 struct Timeline {
   std::string run_id;
   int64_t t0 = 0;
   int64_t t1 = 0;
   std::map<std::string, std::vector<Note>> agent_notes;  // by host
   std::map<std::pair<std::string, int64_t>, WorkerLane> workers;
-  std::map<std::string, int64_t> host_order;  // host -> its group rank
+  // Nodes top to bottom: host -> its group rank (events) or its slot on the
+  // status board (a job view).
+  std::map<std::string, int64_t> host_order;
   std::vector<Boundary> boundaries;
   std::set<std::string> roles;
   int64_t attempts = 1;
+  // From a job view (job_view.h): its nodes by name, drawn one lane each in
+  // place of workers' lanes; the job's state; and live, since the view's
+  // end is its "now", not the end of a file.
+  std::map<std::string, NodeRecord> records;
+  std::string state;
+  bool live = false;
 };
 
 // The timeline of `records` (one run's, time-ordered, at least one).

@@ -1,10 +1,10 @@
-#include "tide-timeline/model.h"
+#include "timeline/model.h"
 
 #include <string.h>
 
 #include <algorithm>
 
-#include "tide-timeline/text.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 
@@ -20,6 +20,38 @@ const char* css_class(Outcome o) {
       return "running";
   }
   return "running";
+}
+
+const char* outcome_name(Outcome o) {
+  switch (o) {
+    case Outcome::kSucceeded:
+      return "SUCCEEDED";
+    case Outcome::kFailed:
+      return "FAILED";
+    case Outcome::kTerminated:
+      return "TERMINATED";
+    case Outcome::kRunning:
+      return "RUNNING";
+  }
+  return "RUNNING";
+}
+
+const char* mark_name(Mark m) {
+  switch (m) {
+    case Mark::kRendezvous:
+      return "rendezvous";
+    case Mark::kRestart:
+      return "restart";
+    case Mark::kTimer:
+      return "timer";
+    case Mark::kFailure:
+      return "failure";
+    case Mark::kRdzvPending:
+      return "pending";
+    case Mark::kHang:
+      return "hang";
+  }
+  return "rendezvous";
 }
 
 int severity(Outcome o) {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "tide-timeline/model.h"
+#include "timeline/model.h"
 
 // The picture: a Timeline drawn as one self-contained SVG, top to bottom
 // (heading, legend, per node its agent's lane heading its workers' lanes,

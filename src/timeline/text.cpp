@@ -1,4 +1,4 @@
-#include "tide-timeline/text.h"
+#include "timeline/text.h"
 
 #include <time.h>
 

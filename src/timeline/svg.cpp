@@ -1,6 +1,6 @@
-#include "tide-timeline/svg.h"
+#include "timeline/svg.h"
 
-#include "tide-timeline/text.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 
@@ -32,13 +32,14 @@ void Svg::rect(
     double w,
     double h,
     const std::string& cls,
-    double radius) {
+    double radius,
+    const std::string& attrs) {
   out_ += "<rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" + num(w) +
           "\" height=\"" + num(h) + "\"";
   if (radius > 0) {
     out_ += " rx=\"" + num(radius) + "\"";
   }
-  out_ += " class=\"" + cls + "\"/>\n";
+  out_ += " class=\"" + cls + "\"" + attrs + "/>\n";
 }
 
 void Svg::begin(const std::string& attrs, const std::string& title) {

@@ -1,9 +1,9 @@
-#include "tide-timeline/font.h"
+#include "timeline/font.h"
 
 #include <algorithm>
 #include <iterator>
 
-#include "tide-timeline/dejavu_sans_widths.h"
+#include "timeline/dejavu_sans_widths.h"
 
 namespace tide::timeline {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "tide-timeline/model.h"
+#include "timeline/model.h"
 
 // The run in the Trace Event Format (the JSON that chrome://tracing and
 // ui.perfetto.dev open), for zooming into a run too long or too wide for one
@@ -18,7 +18,9 @@
 // rendezvous that waited is a complete event over its wait; restarts, timer
 // expiries, hangs, failed rendezvous rounds and health checks are instant
 // events ("ph": "i") on their thread; each attempt's start is a global
-// instant. Times ("ts", "dur") are microseconds since the run's first event.
+// instant. From a job view, a node has an "attempts" thread (tid 2) of its
+// attempts as complete events in place of its workers' threads. Times
+// ("ts", "dur") are microseconds since the run's first event.
 namespace tide::timeline {
 
 std::string render_trace(const Timeline& timeline, const std::string& title);

@@ -1,6 +1,6 @@
-#include "tide-timeline/html.h"
+#include "timeline/html.h"
 
-#include "tide-timeline/text.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 namespace {
@@ -32,6 +32,7 @@ constexpr const char* kScript = R"(
       node.setAttribute('transform', 'translate(0 ' + (y - Number(node.dataset.top)) + ')');
       y += Number(open ? node.dataset.openHeight : node.dataset.closedHeight);
       const header = node.querySelector('.node-header');
+      if (!header) continue;
       header.setAttribute('aria-expanded', String(open));
       header.querySelector('.twisty').textContent = open ? '\u25be' : '\u25b8';
     }
@@ -46,6 +47,7 @@ constexpr const char* kScript = R"(
   }
   for (const node of nodes) {
     const header = node.querySelector('.node-header');
+    if (!header) continue;  // a job view's node: nothing to open
     const toggle = () => { node.classList.toggle('closed'); layout(); };
     header.addEventListener('click', toggle);
     header.addEventListener('keydown', (e) => {

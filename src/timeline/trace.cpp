@@ -1,15 +1,17 @@
-#include "tide-timeline/trace.h"
+#include "timeline/trace.h"
 
 #include <algorithm>
 #include <set>
 
-#include "tide-timeline/nodes.h"
-#include "tide-timeline/text.h"
+#include "timeline/nodes.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 namespace {
 
 constexpr int64_t kAgentTid = 1;
+// A job view's node: its attempts' track (it has no workers' tracks).
+constexpr int64_t kAttemptsTid = 2;
 
 int64_t worker_tid(int64_t rank) {
   return rank + 2;
@@ -31,7 +33,7 @@ const char* colour(Outcome o) {
   return "generic_work";
 }
 
-std::string mark_name(const Note& n) {
+std::string event_name(const Note& n) {
   switch (n.mark) {
     case Mark::kRendezvous:
       return "rendezvous";
@@ -121,6 +123,13 @@ class Trace {
     for (const Note& n : node.agent_notes) {
       note(n, pid, kAgentTid);
     }
+    if (node.record) {
+      meta("thread_name", pid, kAttemptsTid, {{"name", "attempts"}});
+      meta("thread_sort_index", pid, kAttemptsTid, {{"sort_index", 1}});
+      for (const RecordedAttempt& a : node.record->attempts) {
+        recorded(node, a, pid);
+      }
+    }
     for (const WorkerLane* w : node.workers) {
       int64_t tid = worker_tid(w->rank);
       meta(
@@ -175,11 +184,33 @@ class Trace {
          {"args", std::move(args)}});
   }
 
+  // A job view's attempt of a node, as its agent recorded it.
+  void recorded(const Node& node, const RecordedAttempt& a, int64_t pid) {
+    json args = {
+        {"attempt", a.attempt},
+        {"round", a.round},
+        {"outcome", outcome_name(a.outcome)},
+        {"host", node.host}};
+    if (!a.reason.empty()) {
+      args["reason"] = a.reason;
+    }
+    events_.push_back(
+        {{"name", css_class(a.outcome)},
+         {"cat", "attempt"},
+         {"ph", "X"},
+         {"ts", us(a.start_ms)},
+         {"dur", us(a.end_ms) - us(a.start_ms)},
+         {"pid", pid},
+         {"tid", kAttemptsTid},
+         {"cname", colour(a.outcome)},
+         {"args", std::move(args)}});
+  }
+
   void note(const Note& n, int64_t pid, int64_t tid) {
     json args = n.args.is_object() ? n.args : json::object();
     args["label"] = n.label;
     json e = {
-        {"name", mark_name(n)},
+        {"name", event_name(n)},
         {"cat", "agent"},
         {"pid", pid},
         {"tid", tid},

@@ -1,15 +1,15 @@
-#include "tide-timeline/render.h"
+#include "timeline/render.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "tide-timeline/font.h"
-#include "tide-timeline/layout.h"
-#include "tide-timeline/nodes.h"
-#include "tide-timeline/svg.h"
-#include "tide-timeline/text.h"
+#include "timeline/font.h"
+#include "timeline/layout.h"
+#include "timeline/nodes.h"
+#include "timeline/svg.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 namespace {
@@ -23,42 +23,46 @@ constexpr double kMinNameColumn = 120;
 constexpr double kMaxNameColumn = 420;
 constexpr double kBelowLanes = 52;  // the time axis under the lanes
 
+// Scoped to the picture, so that a page that embeds it (the live job page)
+// and the picture do not style each other.
 constexpr const char* kStyle = R"(
-  text { font-family: 'DejaVu Sans', Verdana, sans-serif; font-size: 11px; fill: #24292f; }
-  .title { font-size: 18px; font-weight: bold; }
-  .sub { font-size: 12px; fill: #57606a; }
-  .dim { font-size: 10px; fill: #6e7781; }
-  .host { font-size: 12px; font-weight: bold; }
-  .rank { font-size: 12px; font-weight: bold; }
-  .agent { font-style: italic; fill: #57606a; }
-  .zebra { fill: #1f2328; fill-opacity: 0.035; }
-  .grid { stroke: #e1e4e8; stroke-width: 1; }
-  .axis { stroke: #57606a; stroke-width: 1; }
-  .boundary { stroke: #57606a; stroke-width: 1.2; stroke-dasharray: 6 4; }
-  .battempt { font-size: 11px; font-weight: bold; fill: #57606a; }
-  .succeeded { fill: #2da44e; }
-  .failed { fill: #cf222e; }
-  .terminated { fill: #8c959f; }
-  .running { fill: #0969da; }
-  .pid { font-size: 10px; fill: #ffffff; }
-  .err { fill: #cf222e; }
-  .rdzv { fill: #8250df; }
-  .wait { fill: #8250df; opacity: 0.3; }
-  .restart { fill: #e16f24; }
-  .timer { fill: #ffffff; stroke: #9a6700; stroke-width: 2; }
-  .hand { stroke: #9a6700; stroke-width: 1.5; }
-  .timertext { fill: #9a6700; }
-  .hang { fill: #9a6700; }
-  .cross { stroke: #cf222e; stroke-width: 2.5; stroke-linecap: round; }
-  .halo { stroke: #ffffff; stroke-width: 5.5; stroke-linecap: round; }
-  .pending { fill: none; stroke: #8250df; stroke-width: 2; }
-  .label { paint-order: stroke; stroke: #ffffff; stroke-width: 3px; stroke-linejoin: round; }
-  .node.closed > .workers, .node:not(.closed) > .summary-lane { display: none; }
-  .node-header { cursor: pointer; }
-  .node-header:focus { outline: none; }
-  .hit { fill: transparent; }
-  .node-header:focus-visible .hit { stroke: #0969da; stroke-width: 1.5; }
-  .twisty { font-size: 10px; fill: #57606a; }
+  .tide-timeline text { font-family: 'DejaVu Sans', Verdana, sans-serif; font-size: 11px; fill: #24292f; }
+  .tide-timeline .title { font-size: 18px; font-weight: bold; }
+  .tide-timeline .sub { font-size: 12px; fill: #57606a; }
+  .tide-timeline .dim { font-size: 10px; fill: #6e7781; }
+  .tide-timeline .host { font-size: 12px; font-weight: bold; }
+  .tide-timeline .rank { font-size: 12px; font-weight: bold; }
+  .tide-timeline .agent { font-style: italic; fill: #57606a; }
+  .tide-timeline .zebra { fill: #1f2328; fill-opacity: 0.035; }
+  .tide-timeline .grid { stroke: #e1e4e8; stroke-width: 1; }
+  .tide-timeline .axis { stroke: #57606a; stroke-width: 1; }
+  .tide-timeline .boundary { stroke: #57606a; stroke-width: 1.2; stroke-dasharray: 6 4; }
+  .tide-timeline .battempt { font-size: 11px; font-weight: bold; fill: #57606a; }
+  .tide-timeline .succeeded { fill: #2da44e; }
+  .tide-timeline .failed { fill: #cf222e; }
+  .tide-timeline .terminated { fill: #8c959f; }
+  .tide-timeline .running { fill: #0969da; }
+  .tide-timeline .pid { font-size: 10px; fill: #ffffff; }
+  .tide-timeline .err { fill: #cf222e; }
+  .tide-timeline .rdzv { fill: #8250df; }
+  .tide-timeline .wait { fill: #8250df; opacity: 0.3; }
+  .tide-timeline .restart { fill: #e16f24; }
+  .tide-timeline .timer { fill: #ffffff; stroke: #9a6700; stroke-width: 2; }
+  .tide-timeline .hand { stroke: #9a6700; stroke-width: 1.5; }
+  .tide-timeline .timertext { fill: #9a6700; }
+  .tide-timeline .hang { fill: #9a6700; }
+  .tide-timeline .cross { stroke: #cf222e; stroke-width: 2.5; stroke-linecap: round; }
+  .tide-timeline .halo { stroke: #ffffff; stroke-width: 5.5; stroke-linecap: round; }
+  .tide-timeline .pending { fill: none; stroke: #8250df; stroke-width: 2; }
+  .tide-timeline .label { paint-order: stroke; stroke: #ffffff; stroke-width: 3px; stroke-linejoin: round; }
+  .tide-timeline .node.closed > .workers, .tide-timeline .node:not(.closed) > .summary-lane { display: none; }
+  .tide-timeline .node-header { cursor: pointer; }
+  .tide-timeline .node-header:focus { outline: none; }
+  .tide-timeline .hit { fill: transparent; }
+  .tide-timeline .node-header:focus-visible .hit { stroke: #0969da; stroke-width: 1.5; }
+  .tide-timeline .twisty { font-size: 10px; fill: #57606a; }
+  .tide-timeline .node.silent .bar { opacity: 0.45; }
+  .tide-timeline .node.silent .host { fill: #6e7781; }
 )";
 
 // The widths of the text classes that lane names and headings use.
@@ -70,6 +74,9 @@ double dim_width(const std::string& s) {
 }
 
 std::string outcome_text(const Timeline& tl) {
+  if (!tl.state.empty()) {
+    return "job " + tl.state;
+  }
   if (tl.workers.empty()) {
     return "no workers started";
   }
@@ -94,6 +101,7 @@ std::string plural(size_t n, const std::string& what) {
 
 // A bar of a lane: a worker's process, or a node's attempt.
 struct LaneBar {
+  int64_t attempt = 0;
   int64_t start_ms = 0;
   int64_t end_ms = 0;
   Outcome outcome = Outcome::kRunning;
@@ -183,7 +191,7 @@ class Renderer {
           widest, rank_width(n) + (detail.empty() ? 0 : 6 + dim_width(detail)));
     };
     for (const Node& node : nodes_) {
-      name(plural(node.workers.size(), "worker"), rank_ranges(node.workers));
+      name(plural(workers(node), "worker"), rank_ranges(ranks_of(node)));
       for (const WorkerLane* lane : node.workers) {
         name("rank " + std::to_string(lane->rank), worker_detail(*lane));
       }
@@ -196,8 +204,13 @@ class Renderer {
     top_.text(20, y_, fit(title_, kWidth - 40, 18, Weight::kBold), "title");
     const char* dot = " \u00b7 ";
     std::string sub = tl_.run_id.empty() ? "" : "run " + tl_.run_id + dot;
-    sub += plural(tl_.workers.size(), "worker") + " on " +
-           plural(nodes_with_workers(), "host") + dot +
+    size_t all = 0;
+    size_t hosts = 0;
+    for (const Node& node : nodes_) {
+      all += workers(node);
+      hosts += node.record ? node.record->nodes : workers(node) > 0 ? 1 : 0;
+    }
+    sub += plural(all, "worker") + " on " + plural(hosts, "host") + dot +
            plural(static_cast<size_t>(tl_.attempts), "attempt") + dot +
            seconds_text(static_cast<double>(tl_.t1 - tl_.t0) / 1000) + dot +
            outcome_text(tl_);
@@ -223,11 +236,8 @@ class Renderer {
     }
   }
 
-  size_t nodes_with_workers() const {
-    return static_cast<size_t>(
-        std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
-          return !n.workers.empty();
-        }));
+  static size_t workers(const Node& node) {
+    return node.record ? node.record->ranks.size() : node.workers.size();
   }
 
   void legend() {
@@ -247,7 +257,9 @@ class Renderer {
          {std::pair{Outcome::kSucceeded, "succeeded"},
           std::pair{Outcome::kFailed, "failed"},
           std::pair{Outcome::kTerminated, "terminated by the agent"},
-          std::pair{Outcome::kRunning, "running at end of file"}}) {
+          std::pair{
+              Outcome::kRunning,
+              tl_.live ? "running" : "running at end of file"}}) {
       item(label, [&](double cx, double cy) {
         top_.rect(cx - 8, cy - 6, 16, 12, css_class(o), 2);
       });
@@ -258,7 +270,10 @@ class Renderer {
           std::pair{Mark::kTimer, "timer expired"},
           std::pair{Mark::kHang, "hung"},
           std::pair{Mark::kFailure, "failure"}}) {
-      item(label, [&](double cx, double cy) { top_.marker(m, cx, cy); });
+      // A job view marks restarts only.
+      if (!tl_.live || m == Mark::kRestart) {
+        item(label, [&](double cx, double cy) { top_.marker(m, cx, cy); });
+      }
     }
     item("attempt boundary", [&](double cx, double cy) {
       top_.line(cx, cy - 8, cx, cy + 8, "boundary");
@@ -266,38 +281,47 @@ class Renderer {
   }
 
   // A node's group: its header, its agent's lane, then its workers' lanes
-  // or, collapsed, their summary lane. For the page, both, with the heights
-  // of the group each way, which its script moves the nodes below by.
+  // or, collapsed, their summary lane; a job view's node, the lane of its
+  // recorded attempts. For the page, both, with the heights of the group
+  // each way, which its script moves the nodes below by.
   void node_section(const Node& node) {
     bool closed = collapsed(node);
+    // A recorded node has no workers' lanes to show or hide.
+    bool toggles = options_.interactive && !node.record;
     double top = y_;
     Svg body;
-    header(body, node, closed);
+    header(body, node, closed, toggles);
     if (!node.agent_notes.empty()) {
       agent_lane(body, node);
     }
     double lanes_y = y_;
     double summary_height = 0;
     double workers_height = 0;
-    if (!node.workers.empty() && (closed || options_.interactive)) {
-      lane(body, summary_view(node));
-      summary_height = y_ - lanes_y;
-      y_ = lanes_y;
-    }
-    if (!closed || options_.interactive) {
-      body.raw("<g class=\"workers\">\n");
-      bool striped = true;
-      for (const WorkerLane* w : node.workers) {
-        lane(body, worker_view(node, *w, striped));
-        striped = !striped;
+    if (node.record) {
+      lane(body, record_view(node));
+      summary_height = workers_height = y_ - lanes_y;
+    } else {
+      if (!node.workers.empty() && (closed || options_.interactive)) {
+        lane(body, summary_view(node));
+        summary_height = y_ - lanes_y;
+        y_ = lanes_y;
       }
-      body.raw("</g>\n");
-      workers_height = y_ - lanes_y;
+      if (!closed || options_.interactive) {
+        body.raw("<g class=\"workers\">\n");
+        bool striped = true;
+        for (const WorkerLane* w : node.workers) {
+          lane(body, worker_view(node, *w, striped));
+          striped = !striped;
+        }
+        body.raw("</g>\n");
+        workers_height = y_ - lanes_y;
+      }
     }
     y_ = lanes_y + (closed ? summary_height : workers_height);
+    bool silent = node.record && node.record->silent;
     lanes_.raw(
         std::string("<g class=\"node") + (closed ? " closed" : "") +
-        "\" data-host=\"" + xml(node.host) + "\"");
+        (silent ? " silent" : "") + "\" data-host=\"" + xml(node.host) + "\"");
     if (options_.interactive) {
       lanes_.raw(
           " data-top=\"" + num(top) + "\" data-open-height=\"" +
@@ -307,16 +331,22 @@ class Renderer {
     lanes_.raw(">\n" + body.str() + "</g>\n");
   }
 
-  void header(Svg& out, const Node& node, bool closed) {
+  void header(Svg& out, const Node& node, bool closed, bool toggles) {
     out.line(12, y_, kWidth - 12, y_, "grid");
     std::string text = node.host;
     if (node.group_rank) {
       text += "  \u00b7  group rank " + std::to_string(*node.group_rank);
     }
-    if (!node.workers.empty()) {
-      text += "  \u00b7  " + plural(node.workers.size(), "worker");
+    if (node.record && node.record->nodes > 1) {
+      text += "  \u00b7  " + plural(node.record->nodes, "node") + " alike";
     }
-    if (!options_.interactive) {
+    if (workers(node) > 0) {
+      text += "  \u00b7  " + plural(workers(node), "worker");
+    }
+    if (node.record && node.record->silent) {
+      text += "  \u00b7  silent for " + seconds_text(node.record->age);
+    }
+    if (!toggles) {
       out.text(14, y_ + 16, fit(text, kWidth - 28, 12, Weight::kBold), "host");
       y_ += 24;
       return;
@@ -356,7 +386,7 @@ class Renderer {
       if (std::none_of(placed.begin(), placed.end(), [&](const Placed& p) {
             return p.note == &n;
           })) {
-        out.begin("", n.tooltip);
+        out.begin(marker_attrs(n), n.tooltip);
         out.marker(n.mark, axis_.x(n.t_ms), row_y(0));
         out.end();
       }
@@ -365,7 +395,7 @@ class Renderer {
       const Note& n = *p.note;
       double cy = row_y(p.row);
       double x = axis_.x(n.t_ms);
-      out.begin("", n.tooltip);
+      out.begin(marker_attrs(n), n.tooltip);
       if (n.mark == Mark::kRendezvous && axis_.x(n.from_ms) < x) {
         double x0 = axis_.x(n.from_ms);
         out.rect(x0, cy - 3, x - x0, 6, "wait", 2);
@@ -384,6 +414,11 @@ class Renderer {
 
   std::string at(int64_t t_ms) const {
     return num(static_cast<double>(t_ms - tl_.t0) / 1000, 3) + " s";
+  }
+
+  // A note's group: its kind, for a script or a test to find.
+  static std::string marker_attrs(const Note& n) {
+    return std::string(" class=\"marker ") + mark_name(n.mark) + "\"";
   }
 
   std::string ran(int64_t start_ms, int64_t end_ms) const {
@@ -411,6 +446,7 @@ class Renderer {
       }
       tip += " (ran " + ran(bar.start_ms, bar.end_ms) + ")";
       v.bars.push_back(LaneBar{
+          .attempt = bar.attempt,
           .start_ms = bar.start_ms,
           .end_ms = bar.end_ms,
           .outcome = bar.outcome,
@@ -424,7 +460,7 @@ class Renderer {
     LaneView v{
         .attrs = " class=\"summary-lane\" data-host=\"" + xml(node.host) + "\"",
         .name = plural(node.workers.size(), "worker"),
-        .detail = rank_ranges(node.workers),
+        .detail = rank_ranges(ranks_of(node)),
         .notes = &node.summary_notes,
         .striped = true};
     for (const AttemptSummary& a : node.attempts) {
@@ -442,11 +478,45 @@ class Renderer {
                                           : "\nlast ended at " + at(a.end_ms);
       tip += " (" + ran(a.start_ms, a.end_ms) + ")";
       v.bars.push_back(LaneBar{
+          .attempt = a.attempt,
           .start_ms = a.start_ms,
           .end_ms = a.end_ms,
           .outcome = a.worst,
           .texts = {counts},
           .may_shorten = true,
+          .tooltip = std::move(tip)});
+    }
+    return v;
+  }
+
+  // A job view's node: a bar per attempt its agent recorded, with its
+  // round, outcome and reason; times on the clock, since a view is live.
+  LaneView record_view(const Node& node) {
+    const NodeRecord& r = *node.record;
+    LaneView v{
+        .attrs =
+            " class=\"attempts-lane\" data-host=\"" + xml(node.host) + "\"",
+        .name = plural(r.ranks.size(), "worker"),
+        .detail = rank_ranges(ranks_of(node)),
+        .notes = &node.summary_notes,
+        .striped = true};
+    for (const RecordedAttempt& a : r.attempts) {
+      bool running = a.outcome == Outcome::kRunning;
+      std::string n = std::to_string(a.attempt);
+      std::string tip = node.host + " \u00b7 attempt " + n + " \u00b7 round " +
+                        std::to_string(a.round) + " \u00b7 " +
+                        outcome_name(a.outcome) + "\n" + utc_text(a.start_ms) +
+                        " \u2192 " + (running ? "now" : utc_text(a.end_ms)) +
+                        " (" + ran(a.start_ms, a.end_ms) + ")";
+      if (!a.reason.empty()) {
+        tip += "\n" + a.reason;
+      }
+      v.bars.push_back(LaneBar{
+          .attempt = a.attempt,
+          .start_ms = a.start_ms,
+          .end_ms = a.end_ms,
+          .outcome = a.outcome,
+          .texts = {"attempt " + n, "#" + n},
           .tooltip = std::move(tip)});
     }
     return v;
@@ -501,7 +571,9 @@ class Renderer {
           w,
           kBarHeight,
           std::string("bar ") + css_class(bar.outcome),
-          3);
+          3,
+          " data-attempt=\"" + std::to_string(bar.attempt) +
+              "\" data-outcome=\"" + outcome_name(bar.outcome) + "\"");
       if (std::string text = bar_text(bar, w); !text.empty()) {
         out.text(x0 + 7, bar_y + 12, text, "pid");
       }
@@ -518,7 +590,7 @@ class Renderer {
             return f.mark == Mark::kFailure &&
                    std::abs(axis_.x(f.t_ms) - x) < 12;
           });
-      out.begin("", n.tooltip);
+      out.begin(marker_attrs(n), n.tooltip);
       out.marker(n.mark, beside_failure ? x - 14 : x, bar_y + kBarHeight / 2);
       out.end();
     }
@@ -549,7 +621,9 @@ class Renderer {
     bottom_.text(
         (axis_.left + axis_.right) / 2,
         lanes_bottom_ + 36,
-        axis_.unit + " since the first event (" + utc_text(tl_.t0) + ")",
+        axis_.unit + " since " +
+            (tl_.live ? "the job's first start" : "the first event") + " (" +
+            utc_text(tl_.t0) + ")",
         "sub",
         "middle");
   }

@@ -1,10 +1,9 @@
-#include "tide-timeline/nodes.h"
+#include "timeline/nodes.h"
 
 #include <algorithm>
 #include <limits>
-#include <set>
 
-#include "tide-timeline/text.h"
+#include "timeline/text.h"
 
 namespace tide::timeline {
 namespace {
@@ -111,29 +110,40 @@ std::vector<Node> group_by_node(const Timeline& tl) {
   for (const auto& [key, lane] : tl.workers) {
     by_host[key.first].workers.push_back(&lane);
   }
+  for (const auto& [host, record] : tl.records) {
+    by_host[host].record = &record;
+  }
   std::vector<Node> nodes;
   for (auto& [host, node] : by_host) {
     node.host = host;
     if (auto it = tl.host_order.find(host); it != tl.host_order.end()) {
-      node.group_rank = it->second;
+      node.order = it->second;
     }
+    node.group_rank = node.record ? node.record->group_rank : node.order;
     node.attempts = summarise(node.workers);
     node.summary_notes = fold_notes(node.workers);
     nodes.push_back(std::move(node));
   }
   std::stable_sort(
       nodes.begin(), nodes.end(), [](const Node& a, const Node& b) {
-        return a.group_rank.value_or(std::numeric_limits<int64_t>::max()) <
-               b.group_rank.value_or(std::numeric_limits<int64_t>::max());
+        return a.order.value_or(std::numeric_limits<int64_t>::max()) <
+               b.order.value_or(std::numeric_limits<int64_t>::max());
       });
   return nodes;
 }
 
-std::string rank_ranges(const std::vector<const WorkerLane*>& workers) {
+std::set<int64_t> ranks_of(const Node& node) {
+  if (node.record) {
+    return {node.record->ranks.begin(), node.record->ranks.end()};
+  }
   std::set<int64_t> ranks;
-  for (const WorkerLane* w : workers) {
+  for (const WorkerLane* w : node.workers) {
     ranks.insert(w->rank);
   }
+  return ranks;
+}
+
+std::string rank_ranges(const std::set<int64_t>& ranks) {
   std::string out;
   for (auto it = ranks.begin(); it != ranks.end();) {
     int64_t first = *it;

@@ -1,9 +1,9 @@
-#include "tide-timeline/layout.h"
+#include "timeline/layout.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "tide-timeline/font.h"
+#include "timeline/font.h"
 
 namespace tide::timeline {
 
