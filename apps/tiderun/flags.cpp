@@ -456,6 +456,12 @@ void add_flags(CLI::App& app, Flags& f) {
       "PET_PRESTART_IMPORTS",
       "modules a prestarted interpreter imports before its hand-off, "
       "comma-separated (none: nothing)");
+  opt("--checkpoint-memory,--checkpoint_memory",
+      f.checkpoint_memory,
+      "PET_CHECKPOINT_MEMORY",
+      "memory of /dev/shm this node reserves for its workers' in-memory "
+      "checkpoints (tide.checkpoint), e.g. 4G; two snapshots per local rank "
+      "(default: none)");
   opt("--metrics",
       f.metrics,
       "PET_METRICS",
@@ -616,6 +622,10 @@ LaunchConfig make_config(const Flags& f) {
         std::to_string(f.straggler_threshold));
   }
   c.straggler_threshold = f.straggler_threshold;
+  if (!f.checkpoint_memory.empty()) {
+    c.checkpoint_memory =
+        tide::agent::parse_size(f.checkpoint_memory, "--checkpoint-memory");
+  }
   c.prestart.enabled = f.prestart;
   c.prestart.spares = f.prestart_spares;
   c.prestart.imports.clear();

@@ -62,6 +62,7 @@ struct Flags {
   bool prestart = false;
   int prestart_spares = 0;
   std::string prestart_imports = "torch,torch.distributed";
+  std::string checkpoint_memory;
   std::string health_check;
   double health_check_timeout = 60;
   int health_check_retries = 0;

@@ -29,19 +29,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::string human_bytes(uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(n);
-  size_t u = 0;
-  while (v >= 1024 && u + 1 < std::size(units)) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-
 class CommandCheck final : public HealthCheck {
  public:
   explicit CommandCheck(std::string command) : command_(std::move(command)) {}

@@ -29,6 +29,7 @@
 #include "tide/metrics/metrics.h"
 #include "tide/rendezvous/rendezvous_handler.h"
 
+#include "agent/checkpoint_memory.h"
 #include "agent/component.h"
 #include "agent/exit_barrier.h"
 #include "agent/group_processes.h"
@@ -169,6 +170,7 @@ LocalElasticAgent::Impl::Impl(LocalElasticAgent& agent, AgentOptions opts)
       add(std::make_unique<detail::WorkerTimers>(view, processes, *reporter));
   add(std::make_unique<detail::HealthChecks>(
       view, *reporter, [this](Clock::time_point until) { pause(until); }));
+  add(std::make_unique<detail::CheckpointMemory>(view));
 }
 
 LocalElasticAgent::Impl::~Impl() {

@@ -157,6 +157,12 @@ struct WorkerSpec {
     int spares = 0;
   };
   Prestart prestart;
+  // Checkpoints held in memory (docs/checkpoints.md): bytes of /dev/shm the
+  // agent reserves when its run begins, shared by its local ranks (two
+  // snapshots each), where workers save their state (tide.checkpoint) so
+  // that a restarted worker loads it from memory. Reserved in full at once:
+  // a bound /dev/shm cannot hold fails the run at start. 0: off.
+  uint64_t checkpoint_memory = 0;
   // The job's secret (docs/security.md): workers get it as TIDE_RPC_TOKEN,
   // so tide's rpc agents and its torch backend prove it to each other,
   // unless their environment sets TIDE_RPC_TOKEN itself. Give every node

@@ -1,0 +1,397 @@
+"""Checkpoints held in memory by the node's tide agent (docs/checkpoints.md).
+
+Under ``tiderun --checkpoint-memory SIZE`` the agent reserves a region of
+/dev/shm for its workers and keeps it across their restarts. A worker saves
+its state into it, byte for byte, tensors never pickled, and a restarted
+worker (a cold one or a ``--prestart`` one) loads it back from memory in
+place of a disk read::
+
+    import tide.checkpoint
+
+    state, step = tide.checkpoint.load(model.state_dict())  # in place
+    start = 0 if step is None else step + 1
+    for step in range(start, steps):
+        train_step()
+        tide.checkpoint.save(model.state_dict(), step=step)
+
+Each local rank has two slots, written in turn: a save marks its slot as
+being written before its first byte and complete after its last, so a worker
+killed in the middle of a save leaves its previous snapshot in force.
+
+The region's layout is src/checkpoint/region.h's; this module reads and
+writes the same bytes.
+"""
+
+import ctypes as _ctypes
+import functools as _functools
+import mmap as _mmap
+from collections import OrderedDict as _OrderedDict
+import os as _os
+import pickle as _pickle
+import struct as _struct
+import threading as _threading
+
+__all__ = ["CheckpointError", "Loaded", "available", "load", "save"]
+
+_REGION = _struct.Struct("<8sIIQQ")  # magic, version, slots, slot bytes, bytes
+_SLOT = _struct.Struct("<8sIIQqqQQQ")  # magic, version, state, seq, step,
+#                                        rank, meta bytes, data bytes, 0
+_HEADER = 4096  # the region's header, and each slot's
+_STATE_AT = 12  # the state's offset in a slot's header
+_EMPTY, _WRITING, _COMPLETE = 0, 1, 2
+_ALIGN = 64
+# Reads from /dev/shm run about twice as fast in pieces of this size as in
+# one memmove of a whole large tensor (glibc's non-temporal path); writes
+# into it, the other way round (bench/checkpoint).
+_READ_PIECE = 64 << 20
+
+_lock = _threading.Lock()
+_region = None
+
+
+class CheckpointError(RuntimeError):
+    """A snapshot that cannot be saved or loaded; says why."""
+
+
+class Loaded(tuple):
+    """What ``load`` returns: ``(state, step)``, and ``source``, where the
+    state came from: ``"memory"`` (this node's agent) or ``"none"`` (no
+    snapshot of this rank: ``state`` and ``step`` are None)."""
+
+    def __new__(cls, state, step, source):
+        loaded = super().__new__(cls, (state, step))
+        loaded.source = source
+        return loaded
+
+    @property
+    def state(self):
+        return self[0]
+
+    @property
+    def step(self):
+        return self[1]
+
+
+class _Tensor:
+    """Where a tensor stood in the state: its place in the table."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+    def __reduce__(self):
+        return (_Tensor, (self.index,))
+
+
+class _Region:
+    def __init__(self, path):
+        try:
+            fd = _os.open(path, _os.O_RDWR | _os.O_CLOEXEC)
+        except OSError as e:
+            raise CheckpointError(f"cannot open the checkpoint memory {path}: {e}") from None
+        try:
+            size = _os.fstat(fd).st_size
+            self.mm = _mmap.mmap(fd, size, _mmap.MAP_SHARED)
+        finally:
+            _os.close(fd)
+        magic, version, self.slots, self.slot_bytes, self.bytes = _REGION.unpack_from(self.mm, 0)
+        if magic != b"TIDECKPR" or version != 1 or self.bytes > size:
+            raise CheckpointError(f"{path} is not a tide checkpoint region (version 1)")
+        self.path = path
+        self.address = _ctypes.addressof(_ctypes.c_char.from_buffer(self.mm))
+
+    def offset(self, slot):
+        return _HEADER + slot * self.slot_bytes
+
+    def head(self, slot):
+        """The slot's header, or None when it holds no complete snapshot."""
+        fields = _SLOT.unpack_from(self.mm, self.offset(slot))
+        if fields[0] != b"TIDECKPS" or fields[1] != 1 or fields[2] != _COMPLETE:
+            return None
+        return fields
+
+
+def _open():
+    global _region
+    with _lock:
+        if _region is None:
+            path = _os.environ.get("TIDE_CHECKPOINT_REGION")
+            if not path:
+                raise CheckpointError(
+                    "no checkpoint memory here: run the script under tiderun "
+                    "--checkpoint-memory SIZE (TIDE_CHECKPOINT_REGION is not set)")
+            _region = _Region(path)
+        return _region
+
+
+def available():
+    """Whether this worker has a node's checkpoint memory to save into."""
+    return bool(_os.environ.get("TIDE_CHECKPOINT_REGION"))
+
+
+def _rank(name):
+    value = _os.environ.get(name)
+    if value is None:
+        raise CheckpointError(f"{name} is not set: tide.checkpoint runs in a worker of tiderun")
+    return int(value)
+
+
+def _human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _path(path):
+    return "state" + "".join(f"[{k!r}]" for k in path)
+
+
+def _flatten(obj, path, tensors):
+    """The state with each tensor replaced by its _Tensor, and the tensors
+    (with their paths) in the order of their indexes."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided or obj.is_quantized:
+            raise CheckpointError(
+                f"save: {_path(path)} is a {obj.layout} tensor; only dense tensors are supported")
+        tensors.append((path, obj))
+        return _Tensor(len(tensors) - 1)
+    if type(obj) in (dict, _OrderedDict):
+        out = type(obj)((k, _flatten(v, path + (k,), tensors)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # a module's state_dict: its versions
+            out._metadata = obj._metadata
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(_flatten(v, path + (i,), tensors) for i, v in enumerate(obj))
+    return obj
+
+
+def _unpicklable(obj, path=()):
+    """The path of the first leaf that pickle refuses, and why."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            found = _unpicklable(v, path + (k,))
+            if found:
+                return found
+        return None
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found = _unpicklable(v, path + (i,))
+            if found:
+                return found
+        return None
+    try:
+        _pickle.dumps(obj, protocol=_pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - any reason pickle has
+        return path, e
+    return None
+
+
+def _align(n):
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _bytes_view(region, offset, nbytes):
+    import torch
+
+    return torch.frombuffer(region.mm, dtype=torch.uint8, count=nbytes, offset=offset)
+
+
+def _plain(t):
+    """Whether t's bytes are one run in this process' memory."""
+    return t.device.type == "cpu" and t.is_contiguous()
+
+
+def _copy_in(region, offset, t):
+    """t's bytes into the region at offset."""
+    import torch
+
+    nbytes = t.numel() * t.element_size()
+    if _plain(t):
+        _ctypes.memmove(region.address + offset, t.data_ptr(), nbytes)
+        return
+    src = t.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()
+    _bytes_view(region, offset, nbytes).copy_(src.reshape(-1).view(torch.uint8))
+
+
+def _copy_out(region, offset, t, view):
+    """The bytes at offset into t; view() makes a tensor of them as t's
+    dtype and shape, for a t on another device or not contiguous."""
+    if _plain(t):
+        nbytes = t.numel() * t.element_size()
+        for at in range(0, nbytes, _READ_PIECE):
+            _ctypes.memmove(t.data_ptr() + at, region.address + offset + at,
+                            min(_READ_PIECE, nbytes - at))
+        return
+    t.copy_(view())
+
+
+def save(state_dict, step):
+    """Copies ``state_dict`` (tensors, and dicts, lists and tuples of them and
+    of other picklable values, nested) into this rank's slot of the node's
+    checkpoint memory as the snapshot of ``step``, and returns once the copy
+    is in. Tensors are copied byte for byte (from any device); the rest is
+    pickled. The previous snapshot stays in force until this one is
+    complete.
+
+    Raises CheckpointError when the state does not fit in a slot, holds a
+    tensor that is not dense, or a value pickle refuses (named by its path);
+    the previous snapshot is kept.
+    """
+    import torch
+
+    if not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"save: step must be an int >= 0, got {step!r}")
+    region = _open()
+    rank, local = _rank("RANK"), _rank("LOCAL_RANK")
+    if not 0 <= 2 * local + 1 < region.slots:
+        raise CheckpointError(
+            f"save: local rank {local} has no slot in {region.path} "
+            f"({region.slots // 2} local ranks)")
+    tensors = []
+    skeleton = _flatten(state_dict, (), tensors)
+    table = [(str(t.dtype).replace("torch.", ""), tuple(t.shape), str(t.device)) for _, t in tensors]
+    try:
+        meta = _pickle.dumps((skeleton, table), protocol=_pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - named below
+        path, why = _unpicklable(skeleton)
+        raise CheckpointError(
+            f"save: {_path(path)} cannot be serialized ({type(why).__name__}: {why}); "
+            "the previous snapshot is kept") from None
+    offsets = []
+    end = _HEADER + _align(len(meta))
+    for _, t in tensors:
+        offsets.append(end)
+        end += _align(t.numel() * t.element_size())
+    if end > region.slot_bytes:
+        raise CheckpointError(
+            f"save: the state of step {step} needs {_human(end)} and a snapshot slot holds "
+            f"{_human(region.slot_bytes)} ({region.slots // 2} local ranks share "
+            f"{_human(region.bytes)} of --checkpoint-memory, two slots each); "
+            "the previous snapshot is kept")
+
+    with _lock:
+        mine = (2 * local, 2 * local + 1)
+        heads = [region.head(s) for s in mine]
+        seqs = [h[3] if h else 0 for h in heads]
+        # Write over the older of the two: the newer is the one in force.
+        slot = mine[0] if seqs[0] <= seqs[1] else mine[1]
+        base = region.offset(slot)
+        mm = region.mm
+        _struct.pack_into("<I", mm, base + _STATE_AT, _WRITING)
+        mm[base + _HEADER:base + _HEADER + len(meta)] = meta
+        for (path, t), offset in zip(tensors, offsets):
+            if t.numel() > 0:
+                _copy_in(region, base + offset, t)
+        _SLOT.pack_into(mm, base, b"TIDECKPS", 1, _WRITING, max(seqs) + 1, step, rank,
+                        len(meta), end - _HEADER - _align(len(meta)), 0)
+        _struct.pack_into("<I", mm, base + _STATE_AT, _COMPLETE)
+
+
+def _latest(region, rank):
+    """The slot with this global rank's latest complete snapshot, by step
+    then by when it was written, and its header; (None, None) if none."""
+    best, best_head = None, None
+    for slot in range(region.slots):
+        head = region.head(slot)
+        if head is None or head[5] != rank:
+            continue
+        if best_head is None or (head[4], head[3]) > (best_head[4], best_head[3]):
+            best, best_head = slot, head
+    return best, best_head
+
+
+def load(state_dict=None):
+    """This rank's latest complete snapshot, as ``(state, step)`` with
+    ``.source`` saying where it came from (``"memory"``; ``"none"`` with
+    ``(None, None)`` when there is none).
+
+    With ``state_dict`` (say ``model.state_dict()``, whose tensors are the
+    model's own), the snapshot is copied into it in place, as
+    torch.distributed.checkpoint.load does: each tensor into the tensor at
+    the same key (same shape and dtype, else CheckpointError), values of
+    other kinds set in its dicts and lists; ``state`` is that dict. Without
+    it, ``state`` is new, its tensors on the devices they were saved from.
+    """
+    import torch
+
+    region = _open()
+    rank = _rank("RANK")
+    with _lock:
+        slot, head = _latest(region, rank)
+        if slot is None:
+            return Loaded(None, None, "none")
+        base = region.offset(slot)
+        meta_bytes = head[6]
+        skeleton, table = _pickle.loads(region.mm[base + _HEADER:base + _HEADER + meta_bytes])
+        offsets = []
+        end = _HEADER + _align(meta_bytes)
+        for dtype, shape, _ in table:
+            offsets.append(end)
+            end += _align(_numel(shape) * _element_size(dtype))
+
+        def source(index):
+            dtype, shape, _ = table[index]
+            nbytes = _numel(shape) * _element_size(dtype)
+            if nbytes == 0:
+                return torch.empty(shape, dtype=getattr(torch, dtype))
+            return _bytes_view(region, base + offsets[index], nbytes).view(getattr(torch, dtype)).view(shape)
+
+        def into(t, index):
+            if t.numel() > 0:
+                _copy_out(region, base + offsets[index], t, lambda: source(index))
+            return t
+
+        def fresh(saved):
+            if isinstance(saved, _Tensor):
+                dtype, shape, device = table[saved.index]
+                out = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                return into(out, saved.index)
+            if isinstance(saved, dict):
+                return type(saved)((k, fresh(v)) for k, v in saved.items())
+            if type(saved) in (list, tuple):
+                return type(saved)(fresh(v) for v in saved)
+            return saved
+
+        def fill(saved, target, path):
+            if isinstance(saved, _Tensor):
+                if not isinstance(target, torch.Tensor):
+                    return fresh(saved)
+                dtype, shape, _ = table[saved.index]
+                if tuple(target.shape) != tuple(shape) or target.dtype != getattr(torch, dtype):
+                    raise CheckpointError(
+                        f"load: {_path(path)} was saved as torch.{dtype} {tuple(shape)} "
+                        f"and is {target.dtype} {tuple(target.shape)} here")
+                with torch.no_grad():
+                    return into(target, saved.index)
+            if isinstance(saved, dict) and isinstance(target, dict):
+                for k, v in saved.items():
+                    target[k] = fill(v, target[k], path + (k,)) if k in target else fresh(v)
+                return target
+            if type(saved) is list and isinstance(target, list) and len(target) == len(saved):
+                for i, v in enumerate(saved):
+                    target[i] = fill(v, target[i], path + (i,))
+                return target
+            return fresh(saved)
+
+        state = fresh(skeleton) if state_dict is None else fill(skeleton, state_dict, ())
+        return Loaded(state, head[4], "memory")
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@_functools.lru_cache(maxsize=None)
+def _element_size(dtype):
+    import torch
+
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()

@@ -1,0 +1,147 @@
+"""A worker of checkpoint_test.py: MODE picks what it does, OUT is where it
+writes what it saw (JSON, one file per rank and attempt)."""
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+
+import torch
+
+import tide.checkpoint as ck
+
+MODE = os.environ["MODE"]
+OUT = os.environ["OUT"]
+RANK = int(os.environ["RANK"])
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def report(**what):
+    path = os.path.join(OUT, f"{MODE}.{RANK}.{ATTEMPT}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(what, f)
+    os.rename(path + ".tmp", path)
+
+
+def digest(obj):
+    """The bytes and values of a state, as one hash."""
+    h = hashlib.sha256()
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            h.update(f"T{o.dtype}{tuple(o.shape)}{o.device}".encode())
+            h.update(o.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, dict):
+            h.update(f"D{type(o).__name__}".encode())
+            for k, v in o.items():
+                h.update(repr(k).encode())
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            h.update(f"L{type(o).__name__}{len(o)}".encode())
+            for v in o:
+                walk(v)
+        else:
+            h.update(repr(o).encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def state_of(step):
+    """A state of every kind save takes, different at each step and rank."""
+    g = torch.Generator().manual_seed(1000 * RANK + step)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    big = torch.randn(64, 33, generator=g)
+    return {
+        "model": model.state_dict(),
+        "extra": {
+            "bf16": torch.randn(17, generator=g).to(torch.bfloat16),
+            "int": torch.randint(-9, 9, (5, 3), generator=g),
+            "bool": torch.rand(7, generator=g) > 0.5,
+            "scalar": torch.tensor(step * 1.5),
+            "empty": torch.empty(0, 4),
+            "strided": big[:, ::3],
+        },
+        "step": step,
+        "meta": ["lr", 0.1 * step, ("betas", (0.9, 0.99)), None],
+    }
+
+
+def saves_then_dies():
+    """Attempt 0 saves steps 0-4 and is killed; attempt 1 loads twice (new
+    tensors, then in place) and reports what it got."""
+    if ATTEMPT == 0:
+        for step in range(5):
+            ck.save(state_of(step), step=step)
+        report(saved=digest(state_of(4)))
+        if RANK == 1:
+            # Once rank 0 has saved too (its report written).
+            while not os.path.exists(os.path.join(OUT, f"{MODE}.0.0.json")):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # stopped by the agent
+    fresh = ck.load()
+    target = state_of(0)
+    weight = target["model"]["0.weight"]
+    in_place = ck.load(target)
+    report(step=fresh.step, source=fresh.source, fresh=digest(fresh.state),
+           in_place_step=in_place.step, in_place=digest(in_place.state),
+           kept_objects=in_place.state is target and target["model"]["0.weight"] is weight)
+
+
+def big_save_killed():
+    """Attempt 0 saves step 0, then starts saving step 1 (256 MiB) and is
+    killed in the middle of it; attempt 1 loads."""
+    if ATTEMPT == 0:
+        region = ck._open()
+        slots = [region.offset(2 * int(os.environ["LOCAL_RANK"]) + i) for i in (0, 1)]
+        ck.save({"w": torch.full((64 << 20,), 1.0)}, step=0)
+        step0 = [region.head(i) is not None for i in range(region.slots)]
+        data = torch.full((64 << 20,), 2.0)
+
+        def kill_once_writing():
+            while True:
+                for base in slots:
+                    state = int.from_bytes(region.mm[base + 12:base + 16], "little")
+                    if state == 1:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.0002)
+
+        report(step0_slots=step0)
+        threading.Thread(target=kill_once_writing, daemon=True).start()
+        ck.save({"w": data}, step=1)
+        report(step0_slots=step0, finished=True)  # must not happen
+        time.sleep(60)
+    loaded = ck.load()
+    w = loaded.state["w"]
+    report(step=loaded.step, source=loaded.source, all_ones=bool((w == 1.0).all()),
+           numel=w.numel())
+
+
+def refusals():
+    """A state over the bound, a value pickle refuses, a bad step: each a
+    clear error, and the last snapshot kept."""
+    ck.save({"w": torch.arange(10)}, step=3)
+    errors = {}
+    for name, call in (
+        ("too_big", lambda: ck.save({"w": torch.zeros(8 << 20)}, step=4)),
+        ("unpicklable", lambda: ck.save({"opt": {"groups": [{"fn": lambda: 0}]}}, step=4)),
+        ("bad_step", lambda: ck.save({}, step=-1)),
+        ("sparse", lambda: ck.save({"s": torch.eye(3).to_sparse()}, step=4)),
+        ("mismatch", lambda: ck.load({"w": torch.zeros(11)})),
+    ):
+        try:
+            call()
+            errors[name] = None
+        except ck.CheckpointError as e:
+            errors[name] = str(e)
+    loaded = ck.load()
+    report(errors=errors, step=loaded.step, w=loaded.state["w"].tolist())
+
+
+{"saves_then_dies": saves_then_dies, "big_save_killed": big_save_killed,
+ "refusals": refusals}[MODE]()

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""In-memory checkpoints (tiderun --checkpoint-memory, tide.checkpoint) with
+real processes and Debian's torch: a worker SIGKILLed after five saves is
+restored bit for bit from memory (cold and prestarted, new tensors and in
+place); a worker killed in the middle of a save gets its previous snapshot;
+a state over the bound, a value pickle refuses, a sparse tensor and a bad
+step are clear errors that keep the last snapshot; a bound that /dev/shm
+cannot hold, or too small for the local ranks, is refused at start; no
+region is left behind.
+
+    /usr/bin/python3 tests/apps/checkpoint_test.py build/apps/tiderun
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "checkpoint", "worker.py")
+PYTHON = os.path.join(HERE, "..", "..", "python")
+
+
+def regions():
+    return set(glob.glob("/dev/shm/tide-checkpoint-*"))
+
+
+def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2):
+    cmd = [*prefix, TIDERUN, "--standalone", f"--nproc-per-node={nproc}", *flags]
+    if memory:
+        cmd.append(f"--checkpoint-memory={memory}")
+    env = dict(os.environ, MODE=mode, OUT=out, PYTHON_EXEC="/usr/bin/python3",
+               PYTHONPATH=os.path.abspath(PYTHON))
+    return subprocess.run(cmd + [WORKER], env=env, capture_output=True, text=True, timeout=300)
+
+
+class CheckpointTest(unittest.TestCase):
+    maxDiff = None
+
+    def setUp(self):
+        self.out = tempfile.mkdtemp(prefix="tide-ckpt-test-")
+        self.before = regions()
+
+    def tearDown(self):
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.assertEqual(regions() - self.before, set(), "no region is left behind")
+
+    def seen(self, mode, rank, attempt):
+        with open(os.path.join(self.out, f"{mode}.{rank}.{attempt}.json")) as f:
+            return json.load(f)
+
+    def test_a_killed_worker_is_restored_bit_for_bit_from_memory(self):
+        for prestart in ((), ("--prestart",)):
+            with self.subTest(prestart=bool(prestart)):
+                r = tiderun("saves_then_dies", self.out, "--max-restarts=1", *prestart)
+                self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+                self.assertIn("checkpoint memory: 64.0 MiB in /dev/shm/tide-checkpoint-",
+                              r.stderr)
+                for rank in (0, 1):
+                    saved = self.seen("saves_then_dies", rank, 0)["saved"]
+                    got = self.seen("saves_then_dies", rank, 1)
+                    self.assertEqual((got["step"], got["source"]), (4, "memory"))
+                    self.assertEqual(got["fresh"], saved, f"rank {rank}: new tensors")
+                    self.assertEqual(got["in_place_step"], 4)
+                    self.assertEqual(got["in_place"], saved, f"rank {rank}: in place")
+                    self.assertTrue(got["kept_objects"], "in place keeps the caller's tensors")
+                if prestart:
+                    self.assertIn("handed to prestarted interpreter", r.stderr)
+
+    def test_a_worker_killed_in_the_middle_of_a_save_gets_its_previous_snapshot(self):
+        r = tiderun("big_save_killed", self.out, "--max-restarts=1", memory="2G", nproc=1)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertIn("Signal 9 (SIGKILL)", r.stderr)
+        before = self.seen("big_save_killed", 0, 0)
+        self.assertNotIn("finished", before, "the save of step 1 was cut short")
+        self.assertEqual(before["step0_slots"], [True, False], "step 0 was complete")
+        got = self.seen("big_save_killed", 0, 1)
+        self.assertEqual(got, {"step": 0, "source": "memory", "all_ones": True,
+                               "numel": 64 << 20})
+
+    def test_bad_states_are_clear_errors_that_keep_the_last_snapshot(self):
+        r = tiderun("refusals", self.out, memory="16M", nproc=1)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        got = self.seen("refusals", 0, 0)
+        self.assertEqual((got["step"], got["w"]), (3, list(range(10))))
+        errors = got["errors"]
+        self.assertRegex(errors["too_big"], r"needs 32\.0 MiB and a snapshot slot holds 8\.0 MiB"
+                         r".*previous snapshot is kept")
+        self.assertIn("state['opt']['groups'][0]['fn'] cannot be serialized", errors["unpicklable"])
+        self.assertIn("step must be an int >= 0", errors["bad_step"])
+        self.assertIn("state['s'] is a torch.sparse_coo tensor", errors["sparse"])
+        self.assertIn("state['w'] was saved as torch.int64 (10,) and is torch.float32 (11,)",
+                      errors["mismatch"])
+
+    def test_a_bound_that_does_not_fit_is_refused_at_start(self):
+        r = tiderun("refusals", self.out, memory="lots")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--checkpoint-memory", r.stderr)
+
+        r = tiderun("refusals", self.out, memory="3M", nproc=2)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--checkpoint-memory 3.0 MiB is too small for 2 local ranks", r.stderr)
+        self.assertEqual(os.listdir(self.out), [], "no worker started")
+
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("a small /dev/shm needs root and unshare (a private mount)")
+        # /dev/shm as a container's, 16 MiB, in a mount namespace of its own.
+        small = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"', "sh"]
+        r = tiderun("refusals", self.out, memory="64M", prefix=small)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertRegex(r.stderr, r"--checkpoint-memory 64\.0 MiB does not fit in /dev/shm: "
+                         r"16\.0 MiB free of 16\.0 MiB")
+        self.assertEqual(os.listdir(self.out), [], "no worker started")
+
+    def test_outside_tide_save_says_how_to_get_memory(self):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON))
+        env.pop("TIDE_CHECKPOINT_REGION", None)
+        r = subprocess.run(["/usr/bin/python3", "-c",
+                            "import tide.checkpoint as c, torch\n"
+                            "assert not c.available()\n"
+                            "c.save({'w': torch.zeros(1)}, step=0)"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("run the script under tiderun --checkpoint-memory SIZE", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,109 @@
+// The checkpoint region (src/checkpoint/region.h): how a bound is shared,
+// the file and its header, its removal, and stale regions.
+#include "checkpoint/region.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <gtest/gtest.h>
+
+#include "tide/common/error.h"
+
+#include "support/temp_dir.h"
+
+namespace tide::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(CheckpointRegionTest, ABoundIsSharedAsTwoPageAlignedSlotsPerRank) {
+  Layout l = plan(64 << 20, 2);
+  EXPECT_EQ(l.slots, 4u);
+  EXPECT_EQ(l.slot_bytes % 4096, 0u);
+  EXPECT_EQ(l.slot_bytes, ((64u << 20) - kHeaderBytes) / 4 / 4096 * 4096);
+  EXPECT_LE(l.bytes, 64u << 20);
+  EXPECT_EQ(l.bytes, kHeaderBytes + 4 * l.slot_bytes);
+
+  try {
+    plan(3 << 20, 2);
+    FAIL() << "3 MiB for 2 ranks";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("3.0 MiB is too small for 2 local ranks"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(plan(64 << 20, 0), InvalidArgument);
+}
+
+TEST(CheckpointRegionTest, TheFileHoldsItsHeaderAndGoesWithTheRegion) {
+  test::TempDir dir;
+  std::string path;
+  {
+    Region r(dir.path().string(), 8 << 20, 1);
+    path = r.path();
+    ASSERT_TRUE(fs::exists(path));
+    EXPECT_EQ(fs::file_size(path), r.layout().bytes);
+    EXPECT_EQ(
+        fs::path(path).filename().string().rfind(
+            "tide-checkpoint-" + std::to_string(::getpid()) + "-", 0),
+        0u);
+    std::ifstream in(path, std::ios::binary);
+    char header[32];
+    in.read(header, sizeof header);
+    EXPECT_EQ(std::string(header, 8), "TIDECKPR");
+    uint32_t version = 0;
+    uint32_t slots = 0;
+    uint64_t slot_bytes = 0;
+    std::memcpy(&version, header + 8, 4);
+    std::memcpy(&slots, header + 12, 4);
+    std::memcpy(&slot_bytes, header + 16, 8);
+    EXPECT_EQ(version, 1u);
+    EXPECT_EQ(slots, 2u);
+    EXPECT_EQ(slot_bytes, r.layout().slot_bytes);
+  }
+  EXPECT_FALSE(fs::exists(path)) << "removed with the region";
+}
+
+TEST(CheckpointRegionTest, StaleRegionsOfDeadAgentsAreRemovedOthersKept) {
+  test::TempDir dir;
+  pid_t dead = ::fork();
+  if (dead == 0) {
+    ::_exit(0);
+  }
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  auto touch = [&](const std::string& name) {
+    std::ofstream(dir.path() / name) << "x";
+  };
+  touch("tide-checkpoint-" + std::to_string(dead) + "-aaaa");
+  touch("tide-checkpoint-" + std::to_string(::getpid()) + "-bbbb");
+  touch("other-file");
+  EXPECT_EQ(remove_stale(dir.path().string()), 1);
+  EXPECT_FALSE(fs::exists(
+      dir.path() / ("tide-checkpoint-" + std::to_string(dead) + "-aaaa")));
+  EXPECT_TRUE(fs::exists(
+      dir.path() /
+      ("tide-checkpoint-" + std::to_string(::getpid()) + "-bbbb")));
+  EXPECT_TRUE(fs::exists(dir.path() / "other-file"));
+}
+
+TEST(CheckpointRegionTest, ADirectoryThatCannotHoldItIsAClearError) {
+  try {
+    Region r("/nonexistent-dir", 8 << 20, 1);
+    FAIL() << "no such directory";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("cannot create the checkpoint memory"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tide::checkpoint
