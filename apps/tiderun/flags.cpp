@@ -462,6 +462,17 @@ void add_flags(CLI::App& app, Flags& f) {
       "memory of /dev/shm this node reserves for its workers' in-memory "
       "checkpoints (tide.checkpoint), e.g. 4G; two snapshots per local rank "
       "(default: none)");
+  opt("--checkpoint-dir,--checkpoint_dir",
+      f.checkpoint_dir,
+      "PET_CHECKPOINT_DIR",
+      "where each rank's latest in-memory snapshot is also written, behind "
+      "the training, as files torch.load reads "
+      "(DIR/rank-R/step-N.pt); the latest is written before tiderun exits");
+  opt("--checkpoint-keep,--checkpoint_keep",
+      f.checkpoint_keep,
+      "PET_CHECKPOINT_KEEP",
+      "snapshots kept per rank in --checkpoint-dir")
+      ->check(CLI::PositiveNumber);
   opt("--metrics",
       f.metrics,
       "PET_METRICS",
@@ -623,9 +634,18 @@ LaunchConfig make_config(const Flags& f) {
   }
   c.straggler_threshold = f.straggler_threshold;
   if (!f.checkpoint_memory.empty()) {
-    c.checkpoint_memory =
+    c.checkpoints.memory =
         tide::agent::parse_size(f.checkpoint_memory, "--checkpoint-memory");
   }
+  if (!f.checkpoint_dir.empty() && c.checkpoints.memory == 0) {
+    throw InvalidArgument(
+        "--checkpoint-dir writes the snapshots held in memory: give "
+        "--checkpoint-memory too");
+  }
+  c.checkpoints.dir = f.checkpoint_dir;
+  c.checkpoints.keep = f.checkpoint_keep;
+  const char* py = std::getenv("PYTHON_EXEC");
+  c.checkpoints.python = py && *py ? py : default_python();
   c.prestart.enabled = f.prestart;
   c.prestart.spares = f.prestart_spares;
   c.prestart.imports.clear();

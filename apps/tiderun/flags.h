@@ -63,6 +63,8 @@ struct Flags {
   int prestart_spares = 0;
   std::string prestart_imports = "torch,torch.distributed";
   std::string checkpoint_memory;
+  std::string checkpoint_dir;
+  int checkpoint_keep = 2;
   std::string health_check;
   double health_check_timeout = 60;
   int health_check_retries = 0;

@@ -1,15 +1,22 @@
 #pragma once
 
 // Checkpoints held in memory (docs/checkpoints.md): when the spec gives
-// checkpoint_memory, the agent creates its node's region in /dev/shm as its
+// checkpoints.memory, the agent creates its node's region in /dev/shm as its
 // run begins (refusing at once, with the numbers, a bound that does not
 // fit) and hands its name to every worker as TIDE_CHECKPOINT_REGION. The
 // region lives as long as the agent, so a worker's snapshot outlives the
 // worker: a restarted one (cold or prestarted) loads it in place of a disk
-// read.
+// read. With checkpoints.dir, a writer process (python -m tide.checkpoint
+// --write-behind) copies each rank's newest snapshot there behind the
+// training; when the agent ends, it is told to write the newest once more,
+// and waited for.
+#include <sys/types.h>
+
 #include <map>
 #include <memory>
 #include <string>
+
+#include "tide/common/fd.h"
 
 #include "agent/component.h"
 
@@ -22,17 +29,29 @@ namespace tide::agent::detail {
 class CheckpointMemory final : public Component {
  public:
   explicit CheckpointMemory(
-      const AgentView& view, std::string dir = "/dev/shm");
+      const AgentView& view, std::string shm_dir = "/dev/shm");
+  // Lets the writer write the newest snapshots, then removes the region.
   ~CheckpointMemory() override;
 
-  // Creates the region (and removes those of agents that died).
+  // Creates the region (and removes those of agents that died), and starts
+  // the writer.
   void start() override;
   void add_env(std::map<std::string, std::string>& env) const override;
+  // The writer ended on its own: said in the log.
+  int fd() const override {
+    return writer_pidfd_.get();
+  }
+  void readable() override;
 
  private:
+  void start_writer();
+  void stop_writer();
+
   const AgentView& view_;
-  std::string dir_;
+  std::string shm_dir_;
   std::unique_ptr<checkpoint::Region> region_;
+  pid_t writer_ = -1;
+  Fd writer_pidfd_;
 };
 
 }  // namespace tide::agent::detail

@@ -33,6 +33,11 @@ def _tide_wait():
     import array, json, socket
     for name in filter(None, os.environ.pop("TIDE_PRESTART_IMPORTS", "").split(",")):
         __import__(name)
+    if os.environ.get("TIDE_CHECKPOINT_REGION"):
+        try:
+            import tide.checkpoint  # maps the node's checkpoints while idle
+        except Exception:
+            pass
     channel = socket.socket(fileno=3)
     fds = array.array("i")
     msg, ancillary, _, _ = channel.recvmsg(1 << 22, socket.CMSG_LEN(2 * fds.itemsize))

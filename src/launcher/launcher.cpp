@@ -55,7 +55,7 @@ LaunchResult launch(
       .straggler_threshold = config.straggler_threshold,
       .health_endpoint = config.health_endpoint,
       .prestart = config.prestart,
-      .checkpoint_memory = config.checkpoint_memory,
+      .checkpoints = config.checkpoints,
       .job_secret = config.job_secret,
   };
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});

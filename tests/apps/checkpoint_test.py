@@ -14,9 +14,11 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
@@ -29,24 +31,37 @@ def regions():
     return set(glob.glob("/dev/shm/tide-checkpoint-*"))
 
 
-def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2):
+def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2, wait=True, then=""):
     cmd = [*prefix, TIDERUN, "--standalone", f"--nproc-per-node={nproc}", *flags]
     if memory:
         cmd.append(f"--checkpoint-memory={memory}")
     env = dict(os.environ, MODE=mode, OUT=out, PYTHON_EXEC="/usr/bin/python3",
-               PYTHONPATH=os.path.abspath(PYTHON))
+               PYTHONPATH=os.path.abspath(PYTHON), THEN=then)
+    if not wait:
+        return subprocess.Popen(cmd + [WORKER], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd + [WORKER], env=env, capture_output=True, text=True, timeout=300)
+
+
+# Reads a written snapshot with Debian's torch alone: no tide on the path.
+PLAIN_TORCH_DIGEST = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from worker_digest import digest
+print(digest(torch.load(sys.argv[1])))
+"""
 
 
 class CheckpointTest(unittest.TestCase):
     maxDiff = None
 
     def setUp(self):
-        self.out = tempfile.mkdtemp(prefix="tide-ckpt-test-")
+        self.top = tempfile.mkdtemp(prefix="tide-ckpt-test-")
+        self.out = tempfile.mkdtemp(dir=self.top)
         self.before = regions()
 
     def tearDown(self):
-        shutil.rmtree(self.out, ignore_errors=True)
+        shutil.rmtree(self.top, ignore_errors=True)
         self.assertEqual(regions() - self.before, set(), "no region is left behind")
 
     def seen(self, mode, rank, attempt):
@@ -56,6 +71,7 @@ class CheckpointTest(unittest.TestCase):
     def test_a_killed_worker_is_restored_bit_for_bit_from_memory(self):
         for prestart in ((), ("--prestart",)):
             with self.subTest(prestart=bool(prestart)):
+                self.out = tempfile.mkdtemp(dir=self.top)
                 r = tiderun("saves_then_dies", self.out, "--max-restarts=1", *prestart)
                 self.assertEqual(r.returncode, 0, r.stderr[-3000:])
                 self.assertIn("checkpoint memory: 64.0 MiB in /dev/shm/tide-checkpoint-",
@@ -116,6 +132,58 @@ class CheckpointTest(unittest.TestCase):
         self.assertRegex(r.stderr, r"--checkpoint-memory 64\.0 MiB does not fit in /dev/shm: "
                          r"16\.0 MiB free of 16\.0 MiB")
         self.assertEqual(os.listdir(self.out), [], "no worker started")
+
+    def written(self, directory, rank):
+        return sorted(os.listdir(os.path.join(directory, f"rank-{rank}")))
+
+    def plain_torch_digest(self, path):
+        r = subprocess.run(["/usr/bin/python3", "-c", PLAIN_TORCH_DIGEST, path,
+                            os.path.join(HERE, "checkpoint")],
+                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.strip()
+
+    def test_snapshots_are_written_behind_and_read_by_plain_torch_and_a_new_job(self):
+        disk = os.path.join(self.top, "ckpt")
+        r = tiderun("write_behind", self.out, f"--checkpoint-dir={disk}",
+                    "--checkpoint-keep=2")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        self.assertIn("writing the newest snapshots to", r.stderr)
+        for rank in (0, 1):
+            files = self.written(disk, rank)
+            self.assertEqual(files[-1], "step-4.pt", "the newest, written at the end")
+            self.assertLessEqual(len(files), 2, "--checkpoint-keep=2")
+            self.assertEqual(self.plain_torch_digest(os.path.join(disk, f"rank-{rank}", "step-4.pt")),
+                             self.seen("write_behind", rank, 0)["saved"])
+
+        # A new job: its agent's memory is empty, the files are not.
+        r = tiderun("from_disk", self.out, f"--checkpoint-dir={disk}")
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        for rank in (0, 1):
+            got = self.seen("from_disk", rank, 0)
+            self.assertEqual((got["step"], got["source"]), (4, "disk"))
+            self.assertEqual(got["digest"], self.seen("write_behind", rank, 0)["saved"])
+
+    def test_sigterm_of_tiderun_writes_the_newest_snapshot_first(self):
+        disk = os.path.join(self.top, "ckpt")
+        p = tiderun("write_behind", self.out, f"--checkpoint-dir={disk}", wait=False,
+                    then="wait")
+        try:
+            while not all(os.path.exists(os.path.join(self.out, f"write_behind.{r}.0.json"))
+                          for r in (0, 1)):
+                self.assertIsNone(p.poll(), "tiderun ended early")
+                time.sleep(0.05)
+            p.send_signal(signal.SIGTERM)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        self.assertNotEqual(p.returncode, 0)
+        for rank in (0, 1):
+            self.assertEqual(self.written(disk, rank)[-1], "step-4.pt", err[-3000:])
+            self.assertEqual(self.plain_torch_digest(os.path.join(disk, f"rank-{rank}", "step-4.pt")),
+                             self.seen("write_behind", rank, 0)["saved"])
 
     def test_outside_tide_save_says_how_to_get_memory(self):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON))

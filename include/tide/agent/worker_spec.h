@@ -157,12 +157,24 @@ struct WorkerSpec {
     int spares = 0;
   };
   Prestart prestart;
-  // Checkpoints held in memory (docs/checkpoints.md): bytes of /dev/shm the
-  // agent reserves when its run begins, shared by its local ranks (two
-  // snapshots each), where workers save their state (tide.checkpoint) so
-  // that a restarted worker loads it from memory. Reserved in full at once:
-  // a bound /dev/shm cannot hold fails the run at start. 0: off.
-  uint64_t checkpoint_memory = 0;
+  // Checkpoints held in memory (docs/checkpoints.md).
+  struct Checkpoints {
+    // Bytes of /dev/shm the agent reserves when its run begins, shared by
+    // its local ranks (two snapshots each), where workers save their state
+    // (tide.checkpoint) so that a restarted worker loads it from memory.
+    // Reserved in full at once: a bound /dev/shm cannot hold fails the run
+    // at start. 0: off.
+    uint64_t memory = 0;
+    // Where a writer process copies each rank's latest snapshot, behind the
+    // training, as files torch.load reads (<dir>/rank-<R>/step-<N>.pt),
+    // keeping the last `keep` per rank; the latest is written before the
+    // agent exits. Empty: not written.
+    std::string dir;
+    int keep = 2;
+    // The Python that writes them (with torch): the workers' own.
+    std::string python = "python3";
+  };
+  Checkpoints checkpoints;
   // The job's secret (docs/security.md): workers get it as TIDE_RPC_TOKEN,
   // so tide's rpc agents and its torch backend prove it to each other,
   // unless their environment sets TIDE_RPC_TOKEN itself. Give every node

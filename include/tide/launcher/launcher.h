@@ -86,8 +86,9 @@ struct LaunchConfig {
   std::string health_endpoint;
   // Prestarted workers (--prestart, --prestart-spares, --prestart-imports).
   agent::WorkerSpec::Prestart prestart;
-  // Bytes of in-memory checkpoints (--checkpoint-memory; 0: none).
-  uint64_t checkpoint_memory = 0;
+  // In-memory checkpoints (--checkpoint-memory, --checkpoint-dir,
+  // --checkpoint-keep).
+  agent::WorkerSpec::Checkpoints checkpoints;
 };
 
 // The outcome of launch(): the agent's result, or the signal that stopped it.

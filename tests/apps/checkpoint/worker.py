@@ -1,6 +1,5 @@
 """A worker of checkpoint_test.py: MODE picks what it does, OUT is where it
 writes what it saw (JSON, one file per rank and attempt)."""
-import hashlib
 import json
 import os
 import signal
@@ -10,6 +9,7 @@ import time
 import torch
 
 import tide.checkpoint as ck
+from worker_digest import digest
 
 MODE = os.environ["MODE"]
 OUT = os.environ["OUT"]
@@ -22,30 +22,6 @@ def report(**what):
     with open(path + ".tmp", "w") as f:
         json.dump(what, f)
     os.rename(path + ".tmp", path)
-
-
-def digest(obj):
-    """The bytes and values of a state, as one hash."""
-    h = hashlib.sha256()
-
-    def walk(o):
-        if isinstance(o, torch.Tensor):
-            h.update(f"T{o.dtype}{tuple(o.shape)}{o.device}".encode())
-            h.update(o.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(o, dict):
-            h.update(f"D{type(o).__name__}".encode())
-            for k, v in o.items():
-                h.update(repr(k).encode())
-                walk(v)
-        elif isinstance(o, (list, tuple)):
-            h.update(f"L{type(o).__name__}{len(o)}".encode())
-            for v in o:
-                walk(v)
-        else:
-            h.update(repr(o).encode())
-
-    walk(obj)
-    return h.hexdigest()
 
 
 def state_of(step):
@@ -143,5 +119,20 @@ def refusals():
     report(errors=errors, step=loaded.step, w=loaded.state["w"].tolist())
 
 
-{"saves_then_dies": saves_then_dies, "big_save_killed": big_save_killed,
+def write_behind():
+    """Saves steps 0-4, says so, then ends (or waits to be stopped)."""
+    for step in range(5):
+        ck.save(state_of(step), step=step)
+    report(saved=digest(state_of(4)))
+    if os.environ.get("THEN") == "wait":
+        time.sleep(120)
+
+
+def from_disk():
+    """A new job: nothing in memory, the snapshot from --checkpoint-dir."""
+    loaded = ck.load()
+    report(step=loaded.step, source=loaded.source, digest=digest(loaded.state))
+
+
+{"saves_then_dies": saves_then_dies, "write_behind": write_behind, "from_disk": from_disk, "big_save_killed": big_save_killed,
  "refusals": refusals}[MODE]()
