@@ -10,10 +10,13 @@ this machine (Debian's python3-torch; bench/checkpoint/worker.py):
    write of the bytes there with fsync. Medians over ranks and repetitions;
    ratios to the memcpy.
 2. Restore: from a worker's SIGKILL to its first training step with its
-   state restored, 1 GiB per rank on 2 ranks (the last rank): the state from
-   memory (tiderun --prestart, and cold), against the same script loading
-   with torch.load under tiderun --prestart and under torchrun at its fastest
-   monitor interval (0.1 s; bench/peers/torchrun.py).
+   state restored, 1 GiB per rank on 2 ranks (the last rank), and where the
+   time goes (the restarted workers up; building the state, as a script
+   builds its model; loading it): the state from memory (tiderun
+   --prestart, and cold), against the same script loading with torch.load
+   under tiderun --prestart and under torchrun at its fastest monitor
+   interval (0.1 s; bench/peers/torchrun.py); beside them, the physical
+   costs of building 1 GiB and copying it, in one process.
 
     PYTHONPATH= /usr/bin/python3 bench/checkpoint/checkpoint_bench.py [--reps 3] [--tiderun build/apps/tiderun] [--dir /var/tmp]
 
@@ -86,7 +89,32 @@ def restore_once(case, tiderun, scratch, mb):
     if sources != {store}:
         raise SystemExit(f"{case}: restored from {sources}, not {store}")
     failure = float(read("failure"))
-    return max(float(read(f"step1.{r}")) for r in range(NPROC)) - failure
+    at = lambda name, r: float(read(f"{name}.{r}"))  # noqa: E731
+    ranks = range(NPROC)
+    return {
+        "failure -> up": max(at("up", r) for r in ranks) - failure,
+        "up -> built": statistics.median(at("built", r) - at("up", r) for r in ranks),
+        "built -> loaded": statistics.median(at("loaded", r) - at("built", r) for r in ranks),
+        "failure -> step1": max(at("step1", r) for r in ranks) - failure,
+    }
+
+
+def references(mb):
+    """The physical costs of a restore here, in a fresh process: building
+    the state (allocating and first touching its memory) and a memcpy of
+    it, in seconds."""
+    out = subprocess.run(
+        ["/usr/bin/python3", "-c",
+         "import ctypes, time, torch\n"
+         "torch.set_num_threads(1)\n"
+         f"n = {mb} << 20\n"
+         "t = time.perf_counter(); a = torch.full((n // 4,), 1.0); built = time.perf_counter() - t\n"
+         "b = torch.empty_like(a); b.fill_(0)\n"
+         "t = time.perf_counter(); ctypes.memmove(b.data_ptr(), a.data_ptr(), n)\n"
+         "print(built, time.perf_counter() - t)"],
+        capture_output=True, text=True, check=True)
+    built, copied = map(float, out.stdout.split())
+    return built, copied
 
 
 CASES = ["memory, tiderun --prestart", "memory, tiderun", "torch.load, tiderun --prestart",
@@ -105,10 +133,12 @@ def main():
         restores = {c: [] for c in CASES}
         for rep in range(args.reps):
             for case in CASES[rep % len(CASES):] + CASES[:rep % len(CASES)]:
-                t = restore_once(case, args.tiderun, scratch, 1024)
-                restores[case].append(t)
-                print(f"RESULT part=restore case={case.replace(' ', '')} ms={t * 1000:.1f}",
+                r = restore_once(case, args.tiderun, scratch, 1024)
+                restores[case].append(r)
+                print(f"RESULT part=restore case={case.replace(' ', '')} " +
+                      " ".join(f"{k.replace(' ', '')}={v * 1000:.1f}ms" for k, v in r.items()),
                       flush=True)
+        built, copied = references(1024)
 
     print(f"\n| save, per rank, {NPROC} ranks at once, median | tide.checkpoint.save | "
           "memcpy | torch.save | write + fsync | save / memcpy | torch.save / save |")
@@ -117,13 +147,18 @@ def main():
         print(f"| {mb} MiB | {c['save'] * 1e3:.1f} ms | {c['memcpy'] * 1e3:.1f} ms | "
               f"{c['torch.save'] * 1e3:.1f} ms | {c['write+fsync'] * 1e3:.1f} ms | "
               f"{c['save'] / c['memcpy']:.2f} | {c['torch.save'] / c['save']:.1f} |")
-    best = statistics.median(restores[CASES[0]])
-    print(f"\n| SIGKILL -> first step, 1 GiB per rank, {NPROC} ranks, median of {args.reps} | ms | "
-          "vs memory, --prestart |")
-    print("|---|--:|--:|")
-    for case in CASES:
-        m = statistics.median(restores[case])
-        print(f"| {case} | {m * 1000:.0f} | {m / best:.1f}x |")
+    names = list(restores[CASES[0]][0])
+    med = {c: {n: statistics.median(r[n] for r in restores[c]) for n in names} for c in CASES}
+    print(f"\n| ms, 1 GiB per rank, {NPROC} ranks, median of {args.reps} | " +
+          " | ".join(CASES) + " |")
+    print("|---|" + "--:|" * len(CASES))
+    for n in names:
+        print(f"| {n} | " + " | ".join(f"{med[c][n] * 1000:.0f}" for c in CASES) + " |")
+    best = med[CASES[0]]["failure -> step1"]
+    print("| vs memory, --prestart | " +
+          " | ".join(f"{med[c]['failure -> step1'] / best:.2f}x" for c in CASES) + " |")
+    print(f"\nPhysical references, one process, 1 GiB: building the state (allocating "
+          f"and first touching it) {built * 1000:.0f} ms; a memcpy of it {copied * 1000:.0f} ms.")
 
 
 if __name__ == "__main__":

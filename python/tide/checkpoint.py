@@ -86,15 +86,14 @@ class _Tensor:
 
 
 class _Region:
-    def __init__(self, path, populate=False):
+    def __init__(self, path):
         try:
             fd = _os.open(path, _os.O_RDWR | _os.O_CLOEXEC)
         except OSError as e:
             raise CheckpointError(f"cannot open the checkpoint memory {path}: {e}") from None
         try:
             size = _os.fstat(fd).st_size
-            flags = _mmap.MAP_SHARED | (_mmap.MAP_POPULATE if populate else 0)
-            self.mm = _mmap.mmap(fd, size, flags)
+            self.mm = _mmap.mmap(fd, size, _mmap.MAP_SHARED)
         finally:
             _os.close(fd)
         magic, version, self.slots, self.slot_bytes, self.bytes = _REGION.unpack_from(self.mm, 0)
@@ -114,7 +113,7 @@ class _Region:
         return fields
 
 
-def _open(populate=False):
+def _open():
     global _region
     with _lock:
         if _region is None:
@@ -123,7 +122,7 @@ def _open(populate=False):
                 raise CheckpointError(
                     "no checkpoint memory here: run the script under tiderun "
                     "--checkpoint-memory SIZE (TIDE_CHECKPOINT_REGION is not set)")
-            _region = _Region(path, populate)
+            _region = _Region(path)
         return _region
 
 
@@ -451,7 +450,9 @@ def load(state_dict=None):
     path, step = _latest_file(rank)
     if path is None:
         return Loaded(None, None, "none")
-    saved = torch.load(path)
+    # Our own writer's file, of what this job saved: as trusted as the save
+    # (torch >= 2.6 would otherwise refuse non-tensor values it does not know).
+    saved = torch.load(path, weights_only=False)
     state = _restore(saved, state_dict, _Loaded, lambda x: isinstance(x, torch.Tensor))
     return Loaded(state, step, "disk")
 
@@ -567,9 +568,6 @@ def _write_behind(region_path, directory, keep, poll=0.05):
         stop.wait(poll)
 
 
-# A prestarted interpreter (tiderun --prestart) imports this module while it
-# waits for its worker, before it has a rank: it maps the region and its
-# pages then, so that the worker it becomes loads without a page fault.
 if __name__ == "__main__":
     import sys
 
@@ -581,7 +579,11 @@ if __name__ == "__main__":
         sys.exit("usage: python -m tide.checkpoint --write-behind REGION DIR KEEP")
     write_behind(sys.argv[2], sys.argv[3], int(sys.argv[4]))
 elif _os.environ.get("TIDE_CHECKPOINT_REGION") and "LOCAL_RANK" not in _os.environ:
+    # A prestarted interpreter (tiderun --prestart) imports this module while
+    # it waits for its worker: it maps the region then. Not its pages: it
+    # does not know its rank yet, and page tables for the whole region would
+    # cost every worker's exit.
     try:
-        _open(populate=True)
+        _open()
     except Exception:  # noqa: BLE001 - the worker will say what is wrong
         pass
