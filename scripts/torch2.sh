@@ -11,8 +11,8 @@
 #
 # scripts/test.sh runs it: the root and its build in the background, the
 # tests at the end. The tests are those that involve torch (ctest labels
-# torch_rpc, elastic_py, interop, prestart, and pip: pip install . into a
-# venv on torch 2.6); the build is what they need.
+# torch_rpc, elastic_py, interop, prestart, checkpoint, and pip: pip install
+# . into a venv on torch 2.6); the build is what they need.
 #
 # TIDE_TORCH2_ROOT: where the root lives (default /var/cache/tide/trixie,
 # about 3 GB with a build).
@@ -54,7 +54,7 @@ test)
   build
   echo "== the tests that involve torch"
   debian_root_run "$root" "ctest --test-dir /build --output-on-failure -j2 --timeout 600 \
-    -L 'torch_rpc|elastic_py|interop|prestart|pip'"
+    -L 'torch_rpc|elastic_py|interop|prestart|pip|checkpoint'"
   ;;
 run)
   debian_root_run "$root" "cd /src && ${2:?torch2.sh run 'COMMAND'}"

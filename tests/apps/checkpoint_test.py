@@ -128,6 +128,10 @@ class CheckpointTest(unittest.TestCase):
 
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("a small /dev/shm needs root and unshare (a private mount)")
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:  # a chroot whose / is no mount point
+            self.skipTest(f"no private mount namespace here: {probe.stderr.strip()}")
         # /dev/shm as a container's, 16 MiB, in a mount namespace of its own.
         small = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                  'mount -t tmpfs -o size=16m tmpfs /dev/shm && exec "$@"', "sh"]
