@@ -244,8 +244,6 @@ def save(state_dict, step):
     tensor that is not dense, or a value pickle refuses (named by its path);
     the previous snapshot is kept.
     """
-    import torch
-
     if not isinstance(step, int) or step < 0:
         raise CheckpointError(f"save: step must be an int >= 0, got {step!r}")
     region = _open()
