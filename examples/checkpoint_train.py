@@ -9,7 +9,9 @@ step it last saved, not from the last disk checkpoint.
 
 With --kill-at N, the last rank SIGKILLs itself after step N of the first
 attempt; the second attempt says where its state came from and goes on from
-step N + 1. /tmp/ckpt/rank-R/step-S.pt then holds the newest snapshots,
+step N + 1, every rank alike (load is collective once the process group is
+up: from step N when the agent stopped another rank before its save of step
+N was in). /tmp/ckpt/rank-R/step-S.pt then holds the newest snapshots,
 which torch.load reads without tide.
 """
 import argparse

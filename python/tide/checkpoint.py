@@ -292,17 +292,16 @@ def save(state_dict, step):
         _struct.pack_into("<I", mm, base + _STATE_AT, _COMPLETE)
 
 
-def _latest(region, rank):
-    """The slot with this global rank's latest complete snapshot, by step
-    then by when it was written, and its header; (None, None) if none."""
-    best, best_head = None, None
+def _held(region, rank):
+    """This global rank's complete snapshots in the region, as step ->
+    (slot, header); of two of the same step, the one written last."""
+    held = {}
     for slot in range(region.slots):
         head = region.head(slot)
-        if head is None or head[5] != rank:
-            continue
-        if best_head is None or (head[4], head[3]) > (best_head[4], best_head[3]):
-            best, best_head = slot, head
-    return best, best_head
+        if head is not None and head[5] == rank:
+            if head[4] not in held or head[3] > held[head[4]][1][3]:
+                held[head[4]] = (slot, head)
+    return held
 
 
 class _Snapshot:
@@ -398,33 +397,66 @@ def _restore(saved, target, source, is_tensor, path=()):
     return saved
 
 
-def _latest_file(rank):
-    """The newest step file of this rank in TIDE_CHECKPOINT_DIR, and its
-    step; (None, None) if none."""
+def _files(rank):
+    """This rank's step files in TIDE_CHECKPOINT_DIR, as step -> path."""
     directory = _os.environ.get("TIDE_CHECKPOINT_DIR")
     if not directory:
-        return None, None
-    best = (None, None)
+        return {}
+    folder = _os.path.join(directory, f"rank-{rank}")
     try:
-        names = _os.listdir(_os.path.join(directory, f"rank-{rank}"))
+        names = _os.listdir(folder)
     except OSError:
-        return best
-    for name in names:
-        if name.startswith("step-") and name.endswith(".pt"):
-            try:
-                step = int(name[5:-3])
-            except ValueError:
-                continue
-            if best[1] is None or step > best[1]:
-                best = (_os.path.join(directory, f"rank-{rank}", name), step)
-    return best
+        return {}
+    return {int(n[5:-3]): _os.path.join(folder, n) for n in names
+            if n.startswith("step-") and n.endswith(".pt") and n[5:-3].isdigit()}
 
 
-def load(state_dict=None):
-    """This rank's latest complete snapshot, as ``(state, step)`` with
-    ``.source`` saying where it came from: ``"memory"`` (the node's agent),
-    ``"disk"`` (--checkpoint-dir, when memory has none: a new job, or a new
-    node), or ``"none"`` with ``(None, None)``.
+def _steps(steps):
+    return ", ".join(str(s) for s in sorted(steps)) or "none"
+
+
+def _agree(held, step, process_group):
+    """The step every rank of the group loads: the newest that each of them
+    holds (in memory or on disk), or the one asked for; None when no rank
+    holds any. Raises CheckpointError, on every rank alike, when the ranks
+    hold snapshots but none in common."""
+    import torch.distributed as dist
+
+    ranks = [held]
+    if process_group is not False and dist.is_available() and dist.is_initialized():
+        ranks = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(ranks, held, group=process_group)
+    if step is not None:
+        lacking = [r for r, h in enumerate(ranks) if step not in h]
+        if lacking:
+            raise CheckpointError(
+                f"load: step {step} is not held by every rank (not by rank(s) "
+                f"{_steps(lacking)}; this rank holds {_steps(held)})")
+        return step
+    common = set.intersection(*(set(h) for h in ranks))
+    if common:
+        return max(common)
+    if any(ranks):
+        raise CheckpointError(
+            "load: no step is held by every rank, so none can resume in step with the "
+            "others; " + "; ".join(f"rank {r}: {_steps(h)}" for r, h in enumerate(ranks)))
+    return None
+
+
+def load(state_dict=None, *, step=None, process_group=None):
+    """The latest snapshot that every rank holds, as ``(state, step)`` with
+    ``.source`` saying where this rank's came from: ``"memory"`` (the node's
+    agent), ``"disk"`` (--checkpoint-dir, when memory lacks it: a new job, or
+    a new node), or ``"none"`` with ``(None, None)`` when no rank has one.
+
+    When torch.distributed is initialized, ``load`` is collective, as
+    torch.distributed.checkpoint.load is: every rank of ``process_group``
+    (the default group when None) calls it, and all of them get the same
+    step, the newest that each of them holds. A rank killed in the middle of
+    a save holds one step less than the others; each rank keeps its two
+    latest snapshots, so they meet on the older one. ``process_group=False``
+    loads this rank's newest alone. ``step=N`` loads step N (CheckpointError
+    when a rank lacks it).
 
     With ``state_dict`` (say ``model.state_dict()``, whose tensors are the
     model's own), the snapshot is copied into it in place, as
@@ -438,19 +470,25 @@ def load(state_dict=None):
     region = _open()
     rank = _rank("RANK")
     with _lock:
-        slot, head = _latest(region, rank)
-        if slot is not None:
+        memory = _held(region, rank)
+    files = _files(rank)
+    step = _agree(sorted(set(memory) | set(files)), step, process_group)
+    if step is None:
+        return Loaded(None, None, "none")
+    with _lock:
+        slot, head = memory.get(step, (None, None))
+        if slot is not None and region.head(slot) == head:
             _populate(region, region.offset(slot), _HEADER + _align(head[6]) + head[7])
             snapshot = _Snapshot(region, slot, head)
             state = _restore(snapshot.skeleton, state_dict, snapshot,
                              lambda x: isinstance(x, _Tensor))
-            return Loaded(state, head[4], "memory")
-    path, step = _latest_file(rank)
-    if path is None:
-        return Loaded(None, None, "none")
+            return Loaded(state, step, "memory")
+    if step not in files:
+        raise CheckpointError(f"load: the snapshot of step {step} was written over while "
+                              "loading; call load before saving")
     # Our own writer's file, of what this job saved: as trusted as the save
     # (torch >= 2.6 would otherwise refuse non-tensor values it does not know).
-    saved = torch.load(path, weights_only=False)
+    saved = torch.load(files[step], weights_only=False)
     state = _restore(saved, state_dict, _Loaded, lambda x: isinstance(x, torch.Tensor))
     return Loaded(state, step, "disk")
 

@@ -7,7 +7,8 @@ a state over the bound, a value pickle refuses, a sparse tensor and a bad
 step are clear errors that keep the last snapshot; a bound that /dev/shm
 cannot hold, or too small for the local ranks, is refused at start;
 snapshots written behind the training are read by plain torch and by a new
-job, SIGTERM of tiderun writes the newest first; the example DDP script
+job, SIGTERM of tiderun writes the newest first; ranks that saved
+different steps load the newest they all hold; the example DDP script
 killed at a random step trains to the same weights as without the kill;
 no region is left behind.
 
@@ -15,8 +16,9 @@ no region is left behind.
 """
 import glob
 import json
-import random
 import os
+import random
+import re
 import shutil
 import signal
 import subprocess
@@ -208,10 +210,31 @@ class CheckpointTest(unittest.TestCase):
 
         whole = train()
         killed = train("--kill-at", str(kill_at))
-        self.assertIn(f"starting at step {kill_at + 1} (state from memory)", killed)
+        # Every rank goes on from the same step: the last rank's last save
+        # (kill_at), or the one before when the agent stopped rank 0 before
+        # its own save of kill_at was in.
+        starts = set(re.findall(r"rank \d, attempt 1: (starting at step \d+ .*)", killed))
+        self.assertEqual(len(starts), 1, killed)
+        self.assertIn(starts.pop(), [f"starting at step {s} (state from memory)"
+                                     for s in (kill_at, kill_at + 1)])
         done = [ln for ln in killed.splitlines() if ln.startswith("done:")]
         self.assertEqual(done, [ln for ln in whole.splitlines() if ln.startswith("done:")],
                          f"killed after step {kill_at}")
+
+    def test_ranks_that_saved_different_steps_load_the_newest_they_all_hold(self):
+        r = tiderun("agree", self.out)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        for rank in (0, 1):
+            got = self.seen("agree", rank, 0)
+            self.assertEqual((got["step"], got["source"]), (3, "memory"))
+            self.assertEqual(got["digest"], got["expected"])
+            self.assertEqual(got["alone"], 3 + rank)
+            self.assertEqual(got["lacking"], "load: step 4 is not held by every rank "
+                                             "(not by rank(s) 0; this rank holds "
+                                             f"{'2, 3' if rank == 0 else '3, 4'})")
+            self.assertEqual(got["apart"], "load: no step is held by every rank, so none can "
+                                           "resume in step with the others; rank 0: 7, 8; "
+                                           "rank 1: 1, 2")
 
     def test_outside_tide_save_says_how_to_get_memory(self):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON))

@@ -134,5 +134,36 @@ def from_disk():
     report(step=loaded.step, source=loaded.source, digest=digest(loaded.state))
 
 
-{"saves_then_dies": saves_then_dies, "write_behind": write_behind, "from_disk": from_disk, "big_save_killed": big_save_killed,
+def agree():
+    """Ranks that saved different steps: a collective load meets on the
+    newest that both hold; a step one lacks, or none in common, is an error
+    on both."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+
+    def error(call):
+        try:
+            call()
+        except ck.CheckpointError as e:
+            return str(e)
+        return None
+
+    for step in range(4 + RANK):  # rank 0: steps 0-3; rank 1: 0-4
+        ck.save(state_of(step), step=step)
+    dist.barrier()
+    met = ck.load()
+    alone = ck.load(process_group=False)
+    lacking = error(lambda: ck.load(step=4))
+    dist.barrier()
+    for step in ((7, 8) if RANK == 0 else (1, 2)):
+        ck.save(state_of(step), step=step)
+    dist.barrier()
+    apart = error(ck.load)
+    report(step=met.step, source=met.source, digest=digest(met.state), expected=digest(state_of(3)),
+           alone=alone.step, lacking=lacking, apart=apart)
+    dist.destroy_process_group()
+
+
+{"agree": agree, "saves_then_dies": saves_then_dies, "write_behind": write_behind, "from_disk": from_disk, "big_save_killed": big_save_killed,
  "refusals": refusals}[MODE]()
