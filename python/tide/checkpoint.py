@@ -33,12 +33,16 @@ import threading as _threading
 
 __all__ = ["CheckpointError", "Loaded", "available", "load", "save"]
 
-_REGION = _struct.Struct("<8sIIQQ")  # magic, version, slots, slot bytes, bytes
+_REGION = _struct.Struct("<8sIIQQIII")  # magic, version, slots, slot bytes,
+#                                          bytes, own per rank, first replica, peer
+_PEER_AT = 40  # the peer field's offset in the region's header
 _SLOT = _struct.Struct("<8sIIQqqQQQ")  # magic, version, state, seq, step,
-#                                        rank, meta bytes, data bytes, 0
+#                                        rank, meta bytes, data bytes, flags
 _HEADER = 4096  # the region's header, and each slot's
 _STATE_AT = 12  # the state's offset in a slot's header
+_FLAGS_AT = 56
 _EMPTY, _WRITING, _COMPLETE = 0, 1, 2
+_REPLICATED, _FROM_PEER = 1, 2  # flags
 _ALIGN = 64
 _MADV_POPULATE_READ = 22  # linux/mman.h
 # Reads from /dev/shm run about twice as fast in pieces of this size as in
@@ -96,14 +100,22 @@ class _Region:
             self.mm = _mmap.mmap(fd, size, _mmap.MAP_SHARED)
         finally:
             _os.close(fd)
-        magic, version, self.slots, self.slot_bytes, self.bytes = _REGION.unpack_from(self.mm, 0)
-        if magic != b"TIDECKPR" or version != 1 or self.bytes > size:
-            raise CheckpointError(f"{path} is not a tide checkpoint region (version 1)")
+        magic, version, self.slots, self.slot_bytes, self.bytes, self.own, \
+            self.replicas_from, _ = _REGION.unpack_from(self.mm, 0)
+        if magic != b"TIDECKPR" or version != 2 or self.bytes > size:
+            raise CheckpointError(f"{path} is not a tide checkpoint region (version 2)")
         self.path = path
         self.address = _ctypes.addressof(_ctypes.c_char.from_buffer(self.mm))
 
     def offset(self, slot):
         return _HEADER + slot * self.slot_bytes
+
+    def peer(self):
+        """Whether an agent of another node takes this node's snapshots."""
+        return _struct.unpack_from("<I", self.mm, _PEER_AT)[0] == 1
+
+    def flags(self, slot):
+        return _struct.unpack_from("<Q", self.mm, self.offset(slot) + _FLAGS_AT)[0]
 
     def head(self, slot):
         """The slot's header, or None when it holds no complete snapshot."""
@@ -248,10 +260,10 @@ def save(state_dict, step):
         raise CheckpointError(f"save: step must be an int >= 0, got {step!r}")
     region = _open()
     rank, local = _rank("RANK"), _rank("LOCAL_RANK")
-    if not 0 <= 2 * local + 1 < region.slots:
+    if not 0 <= local < region.replicas_from // region.own:
         raise CheckpointError(
             f"save: local rank {local} has no slot in {region.path} "
-            f"({region.slots // 2} local ranks)")
+            f"({region.replicas_from // region.own} local ranks)")
     tensors = []
     skeleton = _flatten(state_dict, (), tensors)
     table = [(str(t.dtype).replace("torch.", ""), tuple(t.shape), str(t.device)) for _, t in tensors]
@@ -270,16 +282,21 @@ def save(state_dict, step):
     if end > region.slot_bytes:
         raise CheckpointError(
             f"save: the state of step {step} needs {_human(end)} and a snapshot slot holds "
-            f"{_human(region.slot_bytes)} ({region.slots // 2} local ranks share "
-            f"{_human(region.bytes)} of --checkpoint-memory, two slots each); "
+            f"{_human(region.slot_bytes)} ({region.replicas_from // region.own} local ranks "
+            f"share {_human(region.bytes)} of --checkpoint-memory, {_slots(region)} each); "
             "the previous snapshot is kept")
 
     with _lock:
-        mine = (2 * local, 2 * local + 1)
-        heads = [region.head(s) for s in mine]
-        seqs = [h[3] if h else 0 for h in heads]
-        # Write over the older of the two: the newer is the one in force.
-        slot = mine[0] if seqs[0] <= seqs[1] else mine[1]
+        mine = range(local * region.own, (local + 1) * region.own)
+        heads = {s: region.head(s) for s in mine}
+        ours = sorted((h[3], s) for s, h in heads.items() if h and h[5] == rank)
+        if ours and region.peer():
+            _wait_for_peer(region, ours[-1][1], heads[ours[-1][1]])
+        # Write over a slot that holds none of this rank's snapshots, else
+        # over its oldest: the newest stays in force.
+        free = [s for s in mine if not (heads[s] and heads[s][5] == rank)]
+        slot = free[0] if free else ours[0][1]
+        seq = max((h[3] for h in heads.values() if h), default=0) + 1
         base = region.offset(slot)
         mm = region.mm
         _struct.pack_into("<I", mm, base + _STATE_AT, _WRITING)
@@ -287,9 +304,26 @@ def save(state_dict, step):
         for (path, t), offset in zip(tensors, offsets):
             if t.numel() > 0:
                 _copy_in(region, base + offset, t)
-        _SLOT.pack_into(mm, base, b"TIDECKPS", 1, _WRITING, max(seqs) + 1, step, rank,
+        _SLOT.pack_into(mm, base, b"TIDECKPS", 1, _WRITING, seq, step, rank,
                         len(meta), end - _HEADER - _align(len(meta)), 0)
         _struct.pack_into("<I", mm, base + _STATE_AT, _COMPLETE)
+
+
+def _slots(region):
+    return f"{region.own} slots" + (" and two for a peer's copy" if region.own == 3 else "")
+
+
+def _wait_for_peer(region, slot, head):
+    """Waits until the peer node's agent holds this rank's newest snapshot
+    (in slot), so that every rank always has a step that both this node
+    and its peer hold (docs/checkpoints.md, "A copy on a peer node"). The
+    agent clears the region's peer field when it has no peer: no wait."""
+    import time
+
+    pause = 0.0002
+    while region.peer() and not region.flags(slot) & _REPLICATED and _still(region, slot, head):
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
 
 
 def _held(region, rank):
@@ -302,6 +336,19 @@ def _held(region, rank):
             if head[4] not in held or head[3] > held[head[4]][1][3]:
                 held[head[4]] = (slot, head)
     return held
+
+
+def _still(region, slot, head):
+    """Whether slot still holds the complete snapshot head says (its flags
+    may have changed: the agent marks it once the peer holds it)."""
+    now = region.head(slot)
+    return now is not None and now[3:6] == head[3:6]
+
+
+def _source(region, slot, head):
+    """"peer" for a peer node's copy (held here, or fetched by the agent
+    from another node), else "memory"."""
+    return "peer" if slot >= region.replicas_from or head[8] & _FROM_PEER else "memory"
 
 
 class _Snapshot:
@@ -477,12 +524,12 @@ def load(state_dict=None, *, step=None, process_group=None):
         return Loaded(None, None, "none")
     with _lock:
         slot, head = memory.get(step, (None, None))
-        if slot is not None and region.head(slot) == head:
+        if slot is not None and _still(region, slot, head):
             _populate(region, region.offset(slot), _HEADER + _align(head[6]) + head[7])
             snapshot = _Snapshot(region, slot, head)
             state = _restore(snapshot.skeleton, state_dict, snapshot,
                              lambda x: isinstance(x, _Tensor))
-            return Loaded(state, step, "memory")
+            return Loaded(state, step, _source(region, slot, head))
     if step not in files:
         raise CheckpointError(f"load: the snapshot of step {step} was written over while "
                               "loading; call load before saving")
@@ -535,11 +582,11 @@ def _write_one(region, slot, head, directory, keep):
                          lambda x: isinstance(x, _Tensor))
         torch.save(state, tmp)
     except Exception:  # noqa: BLE001 - a slot written over while read
-        if region.head(slot) == head:
+        if _still(region, slot, head):
             raise
         _unlink(tmp)
         return False
-    if region.head(slot) != head:
+    if not _still(region, slot, head):
         _unlink(tmp)
         return False
     with open(tmp, "rb+") as f:
@@ -589,7 +636,7 @@ def _write_behind(region_path, directory, keep, poll=0.05):
     while True:
         last = stop.is_set() or _os.getppid() != agent
         ranks = {}
-        for slot in range(region.slots):
+        for slot in range(region.replicas_from):  # not a peer's copies
             head = region.head(slot)
             if head is not None:
                 best = ranks.get(head[5])

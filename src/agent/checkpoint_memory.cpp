@@ -12,10 +12,14 @@
 #include <filesystem>
 
 #include "tide/common/error.h"
+#include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/common/strings.h"
 
+#include "checkpoint/peer_copy.h"
 #include "checkpoint/region.h"
+#include "common/clock.h"
+#include "common/random.h"
 
 extern char** environ;
 
@@ -33,6 +37,7 @@ CheckpointMemory::CheckpointMemory(const AgentView& view, std::string shm_dir)
 
 CheckpointMemory::~CheckpointMemory() {
   stop_writer();
+  peers_.reset();  // before the region it reads
 }
 
 void CheckpointMemory::start() {
@@ -49,15 +54,20 @@ void CheckpointMemory::start() {
         shm_dir_);
   }
   region_ = std::make_unique<checkpoint::Region>(
-      shm_dir_, spec.checkpoints.memory, spec.local_world_size);
+      shm_dir_,
+      spec.checkpoints.memory,
+      spec.local_world_size,
+      spec.checkpoints.peer);
   const checkpoint::Layout& l = region_->layout();
   TIDE_LOG_INFO(
-      "[{}] checkpoint memory: {} in {}, two snapshots of up to {} per local "
-      "rank",
+      "[{}] checkpoint memory: {} in {}, {} snapshots of up to {} per local "
+      "rank{}",
       spec.role,
       human_bytes(l.bytes),
       region_->path(),
-      human_bytes(l.slot_bytes - checkpoint::kHeaderBytes));
+      l.own == 2 ? "two" : "three",
+      human_bytes(l.slot_bytes - checkpoint::kHeaderBytes),
+      spec.checkpoints.peer ? ", and two of a peer node's" : "");
   if (!spec.checkpoints.dir.empty()) {
     start_writer();
   }
@@ -148,6 +158,117 @@ void CheckpointMemory::stop_writer() {
   ::waitpid(writer_, nullptr, ready == 0 ? 0 : WNOHANG);
   writer_ = -1;
   writer_pidfd_.reset();
+}
+
+void CheckpointMemory::entered(const Transition& t) {
+  if (t.event != GroupEvent::kStarted || !region_ ||
+      !view_.spec.checkpoints.peer) {
+    return;
+  }
+  meet_peers();
+  fetch_missing();
+}
+
+void CheckpointMemory::meet_peers() {
+  const WorkerSpec& spec = view_.spec;
+  const rendezvous::RendezvousInfo& rdzv = view_.rdzv;
+  store::Store& store = *rdzv.store;
+  // The job's secret, else one agreed through the round's store (as the
+  // workers' rpc secret is, with the same warning in the log): the first
+  // agent's, which may be a new node's; the others take it.
+  std::string token = spec.job_secret;
+  if (token.empty()) {
+    token = store.compare_set(
+        "tide/checkpoint/secret", "", peers_ ? token_ : random_id(43));
+  }
+  if (!peers_ || token != token_) {
+    peers_.reset();
+    token_ = token;
+    peers_ = std::make_unique<checkpoint::PeerCopy>(
+        *region_, checkpoint::PeerCopyOptions{.token = token});
+  }
+  const std::string prefix =
+      "tide/checkpoint/round" + std::to_string(rdzv.round) + "/";
+  const std::string& host =
+      spec.checkpoints.host.empty() ? fqdn() : spec.checkpoints.host;
+  store.set(
+      prefix + std::to_string(rdzv.rank),
+      std::to_string(peers_->id()) + " " + std::to_string(peers_->port()) +
+          " " + host);
+  std::vector<std::string> keys;
+  for (int r = 0; r < rdzv.world_size; ++r) {
+    keys.push_back(prefix + std::to_string(r));
+  }
+  std::vector<checkpoint::PeerNode> nodes;
+  std::vector<std::string> values = store.multi_get(keys);
+  for (int r = 0; r < rdzv.world_size; ++r) {
+    auto fields = split(values[static_cast<size_t>(r)], ' ');
+    if (fields.size() != 3) {
+      throw Error(
+          "the checkpoint address of node " + std::to_string(r) + " is '" +
+          values[static_cast<size_t>(r)] + "', not 'ID PORT HOST'");
+    }
+    nodes.push_back(checkpoint::PeerNode{
+        .rank = r,
+        .id = std::stoi(std::string(fields[0])),
+        .host = std::string(fields[2]),
+        .port = static_cast<uint16_t>(std::stoi(std::string(fields[1])))});
+  }
+  int peer = rdzv.world_size > 1 ? (rdzv.rank + 1) % rdzv.world_size : -1;
+  peers_->set_round(rdzv.rank, std::move(nodes), peer);
+  if (peer >= 0) {
+    TIDE_LOG_INFO(
+        "[{}] checkpoint copies: this node's to node {}, node {}'s here",
+        spec.role,
+        peer,
+        (rdzv.rank + rdzv.world_size - 1) % rdzv.world_size);
+  }
+}
+
+void CheckpointMemory::fetch_missing() {
+  const WorkerSpec& spec = view_.spec;
+  if (view_.rdzv.world_size < 2) {
+    return;
+  }
+  const checkpoint::Layout& l = region_->layout();
+  std::map<int64_t, int> lacking;
+  for (const Worker& w : view_.group.workers) {
+    lacking[w.global_rank] = w.local_rank;
+  }
+  for (uint32_t s = 0; s < l.slots; ++s) {
+    checkpoint::SlotHead h = region_->head(s);
+    if (h.state == checkpoint::kComplete) {
+      lacking.erase(h.rank);
+    }
+  }
+  if (lacking.empty()) {
+    return;
+  }
+  auto start = Clock::now();
+  try {
+    for (const checkpoint::Fetched& f : peers_->fetch(lacking)) {
+      double s = std::chrono::duration<double>(Clock::now() - start).count();
+      std::string steps;
+      for (int64_t step : f.steps) {
+        steps += (steps.empty() ? "" : ", ") + std::to_string(step);
+      }
+      TIDE_LOG_INFO(
+          "[{}] rank {}: snapshots of steps {} ({}) from node {} in {:.0f} ms "
+          "({:.2f} GB/s)",
+          spec.role,
+          f.rank,
+          steps,
+          human_bytes(f.bytes),
+          f.from,
+          s * 1e3,
+          s > 0 ? static_cast<double>(f.bytes) / s / 1e9 : 0.0);
+    }
+  } catch (const Error& e) {
+    TIDE_LOG_WARN(
+        "[{}] {}; the workers load what else there is (--checkpoint-dir)",
+        spec.role,
+        e.what());
+  }
 }
 
 void CheckpointMemory::add_env(std::map<std::string, std::string>& env) const {

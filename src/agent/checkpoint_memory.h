@@ -9,7 +9,11 @@
 // read. With checkpoints.dir, a writer process (python -m tide.checkpoint
 // --write-behind) copies each rank's newest snapshot there behind the
 // training; when the agent ends, it is told to write the newest once more,
-// and waited for.
+// and waited for. With checkpoints.peer, each round it copies its ranks'
+// newest snapshots to the next node's agent (checkpoint/peer_copy.h) and,
+// before its workers start, fetches from the other nodes the snapshots of
+// ranks it does not hold (a replacement node, ranks moved by an elastic
+// change).
 #include <sys/types.h>
 
 #include <map>
@@ -21,8 +25,9 @@
 #include "agent/component.h"
 
 namespace tide::checkpoint {
+class PeerCopy;
 class Region;
-}
+}  // namespace tide::checkpoint
 
 namespace tide::agent::detail {
 
@@ -37,6 +42,8 @@ class CheckpointMemory final : public Component {
   // the writer.
   void start() override;
   void add_env(std::map<std::string, std::string>& env) const override;
+  // kStarted: meets the round's other agents, and fetches what it lacks.
+  void entered(const Transition& t) override;
   // The writer ended on its own: said in the log.
   int fd() const override {
     return writer_pidfd_.get();
@@ -46,10 +53,14 @@ class CheckpointMemory final : public Component {
  private:
   void start_writer();
   void stop_writer();
+  void meet_peers();
+  void fetch_missing();
 
   const AgentView& view_;
   std::string shm_dir_;
   std::unique_ptr<checkpoint::Region> region_;
+  std::unique_ptr<checkpoint::PeerCopy> peers_;
+  std::string token_;  // peers_'s
   pid_t writer_ = -1;
   Fd writer_pidfd_;
 };

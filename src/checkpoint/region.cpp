@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -27,29 +28,37 @@ void put64(char* at, uint64_t v) {
 
 }  // namespace
 
-Layout plan(uint64_t bytes, int local_ranks) {
+Layout plan(uint64_t bytes, int local_ranks, bool peer) {
   if (local_ranks < 1) {
     throw InvalidArgument("checkpoint memory needs at least one local rank");
   }
-  const uint64_t slots = 2 * static_cast<uint64_t>(local_ranks);
+  const uint32_t own = peer ? 3 : 2;
+  const uint64_t ranks = static_cast<uint64_t>(local_ranks);
+  const uint64_t slots = ranks * (own + (peer ? 2 : 0));
   const uint64_t page = 4096;
   uint64_t slot = bytes > kHeaderBytes ? (bytes - kHeaderBytes) / slots : 0;
   slot -= slot % page;
   if (slot < kMinSlotBytes) {
     throw InvalidArgument(
         "--checkpoint-memory " + human_bytes(bytes) + " is too small for " +
-        std::to_string(local_ranks) + " local ranks: each needs two slots of " +
-        "at least " + human_bytes(kMinSlotBytes) + " (give at least " +
+        std::to_string(local_ranks) + " local ranks: each needs " +
+        (peer ? "five slots (three of its own, two for a peer node's copy)"
+              : "two slots") +
+        " of at least " + human_bytes(kMinSlotBytes) + " (give at least " +
         human_bytes(kHeaderBytes + slots * kMinSlotBytes) + ")");
   }
   return Layout{
       .slots = static_cast<uint32_t>(slots),
       .slot_bytes = slot,
-      .bytes = kHeaderBytes + slots * slot};
+      .bytes = kHeaderBytes + slots * slot,
+      .local_ranks = static_cast<uint32_t>(local_ranks),
+      .own = own,
+      .replicas_from = static_cast<uint32_t>(ranks * own)};
 }
 
-Region::Region(const std::string& dir, uint64_t bytes, int local_ranks)
-    : layout_(plan(bytes, local_ranks)) {
+Region::Region(
+    const std::string& dir, uint64_t bytes, int local_ranks, bool peer)
+    : layout_(plan(bytes, local_ranks, peer)) {
   path_ = dir + "/" + kRegionPrefix + std::to_string(::getpid()) + "-" +
           random_id(8);
   Fd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
@@ -77,10 +86,12 @@ Region::Region(const std::string& dir, uint64_t bytes, int local_ranks)
   }
   char header[64] = {};
   std::memcpy(header, "TIDECKPR", 8);
-  put32(header + 8, 1);
+  put32(header + 8, kRegionVersion);
   put32(header + 12, layout_.slots);
   put64(header + 16, layout_.slot_bytes);
   put64(header + 24, layout_.bytes);
+  put32(header + 32, layout_.own);
+  put32(header + 36, layout_.replicas_from);
   if (::pwrite(fd.get(), header, sizeof header, 0) !=
       static_cast<ssize_t>(sizeof header)) {
     int e = errno;
@@ -92,7 +103,97 @@ Region::Region(const std::string& dir, uint64_t bytes, int local_ranks)
 }
 
 Region::~Region() {
+  if (map_ != nullptr) {
+    ::munmap(map_, layout_.bytes);
+  }
   ::unlink(path_.c_str());
+}
+
+char* Region::slot(uint32_t i) {
+  if (map_ == nullptr) {
+    Fd fd(::open(path_.c_str(), O_RDWR | O_CLOEXEC));
+    void* at = fd ? ::mmap(
+                        nullptr,
+                        layout_.bytes,
+                        PROT_READ | PROT_WRITE,
+                        MAP_SHARED,
+                        fd.get(),
+                        0)
+                  : MAP_FAILED;
+    if (at == MAP_FAILED) {
+      throw Error(
+          "cannot map the checkpoint memory " + path_ + ": " +
+          std::strerror(errno));
+    }
+    map_ = static_cast<char*>(at);
+  }
+  return map_ + kHeaderBytes + static_cast<uint64_t>(i) * layout_.slot_bytes;
+}
+
+namespace {
+
+// Workers write these fields from Python as plain stores; a state is
+// published last, so it is read with acquire and written with release.
+uint32_t load32(const char* at) {
+  return __atomic_load_n(
+      reinterpret_cast<const uint32_t*>(at), __ATOMIC_ACQUIRE);
+}
+uint64_t get64(const char* at) {
+  uint64_t v = 0;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+SlotHead Region::head(uint32_t i) {
+  const char* at = slot(i);
+  SlotHead h;
+  uint32_t version = 0;
+  std::memcpy(&version, at + 8, 4);
+  if (std::memcmp(at, "TIDECKPS", 8) != 0 || version != 1) {
+    return h;
+  }
+  h.state = load32(at + 12);
+  h.seq = get64(at + 16);
+  h.step = static_cast<int64_t>(get64(at + 24));
+  h.rank = static_cast<int64_t>(get64(at + 32));
+  h.meta_bytes = get64(at + 40);
+  h.data_bytes = get64(at + 48);
+  h.flags = get64(at + 56);
+  if (kHeaderBytes + h.payload() > layout_.slot_bytes) {
+    return SlotHead{};  // torn, or not ours: never read past the slot
+  }
+  return h;
+}
+
+void Region::begin(uint32_t i, const SlotHead& h) {
+  char* at = slot(i);
+  set_state(i, kWriting);
+  std::memcpy(at, "TIDECKPS", 8);
+  put32(at + 8, 1);
+  put64(at + 16, h.seq);
+  put64(at + 24, static_cast<uint64_t>(h.step));
+  put64(at + 32, static_cast<uint64_t>(h.rank));
+  put64(at + 40, h.meta_bytes);
+  put64(at + 48, h.data_bytes);
+  put64(at + 56, h.flags);
+}
+
+void Region::set_state(uint32_t i, uint32_t state) {
+  __atomic_store_n(
+      reinterpret_cast<uint32_t*>(slot(i) + 12), state, __ATOMIC_RELEASE);
+}
+
+void Region::set_flags(uint32_t i, uint64_t flags) {
+  __atomic_store_n(
+      reinterpret_cast<uint64_t*>(slot(i) + 56), flags, __ATOMIC_RELEASE);
+}
+
+void Region::set_peer(bool on) {
+  slot(0);  // mapped
+  __atomic_store_n(
+      reinterpret_cast<uint32_t*>(map_ + 40), on ? 1u : 0u, __ATOMIC_RELEASE);
 }
 
 int remove_stale(const std::string& dir) {

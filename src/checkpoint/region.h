@@ -12,37 +12,72 @@
 // The layout, little-endian (python/tide/checkpoint.py writes and reads the
 // same bytes):
 //
-//   [0, 4096)  the region's header: "TIDECKPR", u32 version (1), u32 slots,
-//              u64 slot bytes, u64 region bytes
-//   then `slots` slots of `slot bytes` each, two per local rank (2r, 2r+1),
-//   written in turn so that one always holds the rank's last complete
-//   snapshot:
+//   [0, 4096)  the region's header: "TIDECKPR", u32 version (2), u32 slots,
+//              u64 slot bytes, u64 region bytes, u32 own slots per local
+//              rank, u32 the first replica slot, u32 peer (1 while an agent
+//              of another node takes this node's snapshots: a save then
+//              waits until its rank's newest is there before writing over
+//              an older one)
+//   then `slots` slots of `slot bytes` each: first each local rank's own
+//   (r * own .. r * own + own - 1), written in turn so that one always
+//   holds the rank's last complete snapshot; then, with a peer, two per
+//   local rank of the peer node, where its agent's copies land:
 //     [0, 64)     the slot's header: "TIDECKPS", u32 version (1), u32 state
 //                 (0 empty, 1 being written, 2 complete), u64 seq, i64
 //                 step, i64 global rank, u64 meta bytes, u64 data bytes,
-//                 u64 0
+//                 u64 flags (1: the peer holds it; 2: it came from another
+//                 node)
 //     [4096, ...) the meta (the state dict's structure and its tensors'
 //                 dtypes and shapes), then each tensor's bytes from a
 //                 64-byte boundary
 //
 // A writer marks its slot "being written" before its first byte and
 // "complete" after its last, so a worker killed mid-save leaves that slot
-// ignored and the other one (its previous snapshot) in force.
+// ignored and its previous snapshot in force. An own slot is two per rank,
+// three with a peer (docs/checkpoints.md says why three).
 namespace tide::checkpoint {
 
 inline constexpr uint64_t kHeaderBytes = 4096;      // the region's, a slot's
 inline constexpr uint64_t kMinSlotBytes = 1 << 20;  // room to be useful
 inline constexpr const char* kRegionPrefix = "tide-checkpoint-";
 
+inline constexpr uint32_t kRegionVersion = 2;
+
+// A slot's header, as read from the region.
+inline constexpr uint32_t kEmpty = 0;
+inline constexpr uint32_t kWriting = 1;
+inline constexpr uint32_t kComplete = 2;
+inline constexpr uint64_t kReplicated = 1;  // flags
+inline constexpr uint64_t kFromPeer = 2;
+
 struct Layout {
   uint32_t slots = 0;
   uint64_t slot_bytes = 0;  // each, its header included; a page multiple
   uint64_t bytes = 0;       // the region's
+  uint32_t local_ranks = 0;
+  uint32_t own = 2;            // own slots per local rank
+  uint32_t replicas_from = 0;  // the first replica slot (== slots: none)
 };
 
-// How `bytes` is shared by `local_ranks` ranks, two slots each. Throws
-// InvalidArgument when a slot would be under kMinSlotBytes.
-Layout plan(uint64_t bytes, int local_ranks);
+// How `bytes` is shared by `local_ranks` ranks: two slots each, or with
+// `peer` three of their own and two for the peer node's copy of each.
+// Throws InvalidArgument when a slot would be under kMinSlotBytes.
+Layout plan(uint64_t bytes, int local_ranks, bool peer = false);
+
+struct SlotHead {
+  uint32_t state = kEmpty;
+  uint64_t seq = 0;
+  int64_t step = 0;
+  int64_t rank = 0;
+  uint64_t meta_bytes = 0;
+  uint64_t data_bytes = 0;
+  uint64_t flags = 0;
+
+  // The bytes after the header: the meta, aligned, then the data.
+  uint64_t payload() const {
+    return ((meta_bytes + 63) / 64 * 64) + data_bytes;
+  }
+};
 
 // A region this process made; its file is removed when it is destroyed.
 class Region {
@@ -51,7 +86,11 @@ class Region {
   // (posix_fallocate), so that a worker never meets a full /dev/shm (a
   // SIGBUS) later. Throws Error, with the numbers, when `dir` has no room
   // for it.
-  Region(const std::string& dir, uint64_t bytes, int local_ranks);
+  Region(
+      const std::string& dir,
+      uint64_t bytes,
+      int local_ranks,
+      bool peer = false);
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -63,9 +102,21 @@ class Region {
     return layout_;
   }
 
+  // The region mapped into this process (mapped on the first call).
+  char* slot(uint32_t i);
+  // A slot's header; a torn or foreign one reads as empty.
+  SlotHead head(uint32_t i);
+  // Marks slot i being written and sets its header (its state last).
+  void begin(uint32_t i, const SlotHead& h);
+  void set_state(uint32_t i, uint32_t state);
+  void set_flags(uint32_t i, uint64_t flags);
+  // The header's peer field (saves wait for the peer while it is 1).
+  void set_peer(bool on);
+
  private:
   std::string path_;
   Layout layout_;
+  char* map_ = nullptr;
 };
 
 // Removes the regions in `dir` of agents that are gone (a crashed agent

@@ -58,6 +58,12 @@ LaunchResult launch(
       .checkpoints = config.checkpoints,
       .job_secret = config.job_secret,
   };
+  // A job that may span nodes keeps a copy of each node's snapshots on
+  // another node.
+  spec.checkpoints.peer = spec.checkpoints.peer || config.max_nodes > 1;
+  if (spec.checkpoints.host.empty()) {
+    spec.checkpoints.host = config.local_addr;
+  }
   agent::LocalElasticAgent agent(std::move(spec), {.adopt_orphans = true});
   // Whoever was shown the agent is told it is gone before it is destroyed,
   // on every path out of here (exceptions included).

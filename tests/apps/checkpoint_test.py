@@ -21,6 +21,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -238,6 +239,80 @@ class CheckpointTest(unittest.TestCase):
             self.assertEqual(got["apart"], "load: no step is held by every rank, so none can "
                                            "resume in step with the others; rank 0: 7, 8; "
                                            "rank 1: 1, 2")
+
+    def test_a_node_lost_restores_its_ranks_from_the_peer_node(self):
+        steps = 150
+
+        def node(name, *flags, out=self.out, nproc=2):
+            log = open(os.path.join(self.top, name + ".log"), "w")
+            env = dict(os.environ, MODE="train", OUT=out, STEPS=str(steps),
+                       PYTHON_EXEC="/usr/bin/python3", PYTHONPATH=os.path.abspath(PYTHON))
+            return subprocess.Popen(
+                [TIDERUN, f"--nproc-per-node={nproc}", "--checkpoint-memory=64M", "--max-restarts=2",
+                 "--monitor-interval=0.05", *flags, WORKER],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        # Uninterrupted, on one node: the weights to end with.
+        whole = tempfile.mkdtemp(dir=self.top)
+        ref = node("whole", "--standalone", out=whole, nproc=4)
+        self.assertEqual(ref.wait(timeout=300), 0, self.log("whole"))
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        common = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                  "--rdzv-id=peercopy", "--local-addr=127.0.0.1",
+                  "--rdzv-conf=join_timeout=120,last_call_timeout=1,keep_alive_interval=1,"
+                  "keep_alive_max_attempt=3")
+        a = node("a", *common[:-1], common[-1] + ",is_host=true")
+        b = node("b", *common[:-1], common[-1] + ",is_host=false")
+        procs = [a, b]
+        try:
+            progress = os.path.join(self.out, "progress.2")
+            while not (os.path.exists(progress) and int(open(progress).read()) >= 40):
+                self.assertIsNone(a.poll(), self.log("a"))
+                self.assertIsNone(b.poll(), self.log("b"))
+                time.sleep(0.05)
+            os.killpg(b.pid, signal.SIGKILL)  # the node, with its agent's memory
+            b.wait()
+            lost_at = int(open(progress).read())
+            c = node("c", *common[:-1], common[-1] + ",is_host=false")
+            procs.append(c)
+            self.assertEqual(a.wait(timeout=300), 0, self.log("a"))
+            self.assertEqual(c.wait(timeout=300), 0, self.log("c"))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+        def result(out, rank):
+            (path,) = glob.glob(os.path.join(out, f"train.{rank}.*.json"))
+            with open(path) as f:
+                return json.load(f)
+
+        starts = {result(self.out, r)["start"] for r in range(4)}
+        self.assertEqual(len(starts), 1, "every rank goes on from one step")
+        self.assertGreaterEqual(starts.pop(), lost_at - 1)
+        # The new node's ranks come from the survivor's memory over the
+        # network; the survivor's own from its memory, or, when the new
+        # round gave it the lost node's ranks, from the copies it holds.
+        def ranks(name):
+            return [tuple(map(int, m)) for m in re.findall(r"started 2 workers \(attempt \d+, "
+                                                            r"ranks (\d)-(\d) of 4", self.log(name))]
+        (new,) = ranks("c")
+        survivor = "memory" if ranks("a")[-1] == ranks("a")[0] else "peer"
+        for r in range(4):
+            self.assertEqual(result(self.out, r)["source"],
+                             "peer" if new[0] <= r <= new[1] else survivor, r)
+        for r in range(new[0], new[1] + 1):
+            self.assertRegex(self.log("c"), rf"rank {r}: snapshots of steps \d+.* from node")
+        for r in range(4):
+            self.assertEqual(result(self.out, r)["weights"], result(whole, r)["weights"])
+
+    def log(self, name):
+        with open(os.path.join(self.top, name + ".log")) as f:
+            return f.read()[-4000:]
 
     def test_outside_tide_save_says_how_to_get_memory(self):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON))

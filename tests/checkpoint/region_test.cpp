@@ -41,6 +41,49 @@ TEST(CheckpointRegionTest, ABoundIsSharedAsTwoPageAlignedSlotsPerRank) {
   EXPECT_THROW(plan(64 << 20, 0), InvalidArgument);
 }
 
+TEST(CheckpointRegionTest, WithAPeerEachRankHasThreeSlotsAndTwoForThePeers) {
+  Layout l = plan(64 << 20, 2, /*peer=*/true);
+  EXPECT_EQ(l.slots, 10u);
+  EXPECT_EQ(l.own, 3u);
+  EXPECT_EQ(l.replicas_from, 6u);
+  EXPECT_EQ(l.local_ranks, 2u);
+  EXPECT_EQ(l.slot_bytes, ((64u << 20) - kHeaderBytes) / 10 / 4096 * 4096);
+  try {
+    plan(8 << 20, 2, true);
+    FAIL() << "8 MiB for 2 ranks and their copies";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "each needs five slots (three of its own, two for a peer node's "
+            "copy)"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CheckpointRegionTest, SlotHeadersAreReadAsWrittenAndATornOneIsEmpty) {
+  test::TempDir dir;
+  Region r(dir.path().string(), 8 << 20, 1, true);
+  EXPECT_EQ(r.head(0).state, kEmpty);
+  SlotHead h{
+      .seq = 7, .step = 41, .rank = 3, .meta_bytes = 100, .data_bytes = 4096};
+  r.begin(1, h);
+  EXPECT_EQ(r.head(1).state, kWriting);
+  r.set_state(1, kComplete);
+  r.set_flags(1, kReplicated);
+  SlotHead got = r.head(1);
+  EXPECT_EQ(got.state, kComplete);
+  EXPECT_EQ(got.seq, 7u);
+  EXPECT_EQ(got.step, 41);
+  EXPECT_EQ(got.rank, 3);
+  EXPECT_EQ(got.payload(), 128u + 4096u);
+  EXPECT_EQ(got.flags, kReplicated);
+  // Sizes past the slot (a torn header, or not ours) are never trusted.
+  r.begin(2, SlotHead{.seq = 1, .data_bytes = r.layout().slot_bytes});
+  r.set_state(2, kComplete);
+  EXPECT_EQ(r.head(2).state, kEmpty);
+}
+
 TEST(CheckpointRegionTest, TheFileHoldsItsHeaderAndGoesWithTheRegion) {
   test::TempDir dir;
   std::string path;
@@ -54,7 +97,7 @@ TEST(CheckpointRegionTest, TheFileHoldsItsHeaderAndGoesWithTheRegion) {
             "tide-checkpoint-" + std::to_string(::getpid()) + "-", 0),
         0u);
     std::ifstream in(path, std::ios::binary);
-    char header[32];
+    char header[48];
     in.read(header, sizeof header);
     EXPECT_EQ(std::string(header, 8), "TIDECKPR");
     uint32_t version = 0;
@@ -63,9 +106,18 @@ TEST(CheckpointRegionTest, TheFileHoldsItsHeaderAndGoesWithTheRegion) {
     std::memcpy(&version, header + 8, 4);
     std::memcpy(&slots, header + 12, 4);
     std::memcpy(&slot_bytes, header + 16, 8);
-    EXPECT_EQ(version, 1u);
+    uint32_t own = 0;
+    uint32_t replicas_from = 0;
+    uint32_t peer = 1;
+    std::memcpy(&own, header + 32, 4);
+    std::memcpy(&replicas_from, header + 36, 4);
+    std::memcpy(&peer, header + 40, 4);
+    EXPECT_EQ(version, 2u);
     EXPECT_EQ(slots, 2u);
     EXPECT_EQ(slot_bytes, r.layout().slot_bytes);
+    EXPECT_EQ(own, 2u);
+    EXPECT_EQ(replicas_from, 2u);
+    EXPECT_EQ(peer, 0u);
   }
   EXPECT_FALSE(fs::exists(path)) << "removed with the region";
 }

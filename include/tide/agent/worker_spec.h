@@ -173,6 +173,15 @@ struct WorkerSpec {
     int keep = 2;
     // The Python that writes them (with torch): the workers' own.
     std::string python = "python3";
+    // Copy each local rank's newest snapshot to another node's agent (the
+    // next node of the round), so that a node lost restores from there;
+    // the memory is then shared as five slots per local rank (three of its
+    // own, two for the peer's copies). tiderun turns it on when --nnodes
+    // allows more than one node.
+    bool peer = false;
+    // The address other nodes reach this agent's copies at (empty: this
+    // host's name).
+    std::string host;
   };
   Checkpoints checkpoints;
   // The job's secret (docs/security.md): workers get it as TIDE_RPC_TOKEN,

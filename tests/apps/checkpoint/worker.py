@@ -165,5 +165,49 @@ def agree():
     dist.destroy_process_group()
 
 
-{"agree": agree, "saves_then_dies": saves_then_dies, "write_behind": write_behind, "from_disk": from_disk, "big_save_killed": big_save_killed,
+def train():
+    """DDP over gloo, a save every step, STEPS steps paced by a short
+    compute stand-in; each rank writes the last step it saved to
+    OUT/progress.RANK, and at the end where it started from and a digest of
+    its weights."""
+    import hashlib
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method="env://")
+    torch.manual_seed(0)
+    # One parameter, so one tensor in DDP's bucket: a restarted DDP reduces
+    # its first step with the buckets of a first step, which for several
+    # tensors lay them out (and, over 4 ranks, round their sum) otherwise
+    # than the rebuilt buckets of a run that went on.
+    model = DDP(torch.nn.Linear(64, 64, bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(RANK)
+    state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "rng": gen.get_state()}
+    loaded = ck.load(state)
+    start = 0
+    if loaded.step is not None:
+        opt.load_state_dict(loaded.state["opt"])
+        gen.set_state(loaded.state["rng"])
+        start = loaded.step + 1
+    for step in range(start, int(os.environ["STEPS"])):
+        x = torch.randn(16, 64, generator=gen)
+        loss = (model(x) - x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ck.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
+                 "rng": gen.get_state()}, step=step)
+        progress = os.path.join(OUT, f"progress.{RANK}")
+        with open(progress + ".tmp", "w") as f:
+            f.write(str(step))
+        os.rename(progress + ".tmp", progress)
+        time.sleep(0.02)
+    weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+    report(start=start, source=loaded.source, weights=hashlib.sha256(weights).hexdigest())
+    dist.destroy_process_group()
+
+
+{"agree": agree, "train": train, "saves_then_dies": saves_then_dies, "write_behind": write_behind, "from_disk": from_disk, "big_save_killed": big_save_killed,
  "refusals": refusals}[MODE]()
