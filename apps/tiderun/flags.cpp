@@ -460,7 +460,8 @@ void add_flags(CLI::App& app, Flags& f) {
       f.checkpoint_memory,
       "PET_CHECKPOINT_MEMORY",
       "memory of /dev/shm this node reserves for its workers' in-memory "
-      "checkpoints (tide.checkpoint), e.g. 4G; two snapshots per local rank "
+      "checkpoints (tide.checkpoint), e.g. 4G; two snapshots per local rank, "
+      "or with --nnodes above 1 three and two copies of a peer node's "
       "(default: none)");
   opt("--checkpoint-dir,--checkpoint_dir",
       f.checkpoint_dir,

@@ -245,29 +245,30 @@ void CheckpointMemory::fetch_missing() {
     return;
   }
   auto start = Clock::now();
-  try {
-    for (const checkpoint::Fetched& f : peers_->fetch(lacking)) {
-      double s = std::chrono::duration<double>(Clock::now() - start).count();
-      std::string steps;
-      for (int64_t step : f.steps) {
-        steps += (steps.empty() ? "" : ", ") + std::to_string(step);
-      }
-      TIDE_LOG_INFO(
-          "[{}] rank {}: snapshots of steps {} ({}) from node {} in {:.0f} ms "
-          "({:.2f} GB/s)",
-          spec.role,
-          f.rank,
-          steps,
-          human_bytes(f.bytes),
-          f.from,
-          s * 1e3,
-          s > 0 ? static_cast<double>(f.bytes) / s / 1e9 : 0.0);
+  checkpoint::FetchResult fetched = peers_->fetch(lacking);
+  double s = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const checkpoint::Fetched& f : fetched.got) {
+    std::string steps;
+    for (int64_t step : f.steps) {
+      steps += (steps.empty() ? "" : ", ") + std::to_string(step);
     }
-  } catch (const Error& e) {
-    TIDE_LOG_WARN(
-        "[{}] {}; the workers load what else there is (--checkpoint-dir)",
+    TIDE_LOG_INFO(
+        "[{}] rank {}: snapshots of steps {} ({}) from node {} in {:.0f} ms "
+        "({:.2f} GB/s)",
         spec.role,
-        e.what());
+        f.rank,
+        steps,
+        human_bytes(f.bytes),
+        f.from,
+        s * 1e3,
+        s > 0 ? static_cast<double>(f.bytes) / s / 1e9 : 0.0);
+  }
+  if (!fetched.error.empty()) {
+    TIDE_LOG_WARN(
+        "[{}] fetching the snapshots of this node's ranks: {}; the workers "
+        "load what else there is",
+        spec.role,
+        fetched.error);
   }
 }
 

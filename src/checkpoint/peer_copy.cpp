@@ -135,8 +135,14 @@ struct PeerCopy::Impl {
     std::map<int64_t, int> ranks;  // global -> local
     std::map<int64_t, uint32_t> filled;
     std::map<int64_t, Fetched> got;
-    std::set<int> answered;  // node ids
+    std::set<int> answered;  // node ids (or gone)
     std::string error;
+
+    void add(const std::string& e) {
+      if (!e.empty()) {
+        error += (error.empty() ? "" : "; ") + e;
+      }
+    }
   };
   std::map<uint64_t, Fetch> fetches;
 
@@ -233,9 +239,7 @@ struct PeerCopy::Impl {
         std::lock_guard lock(mutex);
         if (auto it = fetches.find(m.id); it != fetches.end()) {
           it->second.answered.insert(pipe.peer());
-          if (!error.empty() && it->second.error.empty()) {
-            it->second.error = error;
-          }
+          it->second.add(error);
         }
         changed.notify_all();
         return;
@@ -256,7 +260,7 @@ struct PeerCopy::Impl {
     try {
       auto it = incoming.find(key);
       if (p.offset == 0 && it == incoming.end()) {
-        it = incoming.emplace(key, begin_incoming(p)).first;
+        it = incoming.emplace(key, begin_incoming(pipe, p)).first;
       } else if (it == incoming.end() || it->second.next != p.offset) {
         throw ProtocolError(
             "a checkpoint chunk at " + std::to_string(p.offset) +
@@ -293,7 +297,7 @@ struct PeerCopy::Impl {
 
   // Where a snapshot that starts coming goes. Throws Error for one that
   // does not fit or has nowhere to go.
-  Incoming begin_incoming(const Put& p) {
+  Incoming begin_incoming(const Pipe& pipe, const Put& p) {
     const Layout& l = region.layout();
     if (kHeaderBytes + p.head.payload() > l.slot_bytes) {
       throw Error(
@@ -321,6 +325,9 @@ struct PeerCopy::Impl {
           !(hb.state == kComplete && hb.rank == p.head.rank && hb.seq > ha.seq);
       in.slot = a_newer ? a + 1 : a;
       in.head.flags = 0;
+      if (holds(p.head)) {
+        in.slot = -1;  // a snapshot it fetched from here, say: nothing new
+      }
     } else {
       std::lock_guard lock(mutex);
       auto f = fetches.find(p.fetch);
@@ -335,12 +342,32 @@ struct PeerCopy::Impl {
       uint32_t used = f->second.filled[p.head.rank]++;
       in.slot =
           used < l.own ? static_cast<int64_t>(r->second) * l.own + used : -1;
-      in.head.flags = kFromPeer;
+      // From the node that takes this one's copies: that node holds it.
+      auto peer_node = nodes.find(peer);
+      bool from_peer =
+          peer_node != nodes.end() && peer_node->second.id == pipe.peer();
+      in.head.flags = kFromPeer | (from_peer ? kReplicated : 0);
     }
     if (in.slot >= 0) {
+      if (p.purpose == kRestore) {  // a new node's slots: not mapped yet
+        region.populate(
+            static_cast<uint32_t>(in.slot), kHeaderBytes + in.head.payload());
+      }
       region.begin(static_cast<uint32_t>(in.slot), in.head);
     }
     return in;
+  }
+
+  // Whether a slot holds this very snapshot, whole.
+  bool holds(const SlotHead& h) {
+    for (uint32_t s = 0; s < region.layout().slots; ++s) {
+      SlotHead mine = region.head(s);
+      if (mine.state == kComplete && mine.rank == h.rank && mine.seq == h.seq &&
+          mine.step == h.step) {
+        return true;
+      }
+    }
+    return false;
   }
 
   void finish_incoming(const Pipe& pipe, const Incoming& in, bool whole) {
@@ -378,9 +405,8 @@ struct PeerCopy::Impl {
       }
     }
     for (auto& [id, f] : fetches) {
-      if (pipe.outgoing() && !f.answered.contains(pipe.peer()) &&
-          f.error.empty()) {
-        f.error = transport->peer_label(pipe.peer()) + " is gone: " + why;
+      if (pipe.outgoing() && f.answered.insert(pipe.peer()).second) {
+        f.add(transport->peer_label(pipe.peer()) + " is gone: " + why);
       }
     }
     for (auto it = incoming.begin(); it != incoming.end();) {
@@ -624,7 +650,7 @@ void PeerCopy::set_round(int self, std::vector<PeerNode> nodes, int peer) {
   impl.region.set_peer(peer >= 0);
 }
 
-std::vector<Fetched> PeerCopy::fetch(const std::map<int64_t, int>& ranks) {
+FetchResult PeerCopy::fetch(const std::map<int64_t, int>& ranks) {
   Impl& impl = *impl_;
   std::vector<uint64_t> wanted;
   for (const auto& [rank, local] : ranks) {
@@ -642,7 +668,6 @@ std::vector<Fetched> PeerCopy::fetch(const std::map<int64_t, int>& ranks) {
       }
     }
   }
-  std::string error;
   for (int node : asked) {
     std::string why;
     if (!impl.transport->pipe_to(node).send(
@@ -651,30 +676,27 @@ std::vector<Fetched> PeerCopy::fetch(const std::map<int64_t, int>& ranks) {
                 .id = id,
                 .metadata = FieldWriter().u64s(wanted).take()},
             &why)) {
-      error = impl.transport->peer_label(node) + ": " + why;
+      std::lock_guard lock(impl.mutex);
+      impl.fetches[id].answered.insert(node);
+      impl.fetches[id].add(impl.transport->peer_label(node) + ": " + why);
     }
   }
   std::unique_lock lock(impl.mutex);
   Impl::Fetch& f = impl.fetches[id];
-  bool answered = impl.changed.wait_for(lock, impl.options.timeout, [&] {
-    return !f.error.empty() || f.answered.size() == asked.size();
-  });
-  if (error.empty()) {
-    error = f.error;
+  if (!impl.changed.wait_for(lock, impl.options.timeout, [&] {
+        return f.answered.size() == asked.size();
+      })) {
+    f.add(
+        std::to_string(asked.size() - f.answered.size()) +
+        " node(s) did not answer in " +
+        std::to_string(impl.options.timeout.count()) + " ms");
   }
-  if (error.empty() && !answered) {
-    error = "the other nodes did not answer in " +
-            std::to_string(impl.options.timeout.count()) + " ms";
-  }
-  std::vector<Fetched> got;
+  FetchResult result{.error = f.error};
   for (auto& [rank, g] : f.got) {
-    got.push_back(std::move(g));
+    result.got.push_back(std::move(g));
   }
   impl.fetches.erase(id);
-  if (!error.empty()) {
-    throw Error("fetching the snapshots of this node's ranks: " + error);
-  }
-  return got;
+  return result;
 }
 
 PeerCopy::Stats PeerCopy::stats() const {

@@ -54,6 +54,11 @@ struct Fetched {
   uint64_t bytes = 0;
 };
 
+struct FetchResult {
+  std::vector<Fetched> got;
+  std::string error;  // "" when every agent sent all it holds
+};
+
 class PeerCopy {
  public:
   // Listens at once. Throws NetworkError when it cannot bind.
@@ -72,10 +77,11 @@ class PeerCopy {
 
   // Fetches from the round's other agents every snapshot they hold of
   // `ranks` (global rank -> this node's local rank), newest first, into
-  // those local ranks' own slots; waits for each agent to answer. Returns
-  // what came, rank by rank (ranks none held are absent). Throws Error when
-  // an agent cannot be reached or does not answer within the timeout.
-  std::vector<Fetched> fetch(const std::map<int64_t, int>& ranks);
+  // those local ranks' own slots; waits for each agent to answer (or the
+  // timeout). Returns what came, rank by rank (ranks none held are
+  // absent), and what did not: an agent that cannot be reached or does not
+  // answer, a snapshot that could not be sent whole.
+  FetchResult fetch(const std::map<int64_t, int>& ranks);
 
   struct Stats {
     uint64_t copies = 0;  // snapshots the peer took

@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -188,6 +189,11 @@ void Region::set_state(uint32_t i, uint32_t state) {
 void Region::set_flags(uint32_t i, uint64_t flags) {
   __atomic_store_n(
       reinterpret_cast<uint64_t*>(slot(i) + 56), flags, __ATOMIC_RELEASE);
+}
+
+void Region::populate(uint32_t i, uint64_t bytes) {
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, linux/mman.h
+  ::madvise(slot(i), std::min(bytes, layout_.slot_bytes), kPopulateWrite);
 }
 
 void Region::set_peer(bool on) {
