@@ -271,9 +271,9 @@ struct PeerCopy::Impl {
         throw ProtocolError("a checkpoint chunk past its snapshot's end");
       }
       if (in.slot >= 0) {
-        std::memcpy(
-            region.slot(static_cast<uint32_t>(in.slot)) + kHeaderBytes +
-                p.offset,
+        region.write(
+            static_cast<uint32_t>(in.slot),
+            p.offset,
             chunk.data(),
             chunk.size());
       }
@@ -349,10 +349,6 @@ struct PeerCopy::Impl {
       in.head.flags = kFromPeer | (from_peer ? kReplicated : 0);
     }
     if (in.slot >= 0) {
-      if (p.purpose == kRestore) {  // a new node's slots: not mapped yet
-        region.populate(
-            static_cast<uint32_t>(in.slot), kHeaderBytes + in.head.payload());
-      }
       region.begin(static_cast<uint32_t>(in.slot), in.head);
     }
     return in;
@@ -462,8 +458,8 @@ struct PeerCopy::Impl {
         break;
       }
       uint64_t n = std::min(options.chunk_bytes, total - at);
-      auto bytes = std::make_shared<std::string>(
-          region.slot(slot) + kHeaderBytes + at, n);
+      std::shared_ptr<char[]> bytes = std::make_shared_for_overwrite<char[]>(n);
+      region.read(slot, at, bytes.get(), n);
       p.offset = at;
       at += n;
       p.place = kMore;
@@ -471,7 +467,7 @@ struct PeerCopy::Impl {
         whole = same(region.head(slot), head);
         p.place = whole ? kLast : kVoid;
       }
-      void* data = bytes->data();
+      void* data = bytes.get();
       Message m{.type = kPut, .id = id, .metadata = p.encode()};
       m.buffers.emplace_back(std::move(bytes), data, n);
       std::string not_sent;

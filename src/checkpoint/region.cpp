@@ -62,7 +62,8 @@ Region::Region(
     : layout_(plan(bytes, local_ranks, peer)) {
   path_ = dir + "/" + kRegionPrefix + std::to_string(::getpid()) + "-" +
           random_id(8);
-  Fd fd(::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  const Fd& fd = fd_;
   if (!fd) {
     throw Error(
         "cannot create the checkpoint memory " + path_ + ": " +
@@ -112,15 +113,13 @@ Region::~Region() {
 
 char* Region::slot(uint32_t i) {
   if (map_ == nullptr) {
-    Fd fd(::open(path_.c_str(), O_RDWR | O_CLOEXEC));
-    void* at = fd ? ::mmap(
-                        nullptr,
-                        layout_.bytes,
-                        PROT_READ | PROT_WRITE,
-                        MAP_SHARED,
-                        fd.get(),
-                        0)
-                  : MAP_FAILED;
+    void* at = ::mmap(
+        nullptr,
+        layout_.bytes,
+        PROT_READ | PROT_WRITE,
+        MAP_SHARED,
+        fd_.get(),
+        0);
     if (at == MAP_FAILED) {
       throw Error(
           "cannot map the checkpoint memory " + path_ + ": " +
@@ -191,9 +190,47 @@ void Region::set_flags(uint32_t i, uint64_t flags) {
       reinterpret_cast<uint64_t*>(slot(i) + 56), flags, __ATOMIC_RELEASE);
 }
 
-void Region::populate(uint32_t i, uint64_t bytes) {
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, linux/mman.h
-  ::madvise(slot(i), std::min(bytes, layout_.slot_bytes), kPopulateWrite);
+uint64_t Region::offset(uint32_t i, uint64_t at, uint64_t n) const {
+  if (i >= layout_.slots || at + n + kHeaderBytes > layout_.slot_bytes) {
+    throw InvalidArgument(
+        "past the end of checkpoint slot " + std::to_string(i));
+  }
+  return kHeaderBytes + static_cast<uint64_t>(i) * layout_.slot_bytes +
+         kHeaderBytes + at;
+}
+
+void Region::read(uint32_t i, uint64_t at, char* to, uint64_t n) const {
+  uint64_t from = offset(i, at, n);
+  for (uint64_t done = 0; done < n;) {
+    ssize_t got = ::pread(
+        fd_.get(), to + done, n - done, static_cast<off_t>(from + done));
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) {
+        continue;
+      }
+      throw Error(
+          "cannot read the checkpoint memory " + path_ + ": " +
+          (got == 0 ? "short file" : std::strerror(errno)));
+    }
+    done += static_cast<uint64_t>(got);
+  }
+}
+
+void Region::write(uint32_t i, uint64_t at, const char* from, uint64_t n) {
+  uint64_t to = offset(i, at, n);
+  for (uint64_t done = 0; done < n;) {
+    ssize_t put = ::pwrite(
+        fd_.get(), from + done, n - done, static_cast<off_t>(to + done));
+    if (put <= 0) {
+      if (put < 0 && errno == EINTR) {
+        continue;
+      }
+      throw Error(
+          "cannot write the checkpoint memory " + path_ + ": " +
+          (put == 0 ? "short write" : std::strerror(errno)));
+    }
+    done += static_cast<uint64_t>(put);
+  }
 }
 
 void Region::set_peer(bool on) {

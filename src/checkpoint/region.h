@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tide/common/fd.h"
+
 // Checkpoints held in memory by a node's agent (docs/checkpoints.md): one
 // file in /dev/shm that the agent creates and reserves when its run begins
 // and removes when it ends, which its workers map by name (the variable
@@ -112,14 +114,19 @@ class Region {
   void set_flags(uint32_t i, uint64_t flags);
   // The header's peer field (saves wait for the peer while it is 1).
   void set_peer(bool on);
-  // Maps the first `bytes` of slot i into this process in one call, far
-  // cheaper than a fault per page as a copy first writes them (Linux >=
-  // 5.14; elsewhere the copy faults them in).
-  void populate(uint32_t i, uint64_t bytes);
+  // Copies n bytes between `at` in slot i's snapshot (past its header) and
+  // memory of this process, through the file rather than the mapping: the
+  // agent never maps the pages of the snapshots it sends and receives (a
+  // fault per page costs more than the copy). Throws Error on a short copy.
+  void read(uint32_t i, uint64_t at, char* to, uint64_t n) const;
+  void write(uint32_t i, uint64_t at, const char* from, uint64_t n);
 
  private:
+  uint64_t offset(uint32_t i, uint64_t at, uint64_t n) const;
+
   std::string path_;
   Layout layout_;
+  Fd fd_;
   char* map_ = nullptr;
 };
 

@@ -74,15 +74,18 @@ PeerCopyOptions options(std::string token = kToken) {
       .timeout = std::chrono::seconds(10)};
 }
 
-class PeerCopyTest : public ::testing::Test {
- protected:
+// Two nodes' regions (two local ranks each: 64 MiB is five slots of about
+// 12.8 MiB per rank).
+struct TwoRegions {
   test::TempDir dir;
-  // Two local ranks each: 64 MiB is five slots of about 12.8 MiB per rank.
   Region a{dir.path().string(), 64 << 20, 2, true};
   Region b{dir.path().string(), 64 << 20, 2, true};
 };
 
-TEST_F(PeerCopyTest, ANodesNewestSnapshotsLandInItsPeersReplicaSlots) {
+TEST(PeerCopyTest, ANodesNewestSnapshotsLandInItsPeersReplicaSlots) {
+  TwoRegions regions;
+  Region& a = regions.a;
+  Region& b = regions.b;
   // Local rank 1 of node 0 (global rank 1): an older and a newer snapshot,
   // the newer over many chunks, before the round begins.
   const uint32_t own1 = a.layout().own;
@@ -146,7 +149,10 @@ TEST_F(PeerCopyTest, ANodesNewestSnapshotsLandInItsPeersReplicaSlots) {
   EXPECT_EQ(b.head(b.layout().replicas_from + 2).step, 5);
 }
 
-TEST_F(PeerCopyTest, ANewNodeFetchesItsRanksFromTheNodeThatHoldsThem) {
+TEST(PeerCopyTest, ANewNodeFetchesItsRanksFromTheNodeThatHoldsThem) {
+  TwoRegions regions;
+  Region& a = regions.a;
+  Region& b = regions.b;
   // b holds node 0's copies of rank 2 (two steps) and its own rank 0.
   const uint32_t r = b.layout().replicas_from;
   save(
@@ -198,7 +204,10 @@ TEST_F(PeerCopyTest, ANewNodeFetchesItsRanksFromTheNodeThatHoldsThem) {
   }
 }
 
-TEST_F(PeerCopyTest, AnAgentWithoutTheSecretGetsNothing) {
+TEST(PeerCopyTest, AnAgentWithoutTheSecretGetsNothing) {
+  TwoRegions regions;
+  Region& a = regions.a;
+  Region& b = regions.b;
   save(
       b,
       0,
@@ -302,7 +311,9 @@ class RawPeer {
   std::vector<std::string> acks_;
 };
 
-TEST_F(PeerCopyTest, BadChunksAreRefusedAndWhatIsHeldStays) {
+TEST(PeerCopyTest, BadChunksAreRefusedAndWhatIsHeldStays) {
+  TwoRegions regions;
+  Region& b = regions.b;
   PeerCopy pb(b, options());
   const uint32_t r = b.layout().replicas_from;
   save(
@@ -350,7 +361,9 @@ TEST_F(PeerCopyTest, BadChunksAreRefusedAndWhatIsHeldStays) {
   EXPECT_EQ(b.head(r + 1).state, kComplete);
 }
 
-TEST_F(PeerCopyTest, ACopyCutShortIsNeverComplete) {
+TEST(PeerCopyTest, ACopyCutShortIsNeverComplete) {
+  TwoRegions regions;
+  Region& b = regions.b;
   PeerCopy pb(b, options());
   const uint32_t r = b.layout().replicas_from;
   save(

@@ -78,6 +78,16 @@ TEST(CheckpointRegionTest, SlotHeadersAreReadAsWrittenAndATornOneIsEmpty) {
   EXPECT_EQ(got.rank, 3);
   EXPECT_EQ(got.payload(), 128u + 4096u);
   EXPECT_EQ(got.flags, kReplicated);
+  // Bytes go in and out through the file, and land where the mapping
+  // (the workers') sees them; never past the slot.
+  r.write(1, 10, "snapshot", 8);
+  EXPECT_EQ(std::string(r.slot(1) + kHeaderBytes + 10, 8), "snapshot");
+  char back[8];
+  r.read(1, 10, back, 8);
+  EXPECT_EQ(std::string(back, 8), "snapshot");
+  const uint64_t room = r.layout().slot_bytes - kHeaderBytes;
+  EXPECT_THROW(r.write(1, room - 4, "snapshot", 8), InvalidArgument);
+  EXPECT_THROW(r.read(r.layout().slots, 0, back, 1), InvalidArgument);
   // Sizes past the slot (a torn header, or not ours) are never trusted.
   r.begin(2, SlotHead{.seq = 1, .data_bytes = r.layout().slot_bytes});
   r.set_state(2, kComplete);
