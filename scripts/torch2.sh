@@ -45,7 +45,7 @@ build() {
   debian_root_run "$root" "cd /src && scripts/build.sh /build -DTIDE_BUILD_TESTS=ON \
     -DTIDE_TESTS=integration -DTIDE_FUZZ_TESTS=OFF -DTIDE_BUILD_BENCH=OFF -DTIDE_WITH_TORCH=ON \
     -DTIDE_WITH_PYTHON=ON -- tiderun tide-store tide-timeline tide_elastic_module \
-    tide_torch_rpc_module tide_interop_tests tide_torch_rpc_tests"
+    tide_torch_rpc_module tide_interop_tests tide_torch_rpc_tests tide_checkpoint_torch_worker"
 }
 case $what in
 root) ;;

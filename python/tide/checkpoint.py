@@ -24,6 +24,7 @@ writes the same bytes.
 
 import ctypes as _ctypes
 import functools as _functools
+import json as _json
 import mmap as _mmap
 from collections import OrderedDict as _OrderedDict
 import os as _os
@@ -268,7 +269,8 @@ def save(state_dict, step):
     skeleton = _flatten(state_dict, (), tensors)
     table = [(str(t.dtype).replace("torch.", ""), tuple(t.shape), str(t.device)) for _, t in tensors]
     try:
-        meta = _pickle.dumps((skeleton, table), protocol=_pickle.HIGHEST_PROTOCOL)
+        meta = _neutral_meta(state_dict, tensors, table) or \
+            _pickle.dumps((skeleton, table), protocol=_pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - named below
         path, why = _unpicklable(skeleton)
         raise CheckpointError(
@@ -307,6 +309,34 @@ def save(state_dict, step):
         _SLOT.pack_into(mm, base, b"TIDECKPS", 1, _WRITING, seq, step, rank,
                         len(meta), end - _HEADER - _align(len(meta)), 0)
         _struct.pack_into("<I", mm, base + _STATE_AT, _COMPLETE)
+
+
+def _neutral_meta(state, tensors, table):
+    """The meta of a state that is a dict of tensors with string keys in the
+    form the C++ API reads too (JSON: the tensors in order, with their keys,
+    dtypes, shapes and devices); None for any other state."""
+    if type(state) not in (dict, _OrderedDict) or hasattr(state, "_metadata") or \
+            len(tensors) != len(state) or any(len(path) != 1 for path, _ in tensors) or \
+            not all(isinstance(k, str) for k in state):
+        return None  # not every value a tensor, or not every key a string
+    return _json.dumps({"format": "tide-state", "version": 1, "tensors": [
+        {"key": path[0], "dtype": dtype, "shape": list(shape), "device": device}
+        for (path, _), (dtype, shape, device) in zip(tensors, table)]}).encode()
+
+
+def _read_meta(meta):
+    """(skeleton, table) from a snapshot's meta: a pickle (Python's), or
+    the JSON both APIs write."""
+    if meta[:1] != b"{":
+        return _pickle.loads(meta)
+    try:
+        doc = _json.loads(bytes(meta))
+        entries = doc["tensors"]
+        skeleton = {e["key"]: _Tensor(i) for i, e in enumerate(entries)}
+        table = [(e["dtype"], tuple(e["shape"]), e["device"]) for e in entries]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"load: a snapshot's meta is not tide's ({e})") from None
+    return skeleton, table
 
 
 def _slots(region):
@@ -360,7 +390,7 @@ class _Snapshot:
         self.base = region.offset(slot)
         meta_bytes = head[6]
         start = self.base + _HEADER
-        self.skeleton, self.table = _pickle.loads(region.mm[start:start + meta_bytes])
+        self.skeleton, self.table = _read_meta(region.mm[start:start + meta_bytes])
         self.offsets = []
         end = _HEADER + _align(meta_bytes)
         for dtype, shape, _ in self.table:

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -104,11 +105,43 @@ Region::Region(
   }
 }
 
+Region::Region(const std::string& path) : path_(path), owner_(false) {
+  fd_.reset(::open(path_.c_str(), O_RDWR | O_CLOEXEC));
+  char header[64] = {};
+  if (!fd_ || ::pread(fd_.get(), header, sizeof header, 0) !=
+                  static_cast<ssize_t>(sizeof header)) {
+    throw Error(
+        "cannot open the checkpoint memory " + path_ + ": " +
+        std::strerror(errno));
+  }
+  uint32_t version = 0;
+  std::memcpy(&version, header + 8, 4);
+  std::memcpy(&layout_.slots, header + 12, 4);
+  std::memcpy(&layout_.slot_bytes, header + 16, 8);
+  std::memcpy(&layout_.bytes, header + 24, 8);
+  std::memcpy(&layout_.own, header + 32, 4);
+  std::memcpy(&layout_.replicas_from, header + 36, 4);
+  struct stat st {};
+  if (std::memcmp(header, "TIDECKPR", 8) != 0 || version != kRegionVersion ||
+      layout_.own == 0 || layout_.replicas_from > layout_.slots ||
+      ::fstat(fd_.get(), &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) < layout_.bytes ||
+      layout_.bytes !=
+          kHeaderBytes + uint64_t{layout_.slots} * layout_.slot_bytes) {
+    throw Error(
+        path_ + " is not a tide checkpoint region (version " +
+        std::to_string(kRegionVersion) + ")");
+  }
+  layout_.local_ranks = layout_.replicas_from / layout_.own;
+}
+
 Region::~Region() {
   if (map_ != nullptr) {
     ::munmap(map_, layout_.bytes);
   }
-  ::unlink(path_.c_str());
+  if (owner_) {
+    ::unlink(path_.c_str());
+  }
 }
 
 char* Region::slot(uint32_t i) {
@@ -231,6 +264,12 @@ void Region::write(uint32_t i, uint64_t at, const char* from, uint64_t n) {
     }
     done += static_cast<uint64_t>(put);
   }
+}
+
+bool Region::peer() {
+  slot(0);  // mapped
+  return __atomic_load_n(
+             reinterpret_cast<uint32_t*>(map_ + 40), __ATOMIC_ACQUIRE) == 1;
 }
 
 void Region::set_peer(bool on) {

@@ -81,7 +81,8 @@ struct SlotHead {
   }
 };
 
-// A region this process made; its file is removed when it is destroyed.
+// A region: one this process made (its file is removed when it is
+// destroyed), or one it opened by name (a worker's).
 class Region {
  public:
   // Creates `dir`/tide-checkpoint-<pid>-<random>, reserved in full at once
@@ -93,6 +94,9 @@ class Region {
       uint64_t bytes,
       int local_ranks,
       bool peer = false);
+  // Opens the region at `path` (made by an agent). Throws Error when it is
+  // not a region of this version.
+  explicit Region(const std::string& path);
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -113,6 +117,7 @@ class Region {
   void set_state(uint32_t i, uint32_t state);
   void set_flags(uint32_t i, uint64_t flags);
   // The header's peer field (saves wait for the peer while it is 1).
+  bool peer();
   void set_peer(bool on);
   // Copies n bytes between `at` in slot i's snapshot (past its header) and
   // memory of this process, through the file rather than the mapping: the
@@ -128,6 +133,7 @@ class Region {
   Layout layout_;
   Fd fd_;
   char* map_ = nullptr;
+  bool owner_ = true;
 };
 
 // Removes the regions in `dir` of agents that are gone (a crashed agent

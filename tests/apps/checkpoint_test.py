@@ -8,7 +8,9 @@ step are clear errors that keep the last snapshot; a bound that /dev/shm
 cannot hold, or too small for the local ranks, is refused at start;
 snapshots written behind the training are read by plain torch and by a new
 job, SIGTERM of tiderun writes the newest first; ranks that saved
-different steps load the newest they all hold; the example DDP script
+different steps load the newest they all hold; a node lost in a two-node job
+is restored from its peer; a libtorch program (the C++ twin) is restored bit
+for bit and reads what Python saves, and Python what it saves; the example DDP script
 killed at a random step trains to the same weights as without the kill;
 no region is left behind.
 
@@ -32,6 +34,9 @@ TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "checkpoint", "worker.py")
 PYTHON = os.path.join(HERE, "..", "..", "python")
+# The libtorch worker on the C++ twin (tests/checkpoint/torch_worker.cpp),
+# built with libtorch.
+TORCH_WORKER = os.environ.get("TIDE_CHECKPOINT_TORCH_WORKER")
 
 
 def regions():
@@ -313,6 +318,27 @@ class CheckpointTest(unittest.TestCase):
     def log(self, name):
         with open(os.path.join(self.top, name + ".log")) as f:
             return f.read()[-4000:]
+
+    @unittest.skipUnless(TORCH_WORKER, "no libtorch worker (TIDE_CHECKPOINT_TORCH_WORKER)")
+    def test_a_libtorch_program_is_restored_and_shares_snapshots_with_python(self):
+        env = dict(os.environ, OUT=self.out, PYTHONPATH=os.path.abspath(PYTHON))
+        common = [TIDERUN, "--standalone", "--nproc-per-node=2", "--checkpoint-memory=64M",
+                  "--no-python"]
+        r = subprocess.run([*common, "--max-restarts=1", TORCH_WORKER, "dies"], env=env,
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank}: step 4 from memory, bit for bit", r.stdout)
+        # C++ saves, Python loads and saves, C++ loads: one worker, one region.
+        interop = os.path.join(HERE, "checkpoint", "interop.py")
+        script = (f"{TORCH_WORKER} save 7 && /usr/bin/python3 {interop} check 7 && "
+                  f"/usr/bin/python3 {interop} save 8 && {TORCH_WORKER} check 8")
+        r = subprocess.run([*common, "sh", "-c", script], env=env, capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank}: Python read step 7 of C++, bit for bit", r.stdout)
+            self.assertIn(f"rank {rank}: step 8 from memory, bit for bit", r.stdout)
 
     def test_outside_tide_save_says_how_to_get_memory(self):
         env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON))
