@@ -94,6 +94,29 @@ TEST(CheckpointRegionTest, SlotHeadersAreReadAsWrittenAndATornOneIsEmpty) {
   EXPECT_EQ(r.head(2).state, kEmpty);
 }
 
+TEST(CheckpointRegionTest, AWorkerOpensItByNameAndLeavesTheFile) {
+  test::TempDir dir;
+  Region made(dir.path().string(), 64 << 20, 2, true);
+  {
+    Region opened(made.path());
+    EXPECT_EQ(opened.layout().slots, made.layout().slots);
+    EXPECT_EQ(opened.layout().slot_bytes, made.layout().slot_bytes);
+    EXPECT_EQ(opened.layout().own, 3u);
+    EXPECT_EQ(opened.layout().replicas_from, 6u);
+    EXPECT_EQ(opened.layout().local_ranks, 2u);
+    made.set_peer(true);
+    EXPECT_TRUE(opened.peer());
+    opened.begin(0, SlotHead{.seq = 1, .step = 2, .rank = 0, .meta_bytes = 8});
+    opened.set_state(0, kComplete);
+    EXPECT_EQ(made.head(0).step, 2);
+  }
+  EXPECT_TRUE(fs::exists(made.path())) << "the agent's to remove";
+  std::string other = (dir.path() / "not-a-region").string();
+  std::ofstream(other) << std::string(8192, 'x');
+  EXPECT_THROW(Region{other}, Error);
+  EXPECT_THROW(Region{(dir.path() / "missing").string()}, Error);
+}
+
 TEST(CheckpointRegionTest, TheFileHoldsItsHeaderAndGoesWithTheRegion) {
   test::TempDir dir;
   std::string path;
