@@ -232,38 +232,42 @@ uint64_t Region::offset(uint32_t i, uint64_t at, uint64_t n) const {
          kHeaderBytes + at;
 }
 
-void Region::read(uint32_t i, uint64_t at, char* to, uint64_t n) const {
-  uint64_t from = offset(i, at, n);
+namespace {
+
+// Runs io (pread or pwrite of what is left at an offset) until n bytes are
+// through.
+template <typename Io>
+void all_of(uint64_t n, const std::string& what, Io io) {
   for (uint64_t done = 0; done < n;) {
-    ssize_t got = ::pread(
-        fd_.get(), to + done, n - done, static_cast<off_t>(from + done));
-    if (got <= 0) {
-      if (got < 0 && errno == EINTR) {
+    ssize_t moved = io(done);
+    if (moved <= 0) {
+      if (moved < 0 && errno == EINTR) {
         continue;
       }
       throw Error(
-          "cannot read the checkpoint memory " + path_ + ": " +
-          (got == 0 ? "short file" : std::strerror(errno)));
+          "cannot " + what + ": " +
+          (moved == 0 ? "short file" : std::strerror(errno)));
     }
-    done += static_cast<uint64_t>(got);
+    done += static_cast<uint64_t>(moved);
   }
+}
+
+}  // namespace
+
+void Region::read(uint32_t i, uint64_t at, char* to, uint64_t n) const {
+  uint64_t from = offset(i, at, n);
+  all_of(n, "read the checkpoint memory " + path_, [&](uint64_t done) {
+    return ::pread(
+        fd_.get(), to + done, n - done, static_cast<off_t>(from + done));
+  });
 }
 
 void Region::write(uint32_t i, uint64_t at, const char* from, uint64_t n) {
   uint64_t to = offset(i, at, n);
-  for (uint64_t done = 0; done < n;) {
-    ssize_t put = ::pwrite(
+  all_of(n, "write the checkpoint memory " + path_, [&](uint64_t done) {
+    return ::pwrite(
         fd_.get(), from + done, n - done, static_cast<off_t>(to + done));
-    if (put <= 0) {
-      if (put < 0 && errno == EINTR) {
-        continue;
-      }
-      throw Error(
-          "cannot write the checkpoint memory " + path_ + ": " +
-          (put == 0 ? "short write" : std::strerror(errno)));
-    }
-    done += static_cast<uint64_t>(put);
-  }
+  });
 }
 
 bool Region::peer() {
