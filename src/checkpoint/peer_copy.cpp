@@ -86,6 +86,60 @@ struct Put {
   }
 };
 
+// Chunk buffers, used again once the transport lets go of them: a new
+// allocation of a chunk's size per chunk (received or sent) would fault its
+// pages in each time, which costs more than the copy on a VM.
+class ChunkPool : public std::enable_shared_from_this<ChunkPool> {
+ public:
+  explicit ChunkPool(uint64_t bytes) : bytes_(bytes) {}
+
+  // n bytes (at most the chunk size) of a buffer.
+  Buffer take(uint64_t n) {
+    std::unique_ptr<char[]> b;
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        b = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    if (!b) {
+      b = std::make_unique_for_overwrite<char[]>(bytes_);
+    }
+    char* p = b.release();
+    std::weak_ptr<ChunkPool> pool = weak_from_this();
+    return Buffer(
+        std::shared_ptr<void>(
+            p,
+            [pool](void* q) {
+              std::unique_ptr<char[]> back(static_cast<char*>(q));
+              if (auto s = pool.lock()) {
+                s->give(std::move(back));
+              }
+            }),
+        p,
+        n);
+  }
+
+  uint64_t bytes() const {
+    return bytes_;
+  }
+
+ private:
+  void give(std::unique_ptr<char[]> b) {
+    std::lock_guard lock(mutex_);
+    if (free_.size() < kKeep) {
+      free_.push_back(std::move(b));
+    }
+  }
+
+  // The window's, each way, and a few more.
+  static constexpr size_t kKeep = 2 * kWindow + 4;
+  const uint64_t bytes_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<char[]>> free_;
+};
+
 int random_node_id() {
   std::random_device seed;
   return std::uniform_int_distribution<int>(1, 0x7ffffff0)(seed);
@@ -155,17 +209,28 @@ struct PeerCopy::Impl {
   };
   std::map<std::pair<const void*, uint64_t>, Incoming> incoming;
 
+  std::shared_ptr<ChunkPool> chunks;
   std::atomic<uint64_t> copies{0};
   std::atomic<uint64_t> bytes_copied{0};
   std::jthread sender;
 
-  Impl(Region& r, PeerCopyOptions o) : region(r), options(std::move(o)) {
+  Impl(Region& r, PeerCopyOptions o)
+      : region(r),
+        options(std::move(o)),
+        chunks(std::make_shared<ChunkPool>(options.chunk_bytes)) {
     transport::TransportOptions t;
     t.self_id = self_id;
     t.self_name = name(self_id);
     t.listen_host = options.listen_host;
     t.shared_memory = false;
     t.token = options.token;
+    // A chunk comes into a buffer of the pool (unless a peer's chunks are
+    // larger than this side's: then the transport's own).
+    t.placement = [pool = chunks](
+                      const transport::Frame& f, size_t index, uint64_t n) {
+      return f.type == kPut && index == 0 && n <= pool->bytes() ? pool->take(n)
+                                                                : Buffer();
+    };
     t.message_types = transport::MessageTypes{
         {kPut, "CHECKPOINT_PUT"},
         {kAck, "CHECKPOINT_ACK"},
@@ -458,8 +523,8 @@ struct PeerCopy::Impl {
         break;
       }
       uint64_t n = std::min(options.chunk_bytes, total - at);
-      std::shared_ptr<char[]> bytes = std::make_shared_for_overwrite<char[]>(n);
-      region.read(slot, at, bytes.get(), n);
+      Buffer bytes = chunks->take(n);
+      region.read(slot, at, bytes.data(), n);
       p.offset = at;
       at += n;
       p.place = kMore;
@@ -467,9 +532,8 @@ struct PeerCopy::Impl {
         whole = same(region.head(slot), head);
         p.place = whole ? kLast : kVoid;
       }
-      void* data = bytes.get();
       Message m{.type = kPut, .id = id, .metadata = p.encode()};
-      m.buffers.emplace_back(std::move(bytes), data, n);
+      m.buffers.push_back(std::move(bytes));
       std::string not_sent;
       if (!pipe.send(std::move(m), &not_sent)) {
         why = not_sent;

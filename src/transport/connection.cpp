@@ -56,7 +56,11 @@ Connection::Connection(
       handshake_timer(owner.loop.io()),
       decoder(owner.types, FrameLimits{}, kHandshakeLimits),
       read_buf(std::make_unique_for_overwrite<char[]>(kHandshakeReadBuffer)),
-      read_cap(kHandshakeReadBuffer) {}
+      read_cap(kHandshakeReadBuffer) {
+  if (owner.options.placement) {
+    decoder.set_placement(owner.options.placement);
+  }
+}
 
 void Connection::grow_read_buffer() {
   if (read_cap < kReadBuffer) {

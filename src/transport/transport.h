@@ -166,6 +166,12 @@ struct TransportOptions {
   // are closed at accept).
   std::chrono::milliseconds handshake_timeout{10'000};
   size_t max_unauthenticated = 256;
+  // Where a received buffer of a proven connection goes (FrameDecoder::
+  // Placement): storage of exactly its length (say, one used again, where
+  // a new allocation would fault its pages in each time), or an empty
+  // Buffer for the transport's own. Called on the loop. Empty: always the
+  // transport's own.
+  FrameDecoder::Placement placement;
   // Bytes one connection may hold unsent (a peer that does not read): a
   // send() past it throws NetworkError. One message of any size goes when
   // nothing is queued.
