@@ -11,7 +11,9 @@
 
 #include <pybind11/stl.h>
 
+#include "tide/agent/health_check.h"
 #include "tide/agent/local_elastic_agent.h"
+#include "tide/common/error.h"
 
 #include "pyelastic/py_common.h"
 
@@ -111,6 +113,21 @@ class Agent {
     if (!s["timer_file"].is_none()) {  // TORCHELASTIC_ENABLE_FILE_TIMER=1
       spec.timer = agent::WorkerSpec::Timer::kFile;
       spec.timer_file = s["timer_file"].cast<std::string>();
+    }
+    if (s.contains("checkpoint_memory")) {
+      auto memory = s["checkpoint_memory"].cast<std::string>();
+      if (!memory.empty()) {
+        spec.checkpoints.memory =
+            agent::parse_size(memory, "PET_CHECKPOINT_MEMORY");
+      }
+      spec.checkpoints.dir = s["checkpoint_dir"].cast<std::string>();
+      spec.checkpoints.keep = s["checkpoint_keep"].cast<int>();
+      spec.checkpoints.python = s["python"].cast<std::string>();
+      if (!spec.checkpoints.dir.empty() && spec.checkpoints.memory == 0) {
+        throw InvalidArgument(
+            "PET_CHECKPOINT_DIR writes the snapshots held in memory: set "
+            "PET_CHECKPOINT_MEMORY too");
+      }
     }
     agent::validate(spec);
     agent_ = std::make_unique<agent::LocalElasticAgent>(std::move(spec));

@@ -92,6 +92,26 @@ def kills_itself_on_rank_zero():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def saves_then_dies_then_loads(directory):
+    """Attempt 0 saves steps 0-4 in the agent's memory and rank 1 dies once
+    rank 0 has saved too; attempt 1 returns what it loads back."""
+    import torch
+    import tide.checkpoint as ck
+
+    rank = int(os.environ["RANK"])
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        for step in range(5):
+            ck.save({"w": torch.full((3,), float(10 * rank + step))}, step=step)
+        open(os.path.join(directory, f"saved{rank}"), "w").close()
+        if rank == 1:
+            while not os.path.exists(os.path.join(directory, "saved0")):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # stopped by the agent
+    loaded = ck.load()
+    return loaded.step, loaded.source, loaded.state["w"].tolist()
+
+
 def writes_pid_then_hangs(directory):
     path = os.path.join(directory, f"pid{os.environ['RANK']}")
     with open(path + ".tmp", "w") as f:
@@ -323,6 +343,23 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(f.exitcode, -signal.SIGKILL)
         self.assertEqual(f.signal_name(), "SIGKILL")
         self.assertEqual(f.message, f"Signal 9 (SIGKILL) received by PID {f.pid}")
+
+    def test_checkpoints_in_memory_from_tiderun_variables(self):
+        os.environ["PET_CHECKPOINT_MEMORY"] = "16M"
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                _, result = run(saves_then_dies_then_loads, args=(d,), n=2, max_restarts=1)
+        finally:
+            del os.environ["PET_CHECKPOINT_MEMORY"]
+        self.assertEqual(result.state, WorkerState.SUCCEEDED)
+        self.assertEqual(result.return_values, {0: (4, "memory", [4.0] * 3),
+                                                1: (4, "memory", [14.0] * 3)})
+        os.environ["PET_CHECKPOINT_DIR"] = "/tmp/unused"
+        try:
+            with self.assertRaisesRegex(ValueError, "set PET_CHECKPOINT_MEMORY too"):
+                run(rank_plus, args=(0,), n=1)
+        finally:
+            del os.environ["PET_CHECKPOINT_DIR"]
 
     def test_a_program_entrypoint_with_local_rank_in_its_arguments(self):
         check = "import os, sys; sys.exit(0 if os.environ['LOCAL_RANK'] == sys.argv[1] else 5)"

@@ -161,6 +161,12 @@ class LocalElasticAgent(ElasticAgent):
                 "master_port": spec.master_port,
                 "exit_barrier_timeout": float(self._exit_barrier_timeout),
                 "timer_file": _file_timer(),
+                # In-memory checkpoints (docs/checkpoints.md): tiderun's
+                # variables, read from the launcher's environment.
+                "checkpoint_memory": os.environ.get("PET_CHECKPOINT_MEMORY", ""),
+                "checkpoint_dir": os.environ.get("PET_CHECKPOINT_DIR", ""),
+                "checkpoint_keep": int(os.environ.get("PET_CHECKPOINT_KEEP", "2")),
+                "python": sys.executable,
             }
             self._native = _elastic.Agent(native_spec)
             out = self._native.run(
