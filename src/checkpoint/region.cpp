@@ -103,6 +103,7 @@ Region::Region(
         "cannot write the checkpoint memory " + path_ + ": " +
         std::strerror(e));
   }
+  map();
 }
 
 Region::Region(const std::string& path) : path_(path), owner_(false) {
@@ -133,6 +134,7 @@ Region::Region(const std::string& path) : path_(path), owner_(false) {
         std::to_string(kRegionVersion) + ")");
   }
   layout_.local_ranks = layout_.replicas_from / layout_.own;
+  map();
 }
 
 Region::~Region() {
@@ -144,37 +146,50 @@ Region::~Region() {
   }
 }
 
-char* Region::slot(uint32_t i) {
-  if (map_ == nullptr) {
-    void* at = ::mmap(
-        nullptr,
-        layout_.bytes,
-        PROT_READ | PROT_WRITE,
-        MAP_SHARED,
-        fd_.get(),
-        0);
-    if (at == MAP_FAILED) {
-      throw Error(
-          "cannot map the checkpoint memory " + path_ + ": " +
-          std::strerror(errno));
+void Region::map() {
+  void* at = ::mmap(
+      nullptr, layout_.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+  if (at == MAP_FAILED) {
+    int e = errno;
+    if (owner_) {
+      ::unlink(path_.c_str());
     }
-    map_ = static_cast<char*>(at);
+    throw Error(
+        "cannot map the checkpoint memory " + path_ + ": " + std::strerror(e));
   }
+  map_ = static_cast<char*>(at);
+}
+
+char* Region::slot(uint32_t i) {
   return map_ + kHeaderBytes + static_cast<uint64_t>(i) * layout_.slot_bytes;
 }
 
 namespace {
 
-// Workers write these fields from Python as plain stores; a state is
-// published last, so it is read with acquire and written with release.
-uint32_t load32(const char* at) {
+// A slot's header is shared with other processes (workers write it from
+// Python as plain stores) and, in an agent, with its other threads: each
+// field is read and written whole, atomically; the state is published
+// last, so it is read with acquire and written with release, and a reader
+// that must be sure checks it again after reading the rest.
+uint64_t load64(const char* at) {
   return __atomic_load_n(
-      reinterpret_cast<const uint32_t*>(at), __ATOMIC_ACQUIRE);
+      reinterpret_cast<const uint64_t*>(at), __ATOMIC_RELAXED);
 }
-uint64_t get64(const char* at) {
-  uint64_t v = 0;
-  std::memcpy(&v, at, sizeof v);
-  return v;
+void store64(char* at, uint64_t v) {
+  __atomic_store_n(reinterpret_cast<uint64_t*>(at), v, __ATOMIC_RELAXED);
+}
+uint32_t load32(const char* at, int order = __ATOMIC_RELAXED) {
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(at), order);
+}
+void store32(char* at, uint32_t v, int order = __ATOMIC_RELAXED) {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(at), v, order);
+}
+
+// "TIDECKPS" as the u64 at a slot's start.
+uint64_t slot_magic() {
+  uint64_t m = 0;
+  std::memcpy(&m, "TIDECKPS", 8);
+  return m;
 }
 
 }  // namespace
@@ -182,18 +197,16 @@ uint64_t get64(const char* at) {
 SlotHead Region::head(uint32_t i) {
   const char* at = slot(i);
   SlotHead h;
-  uint32_t version = 0;
-  std::memcpy(&version, at + 8, 4);
-  if (std::memcmp(at, "TIDECKPS", 8) != 0 || version != 1) {
+  if (load64(at) != slot_magic() || load32(at + 8) != 1) {
     return h;
   }
-  h.state = load32(at + 12);
-  h.seq = get64(at + 16);
-  h.step = static_cast<int64_t>(get64(at + 24));
-  h.rank = static_cast<int64_t>(get64(at + 32));
-  h.meta_bytes = get64(at + 40);
-  h.data_bytes = get64(at + 48);
-  h.flags = get64(at + 56);
+  h.state = load32(at + 12, __ATOMIC_ACQUIRE);
+  h.seq = load64(at + 16);
+  h.step = static_cast<int64_t>(load64(at + 24));
+  h.rank = static_cast<int64_t>(load64(at + 32));
+  h.meta_bytes = load64(at + 40);
+  h.data_bytes = load64(at + 48);
+  h.flags = load64(at + 56);
   if (kHeaderBytes + h.payload() > layout_.slot_bytes) {
     return SlotHead{};  // torn, or not ours: never read past the slot
   }
@@ -203,24 +216,22 @@ SlotHead Region::head(uint32_t i) {
 void Region::begin(uint32_t i, const SlotHead& h) {
   char* at = slot(i);
   set_state(i, kWriting);
-  std::memcpy(at, "TIDECKPS", 8);
-  put32(at + 8, 1);
-  put64(at + 16, h.seq);
-  put64(at + 24, static_cast<uint64_t>(h.step));
-  put64(at + 32, static_cast<uint64_t>(h.rank));
-  put64(at + 40, h.meta_bytes);
-  put64(at + 48, h.data_bytes);
-  put64(at + 56, h.flags);
+  store64(at, slot_magic());
+  store32(at + 8, 1);
+  store64(at + 16, h.seq);
+  store64(at + 24, static_cast<uint64_t>(h.step));
+  store64(at + 32, static_cast<uint64_t>(h.rank));
+  store64(at + 40, h.meta_bytes);
+  store64(at + 48, h.data_bytes);
+  store64(at + 56, h.flags);
 }
 
 void Region::set_state(uint32_t i, uint32_t state) {
-  __atomic_store_n(
-      reinterpret_cast<uint32_t*>(slot(i) + 12), state, __ATOMIC_RELEASE);
+  store32(slot(i) + 12, state, __ATOMIC_RELEASE);
 }
 
 void Region::set_flags(uint32_t i, uint64_t flags) {
-  __atomic_store_n(
-      reinterpret_cast<uint64_t*>(slot(i) + 56), flags, __ATOMIC_RELEASE);
+  store64(slot(i) + 56, flags);
 }
 
 uint64_t Region::offset(uint32_t i, uint64_t at, uint64_t n) const {
@@ -271,15 +282,11 @@ void Region::write(uint32_t i, uint64_t at, const char* from, uint64_t n) {
 }
 
 bool Region::peer() {
-  slot(0);  // mapped
-  return __atomic_load_n(
-             reinterpret_cast<uint32_t*>(map_ + 40), __ATOMIC_ACQUIRE) == 1;
+  return load32(map_ + 40, __ATOMIC_ACQUIRE) == 1;
 }
 
 void Region::set_peer(bool on) {
-  slot(0);  // mapped
-  __atomic_store_n(
-      reinterpret_cast<uint32_t*>(map_ + 40), on ? 1u : 0u, __ATOMIC_RELEASE);
+  store32(map_ + 40, on ? 1u : 0u, __ATOMIC_RELEASE);
 }
 
 int remove_stale(const std::string& dir) {

@@ -108,7 +108,7 @@ class Region {
     return layout_;
   }
 
-  // The region mapped into this process (mapped on the first call).
+  // Slot i in this process's mapping of the region.
   char* slot(uint32_t i);
   // A slot's header; a torn or foreign one reads as empty.
   SlotHead head(uint32_t i);
@@ -128,6 +128,7 @@ class Region {
 
  private:
   uint64_t offset(uint32_t i, uint64_t at, uint64_t n) const;
+  void map();
 
   std::string path_;
   Layout layout_;
