@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
 #include "tide/common/strings.h"
@@ -297,7 +298,7 @@ Loaded load(State* into, std::optional<int64_t> step) {
             " and is " + dtype_name(target->scalar_type()) + " " +
             nlohmann::json(target->sizes().vec()).dump() + " here");
       }
-      at::NoGradGuard no_grad;
+      c10::NoGradGuard no_grad;
       target->copy_(cpu);
       out.state.insert(key, *target);
     }
