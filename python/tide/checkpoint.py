@@ -61,8 +61,9 @@ class CheckpointError(RuntimeError):
 
 class Loaded(tuple):
     """What ``load`` returns: ``(state, step)``, and ``source``, where the
-    state came from: ``"memory"`` (this node's agent) or ``"none"`` (no
-    snapshot of this rank: ``state`` and ``step`` are None)."""
+    state came from: ``"memory"`` (this node's agent), ``"peer"`` (a copy
+    another node's agent made or sent), ``"disk"`` (--checkpoint-dir) or
+    ``"none"`` (no snapshot: ``state`` and ``step`` are None)."""
 
     def __new__(cls, state, step, source):
         loaded = super().__new__(cls, (state, step))
@@ -523,8 +524,10 @@ def _agree(held, step, process_group):
 def load(state_dict=None, *, step=None, process_group=None):
     """The latest snapshot that every rank holds, as ``(state, step)`` with
     ``.source`` saying where this rank's came from: ``"memory"`` (the node's
-    agent), ``"disk"`` (--checkpoint-dir, when memory lacks it: a new job, or
-    a new node), or ``"none"`` with ``(None, None)`` when no rank has one.
+    agent), ``"peer"`` (a copy of another node's, kept here or fetched by the
+    agent when this node replaced a lost one), ``"disk"`` (--checkpoint-dir,
+    when memory lacks it: a new job), or ``"none"`` with ``(None, None)``
+    when no rank has one.
 
     When torch.distributed is initialized, ``load`` is collective, as
     torch.distributed.checkpoint.load is: every rank of ``process_group``
