@@ -227,6 +227,19 @@ TEST(PeerCopyTest, AnAgentWithoutTheSecretGetsNothing) {
   }
 }
 
+// Puts a peer's copy of rank 0's step 3 in b's first replica slot; returns
+// that slot.
+uint32_t hold_a_copy(Region& b) {
+  const uint32_t r = b.layout().replicas_from;
+  save(
+      b,
+      r,
+      SlotHead{
+          .seq = 1, .step = 3, .rank = 0, .meta_bytes = 64, .data_bytes = 100},
+      5);
+  return r;
+}
+
 // A client speaking the peer copy's messages by hand.
 class RawPeer {
  public:
@@ -315,13 +328,7 @@ TEST(PeerCopyTest, BadChunksAreRefusedAndWhatIsHeldStays) {
   TwoRegions regions;
   Region& b = regions.b;
   PeerCopy pb(b, options());
-  const uint32_t r = b.layout().replicas_from;
-  save(
-      b,
-      r,
-      SlotHead{
-          .seq = 1, .step = 3, .rank = 0, .meta_bytes = 64, .data_bytes = 100},
-      5);
+  const uint32_t r = hold_a_copy(b);
   std::string before(b.slot(r), kHeaderBytes + 164);
   RawPeer raw(pb);
   const SlotHead good{
@@ -365,13 +372,7 @@ TEST(PeerCopyTest, ACopyCutShortIsNeverComplete) {
   TwoRegions regions;
   Region& b = regions.b;
   PeerCopy pb(b, options());
-  const uint32_t r = b.layout().replicas_from;
-  save(
-      b,
-      r,
-      SlotHead{
-          .seq = 1, .step = 3, .rank = 0, .meta_bytes = 64, .data_bytes = 100},
-      5);
+  const uint32_t r = hold_a_copy(b);
   {
     RawPeer raw(pb);
     const SlotHead h{
