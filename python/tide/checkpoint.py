@@ -502,8 +502,7 @@ def _agree(held, step, process_group):
 
     ranks = [held]
     if process_group is not False and dist.is_available() and dist.is_initialized():
-        ranks = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(ranks, held, group=process_group)
+        ranks = _gather(held, process_group)
     if step is not None:
         lacking = [r for r, h in enumerate(ranks) if step not in h]
         if lacking:
@@ -519,6 +518,37 @@ def _agree(held, step, process_group):
             "load: no step is held by every rank, so none can resume in step with the "
             "others; " + "; ".join(f"rank {r}: {_steps(h)}" for r, h in enumerate(ranks)))
     return None
+
+
+# The tensors of the last _gather, kept: torch < 2.8 destroys a gloo group
+# holding the GIL while it joins the group's threads, and a thread that
+# drops the last reference to a Python-made tensor of a finished collective
+# waits for the GIL, so destroy_process_group() right after a load could
+# hang for good (pytorch/pytorch#154976). Kept here, the last reference to
+# them is Python's.
+_gathered = None
+
+
+def _gather(held, group):
+    """The steps each rank of the group holds (held: this rank's, sorted),
+    gathered as all_gather_object would, but with tensors this module keeps."""
+    import torch
+    import torch.distributed as dist
+
+    global _gathered
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    n = dist.get_world_size(group)
+    count = torch.tensor([len(held)], dtype=torch.int64, device=device)
+    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+    dist.all_gather(counts, count, group=group)
+    longest = max(max(int(c.item()) for c in counts), 1)
+    mine = torch.tensor(held + [-1] * (longest - len(held)), dtype=torch.int64, device=device)
+    steps = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(steps, mine, group=group)
+    _gathered = (count, counts, mine, steps)
+    return [t[:int(c.item())].tolist() for t, c in zip(steps, counts)]
 
 
 def load(state_dict=None, *, step=None, process_group=None):

@@ -43,7 +43,8 @@ def regions():
     return set(glob.glob("/dev/shm/tide-checkpoint-*"))
 
 
-def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2, wait=True, then=""):
+def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2, wait=True, then="",
+            timeout=300):
     cmd = [*prefix, TIDERUN, "--standalone", f"--nproc-per-node={nproc}", *flags]
     if memory:
         cmd.append(f"--checkpoint-memory={memory}")
@@ -52,7 +53,50 @@ def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2, wait=True, then
     if not wait:
         return subprocess.Popen(cmd + [WORKER], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd + [WORKER], env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.Popen(cmd + [WORKER], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = stuck(p, timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def descendants(pid):
+    """The processes under pid (its workers and theirs), from /proc."""
+    children = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.split("/")[2]))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def stuck(p, timeout):
+    """A tiderun past its time: its workers print where they are (the
+    worker's faulthandler on SIGUSR1), then it is stopped by SIGTERM, which
+    removes its region; its output, with those stacks, says why."""
+    for pid in descendants(p.pid):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(2)  # for the stacks to be printed: a diagnosis, not a synchronisation
+    p.terminate()
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    return out, err + f"\n[checkpoint_test: tiderun was still running after {timeout} s]"
 
 
 # Reads a written snapshot with Debian's torch alone: no tide on the path.

@@ -1,5 +1,6 @@
 """A worker of checkpoint_test.py: MODE picks what it does, OUT is where it
 writes what it saw (JSON, one file per rank and attempt)."""
+import faulthandler
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ MODE = os.environ["MODE"]
 OUT = os.environ["OUT"]
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+# Where it is, on SIGUSR1: what checkpoint_test.py asks of a worker past its time.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def report(**what):
@@ -162,6 +165,8 @@ def agree():
     apart = error(ck.load)
     report(step=met.step, source=met.source, digest=digest(met.state), expected=digest(state_of(3)),
            alone=alone.step, lacking=lacking, apart=apart)
+    # Right after a load: under torch < 2.8 this hung one run in five while
+    # load gathered with all_gather_object (docs/checkpoints.md).
     dist.destroy_process_group()
 
 
