@@ -6,8 +6,10 @@ memcpy.
 
 A two-node job (tiderun in host 1 and host 2, one rank each, DDP-like
 barrier per step) saves --mb MiB per rank every step; once rank 1 has
-saved a few steps, host 2's tiderun and worker are SIGKILLed (the node and
-its memory lost) and a new tiderun starts in host 2. Its agent fetches rank
+saved a few steps and 9 s have passed, host 2's tiderun and worker are
+SIGKILLed (the node and its memory lost) and a new tiderun starts in host
+2. Each rep runs the job twice: cold restarts, and every tiderun with
+--prestart. Its agent fetches rank
 1's snapshots from host 1's agent before its worker starts: the agent's log
 says how many bytes in how long. Needs root (ip netns). Medians of --reps.
 
@@ -147,9 +149,10 @@ def memcpy(nbytes):
     return time.perf_counter() - t
 
 
-def node_loss(hosts, args, top):
-    """One job, node 2 lost and replaced: the agent's fetch (bytes,
-    seconds) and what the replacement's worker loaded."""
+def node_loss(hosts, args, top, prestart):
+    """One job, node 2 lost and replaced (every tiderun with --prestart when
+    prestart): the agent's fetch (bytes, seconds) and what the replacement's
+    worker loaded."""
     out = tempfile.mkdtemp(dir=top)
     worker = os.path.join(top, "worker.py")
     with open(worker, "w") as f:
@@ -158,7 +161,8 @@ def node_loss(hosts, args, top):
     memory = f"{5 * (args.mb + 1) + 1}M"
     common = [args.tiderun, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
               f"--rdzv-endpoint={hosts.addr(0)}:29612", "--rdzv-id=peerbench",
-              f"--checkpoint-memory={memory}", "--max-restarts=1", "--monitor-interval=0.05"]
+              f"--checkpoint-memory={memory}", "--max-restarts=1", "--monitor-interval=0.05",
+              *(["--prestart"] if prestart else [])]
     conf = "--rdzv-conf=join_timeout=120,last_call_timeout=1,keep_alive_interval=1," \
            "keep_alive_max_attempt=3,is_host="
     env = dict(os.environ, BENCH_OUT=out, BENCH_MB=str(args.mb), PYTHON_EXEC="/usr/bin/python3",
@@ -175,8 +179,12 @@ def node_loss(hosts, args, top):
     a = start(0, "a", "true")
     b = start(1, "b", "false")
     progress = os.path.join(out, "progress.1")
-    deadline = time.time() + 300
-    while not (os.path.exists(progress) and int(open(progress).read()) >= 3):
+    # Node 2 is lost once its rank saved a few steps and the job has run a
+    # while (--prestart's pool refills 5 s into an attempt).
+    started = time.time()
+    deadline = started + 300
+    while not (os.path.exists(progress) and int(open(progress).read()) >= 3
+               and time.time() > started + 9):
         if a.poll() is not None or b.poll() is not None or time.time() > deadline:
             raise SystemExit("the job ended early:\n" + open(logs["a"]).read()[-3000:]
                              + open(logs["b"]).read()[-3000:])
@@ -211,13 +219,15 @@ def main():
     top = tempfile.mkdtemp(prefix="tide-peer-bench-")
     hosts = Hosts()
     try:
-        fetches, streams, copies = [], [], []
+        fetches, warm, streams, copies = [], [], [], []
         for rep in range(args.reps):
-            nbytes, seconds, steps, loaded = node_loss(hosts, args, top)
-            fetches.append((nbytes, seconds))
-            print(f"rep {rep}: fetched steps {steps}: {nbytes / 2**20:.0f} MiB in "
-                  f"{seconds * 1e3:.0f} ms ({nbytes / seconds / 1e9:.2f} GB/s); the new "
-                  f"worker loaded: {loaded}", flush=True)
+            for prestart, into in ((False, fetches), (True, warm)):
+                nbytes, seconds, steps, loaded = node_loss(hosts, args, top, prestart)
+                into.append((nbytes, seconds))
+                print(f"rep {rep}{' --prestart' if prestart else ''}: fetched steps {steps}: "
+                      f"{nbytes / 2**20:.0f} MiB in {seconds * 1e3:.0f} ms "
+                      f"({nbytes / seconds / 1e9:.2f} GB/s); the new worker loaded: {loaded}",
+                      flush=True)
             streams.append(tcp_stream(hosts, int(nbytes)))
             copies.append(memcpy(int(nbytes)))
     finally:
@@ -228,6 +238,7 @@ def main():
     rate = {
         "peer fetch (agent to agent, tide's transport)":
             statistics.median(n / s for n, s in fetches),
+        "peer fetch, tiderun --prestart": statistics.median(n / s for n, s in warm),
         "one TCP stream, Python sendall/recv_into":
             statistics.median(n / s for (n, _), s in zip(fetches, streams)),
         "memcpy": statistics.median(n / s for (n, _), s in zip(fetches, copies)),

@@ -168,7 +168,20 @@ void GroupProcesses::start(WorkerGroup& group) {
     processes_.push_back(start_process(launch_spec(w, exe_, numa_, dir)));
     w.pid = processes_.back()->pid();
   }
-  fill_prestart(exe_, numa_);
+  // The pool's new interpreters start now, but import only once the
+  // workers are past their own start, which they would slow down.
+  fill_prestart(exe_, numa_, /*gated=*/true);
+  if (prestart_) {
+    release_at_ = Clock::now() + kPrestartRelease;
+  }
+}
+
+void GroupProcesses::due() {
+  release_at_ = Clock::time_point::max();
+  if (prestart_) {
+    TIDE_LOG_DEBUG("[{}] prestarted interpreters: importing", view_.spec.role);
+    prestart_->release();
+  }
 }
 
 void GroupProcesses::add_fds(std::vector<pollfd>& fds) const {

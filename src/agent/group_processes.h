@@ -34,6 +34,12 @@
 
 namespace tide::agent::detail {
 
+// How long after an attempt's start the interpreters that refill the
+// prestart pool wait before importing: past the restarted workers' own
+// start (imports, the process group, loading a checkpoint), which their
+// imports would slow down on a node short of cores.
+inline constexpr auto kPrestartRelease = std::chrono::seconds(5);
+
 // Each local rank's --numa-binding (empty when off), planned once per start
 // so that a topology that cannot hold the group fails the start, not a
 // worker (numa.cpp).
@@ -82,6 +88,13 @@ class GroupProcesses {
   void add_fds(std::vector<pollfd>& fds) const;
   // After a poll: pumps output and reaps what exited.
   void on_wake();
+  // When the interpreters the pool started with the workers may import
+  // (--prestart: kPrestartRelease after the start; max: nothing to do),
+  // and letting them then.
+  Clock::time_point deadline() const {
+    return release_at_;
+  }
+  void due();
 
   // The group as its workers' exits say: HEALTHY while any runs, FAILED
   // once one failed, SUCCEEDED when every one exited 0.
@@ -121,7 +134,9 @@ class GroupProcesses {
   std::unique_ptr<WorkerProcess> start_process(const LaunchSpec& ls);
   // Starts the prestarted interpreters missing, bound as `numa` plans.
   void fill_prestart(
-      const std::string& exe, const std::vector<RankBinding>& numa);
+      const std::string& exe,
+      const std::vector<RankBinding>& numa,
+      bool gated = false);
   int running() const;
   // Waits for the workers' events until `deadline`.
   void wait(Clock::time_point deadline);
@@ -137,6 +152,7 @@ class GroupProcesses {
   std::unique_ptr<Janitor> janitor_;
   std::unique_ptr<PrestartPool> prestart_;
   std::optional<PythonCommand> prestart_cmd_;
+  Clock::time_point release_at_ = Clock::time_point::max();
   std::vector<std::unique_ptr<WorkerProcess>> processes_;
   std::vector<std::string> result_files_;
   std::vector<std::string> error_files_;

@@ -533,6 +533,7 @@ void LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
     }
   }
   processes.add_fds(fds);
+  deadline = std::min(deadline, processes.deadline());
   // Rounded up: waking before a deadline would only spin until it.
   auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
   int timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
@@ -555,6 +556,10 @@ void LocalElasticAgent::Impl::wait_for_events(Clock::time_point deadline) {
 
 bool LocalElasticAgent::Impl::run_due() {
   bool any = false;
+  if (Clock::now() >= processes.deadline()) {
+    processes.due();
+    any = true;
+  }
   for (const auto& c : components) {
     if (Clock::now() >= c->deadline()) {
       c->due();

@@ -19,26 +19,35 @@ namespace tide::agent::detail {
 
 namespace {
 
-// What a prestarted interpreter runs (`python -u -c`): the imports, then it
-// waits on descriptor 3 for its work and its output descriptors, takes the
-// worker's environment, working directory and argv, and runs the script as
-// `python -u script.py` / `python -u -m module` would. A failure (an
-// uncaught exception, a non-zero exit) ends the process as multiprocessing's
-// children end: atexit handlers, streams flushed, then _exit, without the
-// interpreter's teardown (170 ms with torch and a process group), so the
-// agent learns of it at once; success exits as Python does.
+// What a prestarted interpreter runs (`python -u -c`): the imports (a gated
+// one first waits on descriptor 3 for "go", and imports nothing when its
+// work comes first), then it waits on descriptor 3 for its work and its
+// output descriptors, takes the worker's environment, working directory and
+// argv, and runs the script as `python -u script.py` / `python -u -m
+// module` would. A failure (an uncaught exception, a non-zero exit) ends the
+// process as multiprocessing's children end: atexit handlers, streams
+// flushed, then _exit, without the interpreter's teardown (170 ms with torch
+// and a process group), so the agent learns of it at once; success exits as
+// Python does.
 constexpr const char* kBootstrap = R"PY(
 import os, sys
 def _tide_wait():
     import array, json, socket
-    for name in filter(None, os.environ.pop("TIDE_PRESTART_IMPORTS", "").split(",")):
+    channel = socket.socket(fileno=3)
+    warm = True
+    if os.environ.pop("TIDE_PRESTART_GATED", ""):
+        # Warms up once the agent says go; handed its work first, it does not.
+        warm = channel.recv(16, socket.MSG_PEEK) == b"go"
+        if warm:
+            channel.recv(16)
+    imports = os.environ.pop("TIDE_PRESTART_IMPORTS", "")
+    for name in filter(None, imports.split(",") if warm else ()):
         __import__(name)
-    if os.environ.get("TIDE_CHECKPOINT_REGION"):
+    if warm and os.environ.get("TIDE_CHECKPOINT_REGION"):
         try:
             import tide.checkpoint  # maps the node's checkpoints while idle
         except Exception:
             pass
-    channel = socket.socket(fileno=3)
     fds = array.array("i")
     msg, ancillary, _, _ = channel.recvmsg(1 << 22, socket.CMSG_LEN(2 * fds.itemsize))
     if not msg:
@@ -198,7 +207,9 @@ bool PrestartPool::reaped(pid_t pid, int wait_status) {
 }
 
 void PrestartPool::fill(
-    const std::string& python, const std::vector<LaunchSpec>& slots) {
+    const std::string& python,
+    const std::vector<LaunchSpec>& slots,
+    bool gated) {
   // An interpreter that died waiting (killed, an import that failed) is
   // replaced.
   std::erase_if(waiting_, [this](Waiting& w) {
@@ -218,7 +229,7 @@ void PrestartPool::fill(
       return w.local_rank == slot.local_rank;
     });
     if (!have) {
-      start(python, slot, slot.local_rank);
+      start(python, slot, slot.local_rank, gated);
     }
   }
   if (slots.empty() || slots.front().binding) {
@@ -228,12 +239,25 @@ void PrestartPool::fill(
     return w.local_rank < 0;
   });
   for (auto n = spares; n < options_.spares; ++n) {
-    start(python, slots.front(), -1);
+    start(python, slots.front(), -1, gated);
+  }
+}
+
+void PrestartPool::release() {
+  for (Waiting& w : waiting_) {
+    // One that died is found out when taken.
+    if (w.gated &&
+        ::send(w.channel.get(), "go", 2, MSG_NOSIGNAL | MSG_DONTWAIT) == 2) {
+      w.gated = false;
+    }
   }
 }
 
 void PrestartPool::start(
-    const std::string& python, const LaunchSpec& slot, int local_rank) {
+    const std::string& python,
+    const LaunchSpec& slot,
+    int local_rank,
+    bool gated) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     throw Error(std::string("socketpair failed: ") + std::strerror(errno));
@@ -254,6 +278,10 @@ void PrestartPool::start(
     imports += (imports.empty() ? "" : ",") + m;
   }
   ls.env.push_back("TIDE_PRESTART_IMPORTS=" + imports);
+  if (gated) {
+    ls.env.emplace_back("TIDE_PRESTART_GATED=1");
+  }
+  w.gated = gated;
   std::filesystem::create_directories(options_.log_dir);
   std::string log =
       options_.log_dir + "/" + std::to_string(started_++) + ".log";

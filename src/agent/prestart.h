@@ -50,8 +50,15 @@ class PrestartPool {
 
   // Starts the interpreters missing: one per entry of `slots` (a local
   // rank's launch, its per-attempt variables dropped) and the spares (like
-  // local rank 0's). Cheap: the imports run in the new processes.
-  void fill(const std::string& python, const std::vector<LaunchSpec>& slots);
+  // local rank 0's). Cheap: the imports run in the new processes; `gated`
+  // ones start them only once released (one taken before imports nothing,
+  // as a cold worker would not).
+  void fill(
+      const std::string& python,
+      const std::vector<LaunchSpec>& slots,
+      bool gated = false);
+  // Lets the gated interpreters import.
+  void release();
 
   // An interpreter for `spec` (whose argv runs `cmd`), handed its work; null
   // when none can take it (the reason in *why_not): none waits, or its
@@ -77,10 +84,15 @@ class PrestartPool {
     std::vector<std::string> env;  // import-time environment, sorted
     std::optional<Binding> binding;
     std::unique_ptr<WorkerProcess> process;
-    Fd channel;  // the agent's end
+    Fd channel;          // the agent's end
+    bool gated = false;  // not yet released
   };
 
-  void start(const std::string& python, const LaunchSpec& slot, int local_rank);
+  void start(
+      const std::string& python,
+      const LaunchSpec& slot,
+      int local_rank,
+      bool gated);
 
   Options options_;
   Janitor* janitor_;

@@ -267,7 +267,7 @@ void GroupProcesses::open_prestart() {
 }
 
 void GroupProcesses::fill_prestart(
-    const std::string& exe, const std::vector<RankBinding>& numa) {
+    const std::string& exe, const std::vector<RankBinding>& numa, bool gated) {
   if (!prestart_) {
     return;
   }
@@ -282,7 +282,7 @@ void GroupProcesses::fill_prestart(
   for (int i = 0; i < spec.local_world_size; ++i) {
     slots.push_back(launch_spec(Worker{.local_rank = i}, exe, numa, ""));
   }
-  prestart_->fill(exe, slots);
+  prestart_->fill(exe, slots, gated);
 }
 
 }  // namespace tide::agent::detail

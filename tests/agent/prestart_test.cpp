@@ -2,7 +2,8 @@
 // a waiting interpreter runs the script it is handed with the worker's
 // argv, environment and output; one whose import-time environment or
 // binding differs from its worker's is not used (the reason names the
-// variable); a drained pool leaves no process behind.
+// variable); a gated interpreter imports only once released; a drained
+// pool leaves no process behind.
 #include "agent/prestart.h"
 
 #include <poll.h>
@@ -83,6 +84,35 @@ TEST_F(PrestartPoolTest, AWaitingInterpreterRunsTheScriptItIsHanded) {
   EXPECT_EQ(
       read_whole(dir_ / "out.log"),
       "argv ['a', 'b'] rank 7 foo x name __main__\n");
+}
+
+TEST_F(PrestartPoolTest, AGatedInterpreterImportsOnlyOnceReleased) {
+  std::ofstream(script_, std::ios::trunc)
+      << "import sys\nprint('wave' in sys.modules)\n";
+  PrestartPool pool{
+      {.imports = {"wave"}, .log_dir = (dir_ / "pool").string()}, &janitor_};
+  auto run = [&](const std::string& out) {
+    LaunchSpec ls = slot("x", "0");
+    ls.out.path = (dir_ / out).string();
+    std::string why;
+    auto p = pool.take(ls, command(ls), &why);
+    EXPECT_NE(p, nullptr) << why;
+    if (p == nullptr) {
+      return std::string();
+    }
+    pollfd pfd{.fd = p->pidfd(), .events = POLLIN, .revents = 0};
+    EXPECT_EQ(::poll(&pfd, 1, 30'000), 1) << "the worker did not exit";
+    EXPECT_TRUE(p->poll_exit());
+    EXPECT_EQ(p->exitcode(), 0) << read_whole(dir_ / "err.log");
+    return read_whole(dir_ / out);
+  };
+  // Handed its work before it was released: it imported nothing.
+  pool.fill("/usr/bin/python3", {slot("x", "0")}, /*gated=*/true);
+  EXPECT_EQ(run("first.log"), "False\n");
+  // Released first: its imports ran before it read its work.
+  pool.fill("/usr/bin/python3", {slot("x", "0")}, /*gated=*/true);
+  pool.release();
+  EXPECT_EQ(run("second.log"), "True\n");
 }
 
 TEST_F(PrestartPoolTest, AnImportTimeVariableThatDiffersSendsTheWorkerCold) {

@@ -30,6 +30,9 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from procs import children  # noqa: E402
+
 TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "checkpoint", "worker.py")
@@ -62,32 +65,16 @@ def tiderun(mode, out, *flags, memory="64M", prefix=(), nproc=2, wait=True, then
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def descendants(pid):
-    """The processes under pid (its workers and theirs), from /proc."""
-    children = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.split("/")[2]))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
 def stuck(p, timeout):
     """A tiderun past its time: its workers print where they are (the
     worker's faulthandler on SIGUSR1), then it is stopped by SIGTERM, which
     removes its region; its output, with those stacks, says why."""
-    for pid in descendants(p.pid):
+    for pid in children(p.pid):
         try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith("python"):
+                    os.kill(pid, signal.SIGUSR1)
+        except (OSError, ProcessLookupError):
             pass
     time.sleep(2)  # for the stacks to be printed: a diagnosis, not a synchronisation
     p.terminate()
