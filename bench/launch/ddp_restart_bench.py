@@ -6,8 +6,9 @@ run: from the failure to the first completed training step of the next
 attempt, and where that time goes.
 
 bench/launch/ddp_step.py (gloo, CPU, a small MLP) runs under each launcher
-with --max-restarts=1; rank 1 raises after its third step in attempt 0, the
-launcher stops the group and starts attempt 1. Stamps (wall clock, per rank):
+with --max-restarts=1; rank 1 raises in attempt 0 once the job has trained
+9 s (after its third step at least), the launcher stops the group and starts
+attempt 1. Stamps (wall clock, per rank):
 "up" when the script starts running, before its imports; "imported" after
 `import torch`; "pg" once init_process_group("gloo") returns; "step1" when
 the first training step completes. For attempt 1, from the failure:

@@ -1,9 +1,12 @@
 """The training script of bench/launch/ddp_restart_bench.py: a small DDP model
 (gloo, CPU) written for torchrun. It stamps, per attempt and rank, when the
 script starts running (before its imports), when torch is imported, when the
-process group is up and when its first training step completes; rank
-BENCH_FAIL_RANK raises after step 3 of attempt 0. Attempt 1 runs
+process group is up and when its first training step completes. Attempt 0
+trains until rank BENCH_FAIL_RANK raises, after its step 3 once the script
+has run BENCH_FAIL_AFTER seconds (9: a job that fails has trained a while,
+and tiderun --prestart's pool imports 5 s into an attempt). Attempt 1 runs
 BENCH_STEPS steps and exits."""
+import itertools
 import os
 import sys
 import time
@@ -39,7 +42,9 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 gen = torch.Generator().manual_seed(RANK)
-for step in range(int(os.environ.get("BENCH_STEPS", "5"))):
+steps = itertools.count() if ATTEMPT == 0 else range(int(os.environ.get("BENCH_STEPS", "5")))
+fail_at = T0 + float(os.environ.get("BENCH_FAIL_AFTER", "9"))
+for step in steps:
     x = torch.randn(32, 64, generator=gen)
     loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
     opt.zero_grad()
@@ -47,7 +52,8 @@ for step in range(int(os.environ.get("BENCH_STEPS", "5"))):
     opt.step()
     if step == 0:
         stamp("step1")
-    if ATTEMPT == 0 and RANK == int(os.environ.get("BENCH_FAIL_RANK", "1")) and step == 2:
+    if ATTEMPT == 0 and RANK == int(os.environ.get("BENCH_FAIL_RANK", "1")) and step >= 2 \
+            and time.time() >= fail_at:
         stamp("failure")
         raise RuntimeError("injected failure")
 print(f"rank {RANK} attempt {ATTEMPT}: final loss {loss.item():.6f}", flush=True)

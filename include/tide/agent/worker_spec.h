@@ -149,7 +149,7 @@ struct WorkerSpec {
   // interpreters are started before they are needed, with `imports`
   // imported, one per local rank plus `spares`; each attempt hands its
   // workers to them (started while the first rendezvous runs, refilled
-  // after each start). A worker whose import-time environment or binding
+  // at each start, the refills importing 5 s into the attempt). A worker whose import-time environment or binding
   // would differ starts cold, and the log says why.
   struct Prestart {
     bool enabled = false;
