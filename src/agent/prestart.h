@@ -51,8 +51,8 @@ class PrestartPool {
   // Starts the interpreters missing: one per entry of `slots` (a local
   // rank's launch, its per-attempt variables dropped) and the spares (like
   // local rank 0's). Cheap: the imports run in the new processes; `gated`
-  // ones start them only once released (one taken before imports nothing,
-  // as a cold worker would not).
+  // ones start them only once released (one taken before that imports
+  // nothing of its own, as a cold worker).
   void fill(
       const std::string& python,
       const std::vector<LaunchSpec>& slots,
