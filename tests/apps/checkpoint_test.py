@@ -9,7 +9,8 @@ cannot hold, or too small for the local ranks, is refused at start;
 snapshots written behind the training are read by plain torch and by a new
 job, SIGTERM of tiderun writes the newest first; ranks that saved
 different steps load the newest they all hold; a node lost in a two-node job
-is restored from its peer; a libtorch program (the C++ twin) is restored bit
+is restored from its peer, and one whose ranks move to the survivor from
+the copies it kept; a libtorch program (the C++ twin) is restored bit
 for bit and reads what Python saves, and Python what it saves; the example DDP script
 killed at a random step trains to the same weights as without the kill;
 no region is left behind.
@@ -84,6 +85,12 @@ def stuck(p, timeout):
         p.kill()
         out, err = p.communicate()
     return out, err + f"\n[checkpoint_test: tiderun was still running after {timeout} s]"
+
+
+def saved(path):
+    """The step a worker last wrote to a progress file."""
+    with open(path) as f:
+        return int(f.read())
 
 
 # Reads a written snapshot with Debian's torch alone: no tide on the path.
@@ -288,10 +295,6 @@ class CheckpointTest(unittest.TestCase):
                      "--max-restarts=2", "--monitor-interval=0.05", *flags, WORKER],
                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-        def saved(path):
-            with open(path) as f:
-                return int(f.read())
-
         # Uninterrupted, on one node: the weights to end with.
         whole = tempfile.mkdtemp(dir=self.top)
         ref = node("whole", "--standalone", out=whole, nproc=4)
@@ -347,9 +350,66 @@ class CheckpointTest(unittest.TestCase):
         for r in range(4):
             self.assertEqual(result(self.out, r)["weights"], result(whole, r)["weights"])
 
-    def log(self, name):
+    def test_a_lost_node_whose_ranks_move_is_restored_from_the_copies_kept(self):
+        # Node 0 (ranks 0-1) lost for good: the other node goes on alone in a
+        # round of one (--nnodes=1:2, the store outside both), where its
+        # ranks become 0-1; it loads them from the copies it kept for node
+        # 0, and the ranks of its own (2-3) no longer exist.
+        store = subprocess.Popen([os.path.join(os.path.dirname(TIDERUN), "tide-store"),
+                                  "--port", "0"], stdout=subprocess.PIPE, text=True)
+        port = int(store.stdout.readline().rsplit(":", 1)[1])
+        env = dict(os.environ, MODE="train", OUT=self.out, STEPS="150",
+                   PYTHON_EXEC="/usr/bin/python3", PYTHONPATH=os.path.abspath(PYTHON))
+
+        def node(name):
+            with open(os.path.join(self.top, name + ".log"), "w") as log:
+                return subprocess.Popen(
+                    [TIDERUN, "--nproc-per-node=2", "--checkpoint-memory=64M",
+                     "--max-restarts=2", "--monitor-interval=0.05", "--nnodes=1:2",
+                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                     "--rdzv-id=moved", "--local-addr=127.0.0.1",
+                     "--rdzv-conf=join_timeout=120,last_call_timeout=1,keep_alive_interval=1,"
+                     "keep_alive_max_attempt=3,is_host=false", WORKER],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        procs = {"a": node("a"), "b": node("b")}
+        try:
+            progress = os.path.join(self.out, "progress.0")
+            while not (os.path.exists(progress) and saved(progress) >= 40):
+                for name, p in procs.items():
+                    self.assertIsNone(p.poll(), self.log(name))
+                time.sleep(0.05)
+            (lost,) = [n for n in procs if "ranks 0-1 of 4" in self.log(n, whole=True)]
+            (survivor,) = [n for n in procs if n != lost]
+            os.killpg(procs[lost].pid, signal.SIGKILL)  # the node, with its memory
+            procs[lost].wait()
+            lost_at = saved(progress)
+            self.assertEqual(procs[survivor].wait(timeout=300), 0, self.log(survivor))
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            store.kill()
+            store.communicate()
+            # The lost agent's region, which only a later tiderun would remove.
+            for path in glob.glob(f"/dev/shm/tide-checkpoint-{procs[lost].pid}-*"):
+                os.unlink(path)
+
+        self.assertIn("ranks 0-1 of 2", self.log(survivor, whole=True))
+        results = []
+        for rank in (0, 1):
+            (path,) = glob.glob(os.path.join(self.out, f"train.{rank}.*.json"))
+            with open(path) as f:
+                results.append(json.load(f))
+        self.assertEqual(results[0]["start"], results[1]["start"], "one step for both ranks")
+        self.assertGreaterEqual(results[0]["start"], lost_at - 1)
+        self.assertEqual([r["source"] for r in results], ["peer", "peer"])
+
+    def log(self, name, whole=False):
         with open(os.path.join(self.top, name + ".log")) as f:
-            return f.read()[-4000:]
+            text = f.read()
+        return text if whole else text[-4000:]
 
     @unittest.skipUnless(TORCH_WORKER, "no libtorch worker (TIDE_CHECKPOINT_TORCH_WORKER)")
     def test_a_libtorch_program_is_restored_and_shares_snapshots_with_python(self):
