@@ -149,8 +149,9 @@ struct WorkerSpec {
   // interpreters are started before they are needed, with `imports`
   // imported, one per local rank plus `spares`; each attempt hands its
   // workers to them (started while the first rendezvous runs, refilled
-  // at each start, the refills importing 5 s into the attempt). A worker whose import-time environment or binding
-  // would differ starts cold, and the log says why.
+  // at each start, the refills importing 5 s into the attempt). A worker whose
+  // import-time environment or binding would differ starts cold, and the log
+  // says why.
   struct Prestart {
     bool enabled = false;
     std::vector<std::string> imports = {"torch", "torch.distributed"};
