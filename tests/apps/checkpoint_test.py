@@ -75,7 +75,7 @@ def stuck(p, timeout):
             with open(f"/proc/{pid}/comm") as f:
                 if f.read().startswith("python"):
                     os.kill(pid, signal.SIGUSR1)
-        except (OSError, ProcessLookupError):
+        except OSError:  # gone meanwhile
             pass
     time.sleep(2)  # for the stacks to be printed: a diagnosis, not a synchronisation
     p.terminate()
