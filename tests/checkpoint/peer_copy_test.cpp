@@ -9,7 +9,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "tide/common/error.h"
 
 #include "checkpoint/region.h"
+#include "support/eventually.h"
 #include "support/temp_dir.h"
 #include "transport/fields.h"
 #include "transport/transport.h"
@@ -46,19 +46,6 @@ bool same_bytes(Region& a, uint32_t i, Region& b, uint32_t j) {
   return std::memcmp(
              a.slot(i) + kHeaderBytes, b.slot(j) + kHeaderBytes, h.payload()) ==
          0;
-}
-
-// Waits (up to 30 s) until done() holds, checking as the state changes
-// in another process' threads: there is no event to wait on in a region.
-bool eventually(const std::function<bool()>& done) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) {
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
 }
 
 PeerNode node(int rank, const PeerCopy& p) {
@@ -114,8 +101,8 @@ TEST(PeerCopyTest, ANodesNewestSnapshotsLandInItsPeersReplicaSlots) {
   std::vector<PeerNode> nodes = {node(0, pa), node(1, pb)};
   pa.set_round(0, nodes, 1);
   pb.set_round(1, nodes, 0);
-  ASSERT_TRUE(
-      eventually([&] { return (a.head(own1 + 1).flags & kReplicated) != 0; }));
+  ASSERT_TRUE(test::eventually(
+      [&] { return (a.head(own1 + 1).flags & kReplicated) != 0; }));
   EXPECT_EQ(a.head(own1).flags & kReplicated, 0u) << "only the newest goes";
 
   uint32_t found = 0;
@@ -141,8 +128,8 @@ TEST(PeerCopyTest, ANodesNewestSnapshotsLandInItsPeersReplicaSlots) {
       SlotHead{
           .seq = 3, .step = 6, .rank = 1, .meta_bytes = 10, .data_bytes = 5000},
       3);
-  ASSERT_TRUE(
-      eventually([&] { return (a.head(own1 + 2).flags & kReplicated) != 0; }));
+  ASSERT_TRUE(test::eventually(
+      [&] { return (a.head(own1 + 2).flags & kReplicated) != 0; }));
   SlotHead newer = b.head(b.layout().replicas_from + 3);
   EXPECT_EQ(newer.step, 6);
   EXPECT_TRUE(same_bytes(a, own1 + 2, b, b.layout().replicas_from + 3));
@@ -382,7 +369,7 @@ TEST(PeerCopyTest, ACopyCutShortIsNeverComplete) {
     EXPECT_EQ(b.head(r + 1).state, kWriting);
     raw.close();  // the sending node is lost
   }
-  ASSERT_TRUE(eventually([&] { return b.head(r + 1).state == kEmpty; }));
+  ASSERT_TRUE(test::eventually([&] { return b.head(r + 1).state == kEmpty; }));
   EXPECT_EQ(b.head(r).state, kComplete);
   EXPECT_EQ(b.head(r).step, 3);
 }
