@@ -474,6 +474,28 @@ void add_flags(CLI::App& app, Flags& f) {
       "PET_CHECKPOINT_KEEP",
       "snapshots kept per rank in --checkpoint-dir")
       ->check(CLI::PositiveNumber);
+  opt("--ft-store,--ft_store",
+      f.ft_store,
+      "PET_FT_STORE",
+      "per-step fault tolerance (tide.ft): the store where this job's replica "
+      "groups agree on each step, HOST:PORT[/JOB] of a tide store or "
+      "etcd:HOST:PORT[,...][/JOB]; this node's workers are one group, and "
+      "the agent declares an attempt out the moment it ends");
+  opt("--replica-group-id,--replica_group_id",
+      f.replica_group_id,
+      "PET_REPLICA_GROUP_ID",
+      "this replica group's id (REPLICA_GROUP_ID), with --ft-store");
+  opt("--num-replica-groups,--num_replica_groups",
+      f.num_replica_groups,
+      "PET_NUM_REPLICA_GROUPS",
+      "the job's replica groups (NUM_REPLICA_GROUPS): the first quorum waits "
+      "for them all")
+      ->check(CLI::PositiveNumber);
+  opt("--min-replica-size,--min_replica_size",
+      f.min_replica_size,
+      "PET_MIN_REPLICA_SIZE",
+      "a step commits only with this many replica groups in its quorum")
+      ->check(CLI::PositiveNumber);
   opt("--metrics",
       f.metrics,
       "PET_METRICS",
@@ -644,6 +666,16 @@ LaunchConfig make_config(const Flags& f) {
         "--checkpoint-memory too");
   }
   c.checkpoints.dir = f.checkpoint_dir;
+  if (f.ft_store.empty() != f.replica_group_id.empty()) {
+    throw InvalidArgument(
+        "--ft-store and --replica-group-id go together: the store where the "
+        "replica groups meet, and which one this node's workers are");
+  }
+  c.replica_group = {
+      .store = f.ft_store,
+      .id = f.replica_group_id,
+      .groups = f.num_replica_groups,
+      .min_size = f.min_replica_size};
   c.checkpoints.keep = f.checkpoint_keep;
   const char* py = std::getenv("PYTHON_EXEC");
   c.checkpoints.python = py && *py ? py : default_python();

@@ -65,6 +65,10 @@ struct Flags {
   std::string checkpoint_memory;
   std::string checkpoint_dir;
   int checkpoint_keep = 2;
+  std::string ft_store;
+  std::string replica_group_id;
+  int num_replica_groups = 1;
+  int min_replica_size = 1;
   std::string health_check;
   double health_check_timeout = 60;
   int health_check_retries = 0;

@@ -35,6 +35,7 @@
 #include "agent/group_processes.h"
 #include "agent/hang_detector.h"
 #include "agent/health_checks.h"
+#include "agent/replica_group.h"
 #include "agent/reporting.h"
 #include "agent/status_records.h"
 #include "agent/transition.h"
@@ -171,6 +172,7 @@ LocalElasticAgent::Impl::Impl(LocalElasticAgent& agent, AgentOptions opts)
   add(std::make_unique<detail::HealthChecks>(
       view, *reporter, [this](Clock::time_point until) { pause(until); }));
   add(std::make_unique<detail::CheckpointMemory>(view));
+  add(std::make_unique<detail::ReplicaGroup>(view));
 }
 
 LocalElasticAgent::Impl::~Impl() {

@@ -8,6 +8,7 @@
 #include "tide/agent/worker.h"
 #include "tide/common/error.h"
 #include "tide/common/strings.h"
+#include "tide/ft/quorum.h"
 
 namespace tide::agent {
 
@@ -88,6 +89,15 @@ void validate(const WorkerSpec& spec) {
     throw InvalidArgument(
         "WorkerSpec: straggler_threshold must be in (0, 1], not " +
         std::to_string(spec.straggler_threshold));
+  }
+  if (const auto& g = spec.replica_group; !g.store.empty()) {
+    ft::QuorumClient::member_id(g.id, "0");  // the id's characters
+    if (g.groups < 1 || g.min_size < 1 || g.min_size > g.groups) {
+      throw InvalidArgument(
+          "WorkerSpec: a replica group needs 1 <= min_size (" +
+          std::to_string(g.min_size) + ") <= groups (" +
+          std::to_string(g.groups) + ")");
+    }
   }
   if (const auto* c = std::get_if<Command>(&spec.entrypoint)) {
     if (c->argv.empty() || c->argv[0].empty()) {

@@ -13,6 +13,11 @@
 
 #include "tide/common/error.h"
 #include "tide/common/logging.h"
+#include "tide/etcd/etcd_store.h"
+#include "tide/store/prefix_store.h"
+#include "tide/store/tcp_store.h"
+
+#include "net/address.h"
 
 namespace tide::ft {
 namespace {
@@ -132,6 +137,18 @@ int64_t bump_changes(store::Store& store) {
   return c;
 }
 
+// Decides round r as aborted unless it is decided already; returns its
+// outcome. Whoever waits for the round's members to meet is woken too.
+std::string abort_round(
+    store::Store& store, int64_t r, int64_t changes, const std::string& why) {
+  std::string mine = Decision::abort_text(changes, why);
+  std::string got = store.compare_set(round_key(r, "done"), "", mine);
+  if (got == mine) {
+    store.compare_set(round_key(r, "met"), "", "aborted");
+  }
+  return got;
+}
+
 // The first round at or after `from` without an outcome. Rounds are
 // decided in order, so this probes forward by doubling, then bisects.
 int64_t first_undecided(store::Store& store, int64_t from) {
@@ -194,14 +211,14 @@ void QuorumClient::declare_dead(
   // before this death was seen is followed by one with it still in, so go
   // on until a round's decider saw the death (the next round's members are
   // decided again) or a quorum without it is reached.
-  std::string mine = Decision::abort_text(c, member + " is out: " + reason);
+  std::string why_out = member + " is out: " + reason;
   for (int64_t r = first_undecided(store, current);; ++r) {
     if (r != current && store.check({round_key(r, "quorum")}) &&
         !Record::parse(store.get(round_key(r, "quorum")), r).has(member)) {
       return;
     }
-    std::string got = store.compare_set(round_key(r, "done"), "", mine);
-    if (got == mine) {
+    std::string got = abort_round(store, r, c, why_out);
+    if (got == Decision::abort_text(c, why_out)) {
       return;
     }
     Decision d = Decision::parse(got);
@@ -358,7 +375,7 @@ struct QuorumClient::Impl {
           !ok ? me + " rank " + std::to_string(options.group_rank) + " voted no"
               : "only " + std::to_string(groups) + " groups of the " +
                     std::to_string(options.min_replica_size) + " needed";
-      store->compare_set(done, "", Decision::abort_text(record->changes, why));
+      abort_round(*store, round, record->changes, why);
     }
     std::string votes = round_key(round, "votes");
     if (store->add(votes, 1) == total) {
@@ -373,6 +390,21 @@ struct QuorumClient::Impl {
       round_step += 1;
     }
     return last.commit;
+  }
+
+  bool meet() {
+    if (decided) {
+      throw InvalidArgument("meet() called without start_quorum()");
+    }
+    int total = 0;
+    for (const auto& m : record->members) {
+      total += m.ranks;
+    }
+    std::string met = round_key(round, "met");
+    if (store->add(round_key(round, "arrived"), 1) == total) {
+      store->compare_set(met, "", "all");
+    }
+    return store->get(met) == "all";
   }
 
   // Waits to be admitted to a quorum: proposes one when none is alive.
@@ -426,11 +458,8 @@ struct QuorumClient::Impl {
         if (!alive) {
           // Every member is out: end their round and start anew.
           int64_t r = first_undecided(*store, current);
-          store->compare_set(
-              round_key(r, "done"),
-              "",
-              Decision::abort_text(
-                  store->add(kChanges, 0), "every member is out"));
+          abort_round(
+              *store, r, store->add(kChanges, 0), "every member is out");
           adopt_if_member(propose(r + 1, false));
           if (record) {
             return;
@@ -528,12 +557,11 @@ struct QuorumClient::Impl {
     auto now_dead = lines(store->get(kDead));
     for (const auto& m : won.members) {
       if (now_dead.contains(m.id)) {
-        store->compare_set(
-            round_key(r, "done"),
-            "",
-            Decision::abort_text(
-                store->add(kChanges, 0),
-                m.id + " is out: " + now_dead[m.id][0]));
+        abort_round(
+            *store,
+            r,
+            store->add(kChanges, 0),
+            m.id + " is out: " + now_dead[m.id][0]);
         break;
       }
     }
@@ -582,21 +610,30 @@ struct QuorumClient::Impl {
         .max_step = round_step,
         .step = step,
         .store_prefix = "pg/" + std::to_string(record->round) + "/"};
-    std::vector<std::string> up_to_date;
-    for (size_t i = 0; i < q.members.size(); ++i) {
+    // In the round its record was written for, a member below the step of
+    // the others heals from one of them, spread round-robin (later rounds
+    // of the quorum have everyone up to date).
+    std::vector<int> up;
+    for (int i = 0; i < q.replica_world_size; ++i) {
       if (q.members[i].id == me) {
-        q.replica_rank = static_cast<int>(i);
+        q.replica_rank = i;
+      }
+      if (record->round != round || q.members[i].step >= round_step) {
+        up.push_back(i);
       }
     }
-    for (const auto& m : q.members) {
-      // Members before this round are at round_step; a joiner at its own.
-      if (m.id != me && (m.step >= round_step || record->round != round)) {
-        up_to_date.push_back(m.id);
+    for (int i = 0; i < q.replica_world_size && !up.empty(); ++i) {
+      if (record->round != round || q.members[i].step >= round_step) {
+        continue;
       }
-    }
-    if (q.heal() && !up_to_date.empty()) {
-      q.heal_from =
-          up_to_date[static_cast<size_t>(q.replica_rank) % up_to_date.size()];
+      int from = up[static_cast<size_t>(i) % up.size()];
+      if (i == q.replica_rank) {
+        q.heal_from = q.members[from].id;
+        q.heal_from_rank = from;
+      }
+      if (from == q.replica_rank) {
+        q.heal_to.push_back(i);
+      }
     }
     return q;
   }
@@ -610,6 +647,10 @@ QuorumClient::~QuorumClient() = default;
 
 Quorum QuorumClient::start_quorum() {
   return impl_->start_quorum();
+}
+
+bool QuorumClient::meet() {
+  return impl_->meet();
 }
 
 bool QuorumClient::should_commit(bool ok) {
@@ -626,6 +667,40 @@ void QuorumClient::healed(int64_t step) {
 
 void QuorumClient::leave(const std::string& why) {
   declare_dead(*impl_->store, impl_->me, "left: " + why);
+}
+
+std::shared_ptr<store::Store> connect_quorum_store(
+    const std::string& address, milliseconds timeout) {
+  std::string_view rest = address;
+  bool etcd = rest.starts_with("etcd:");
+  if (etcd) {
+    rest.remove_prefix(5);
+  }
+  std::string job = "default";
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    job = std::string(rest.substr(slash + 1));
+    rest = rest.substr(0, slash);
+    check_name("job (after the '/' of the store's address)", job);
+  }
+  if (rest.empty()) {
+    throw InvalidArgument(
+        "a replica groups' store is HOST:PORT[/JOB] or "
+        "etcd:HOST:PORT[,HOST:PORT...][/JOB], not '" +
+        address + "'");
+  }
+  std::string prefix = "tide_ft/" + job;
+  if (etcd) {
+    return std::make_shared<etcd::EtcdStore>(
+        std::string(rest), prefix, timeout);
+  }
+  net::HostPort hp = net::parse_host_port(rest);
+  return std::make_shared<store::PrefixStore>(
+      prefix,
+      std::make_shared<store::TcpStore>(store::TcpStoreOptions{
+          .host = hp.host,
+          .port = hp.port,
+          .dialect = store::Dialect::kModern,
+          .timeout = timeout}));
 }
 
 }  // namespace tide::ft

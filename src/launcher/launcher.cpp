@@ -56,6 +56,7 @@ LaunchResult launch(
       .health_endpoint = config.health_endpoint,
       .prestart = config.prestart,
       .checkpoints = config.checkpoints,
+      .replica_group = config.replica_group,
       .job_secret = config.job_secret,
   };
   // A job that may span nodes keeps a copy of each node's snapshots on

@@ -1,7 +1,8 @@
 // tide._elastic: the C++ pieces under tide.elastic (torch.distributed.
-// elastic's Python API): the agent, rendezvous handlers, stores, metrics,
-// events and timers, one file each (src/pyelastic/). Python configures them
-// and receives their results and callbacks (python/tide/elastic/). The GIL
+// elastic's Python API) and tide.ft: the agent, rendezvous handlers,
+// stores, metrics, events, timers and the quorum client, one file each
+// (src/pyelastic/). Python configures them and receives their results and
+// callbacks (python/tide/elastic/, python/tide/ft.py). The GIL
 // is released around everything that may block, and taken only around calls
 // into Python; an exception a Python metric or event handler raises is
 // logged and the caller goes on.
@@ -18,4 +19,5 @@ PYBIND11_MODULE(_elastic, m) {
   pe::bind_agent(m);
   pe::bind_metrics_and_events(m);
   pe::bind_timers(m);
+  pe::bind_ft(m);
 }

@@ -82,5 +82,6 @@ void bind_rendezvous(py::module_& m);
 void bind_agent(py::module_& m);
 void bind_metrics_and_events(py::module_& m);
 void bind_timers(py::module_& m);
+void bind_ft(py::module_& m);
 
 }  // namespace tide::pyelastic

@@ -150,6 +150,33 @@ TEST_F(QuorumTest, AGroupDeclaredOutAbortsItsRoundAndTheOthersGoOnWithoutIt) {
       ::testing::ThrowsMessage<Error>(HasSubstr("rank 0 exit with 9")));
 }
 
+TEST_F(QuorumTest, MembersMeetBeforeAProcessGroupOrLearnTheRoundIsLost) {
+  auto a = client("a", 3), b = client("b", 3), c = client("c", 3);
+  start({a.get(), b.get(), c.get()});
+  auto meet = [](const Clients& cs) {
+    std::vector<std::future<bool>> fs;
+    for (auto* x : cs) {
+      fs.push_back(std::async(std::launch::async, [x] { return x->meet(); }));
+    }
+    return fs;
+  };
+  for (auto& f : meet({a.get(), b.get(), c.get()})) {
+    EXPECT_TRUE(f.get());
+  }
+  commit({a.get(), b.get(), c.get()});
+  auto q = start({a.get(), b.get(), c.get()});
+  // a and b wait at the meeting for c, which dies before it comes.
+  auto waiting = meet({a.get(), b.get()});
+  ASSERT_TRUE(test::eventually([&] {
+    return value("round/" + std::to_string(q[0].round) + "/arrived") == "2";
+  }));
+  QuorumClient::declare_dead(*connect(), "c:0", "killed");
+  for (auto& f : waiting) {
+    EXPECT_FALSE(f.get());
+  }
+  EXPECT_EQ(commit({a.get(), b.get()}), std::vector<bool>(2, false));
+}
+
 TEST_F(QuorumTest, ARestartedGroupIsAdmittedAtTheNextRoundAndHealsFirst) {
   auto a = client("a", 2), b = client("b", 2);
   start({a.get(), b.get()});
@@ -175,6 +202,9 @@ TEST_F(QuorumTest, ARestartedGroupIsAdmittedAtTheNextRoundAndHealsFirst) {
   EXPECT_EQ(qc.max_step, 3);
   EXPECT_EQ(qc.step, 0);
   EXPECT_THAT(qc.heal_from, ::testing::AnyOf("a:0", "b:0"));
+  ASSERT_THAT(qc.heal_from_rank, ::testing::AnyOf(0, 1));
+  EXPECT_EQ(q[qc.heal_from_rank].heal_to, std::vector<int>{2});
+  EXPECT_TRUE(q[1 - qc.heal_from_rank].heal_to.empty());
   EXPECT_FALSE(q[0].heal());
   c->healed(qc.max_step);
   EXPECT_EQ(commit({a.get(), b.get(), c.get()}), std::vector<bool>(3, true));

@@ -185,6 +185,25 @@ struct WorkerSpec {
     std::string host;
   };
   Checkpoints checkpoints;
+  // Per-step fault tolerance (docs/fault_tolerance.md): this node's workers
+  // are one replica group of a job whose groups agree on each step through
+  // a store (tide.ft). Each attempt of the group is a new member
+  // (TIDE_FT_INCARNATION); when one ends (a failure, a stop, the end) the
+  // agent declares it out at once, before it stops the other workers, so
+  // the other groups go on without waiting for its votes.
+  struct ReplicaGroup {
+    // Where the groups meet: "HOST:PORT" of a tide store, or
+    // "etcd:HOST:PORT[,HOST:PORT...]". Empty: not a replica group.
+    std::string store;
+    // The group's id (REPLICA_GROUP_ID): letters, digits, '.', '_', '-'.
+    std::string id;
+    // The groups the job has (NUM_REPLICA_GROUPS): the first quorum waits
+    // for them all.
+    int groups = 1;
+    // A step commits only with this many groups in its quorum.
+    int min_size = 1;
+  };
+  ReplicaGroup replica_group;
   // The job's secret (docs/security.md): workers get it as TIDE_RPC_TOKEN,
   // so tide's rpc agents and its torch backend prove it to each other,
   // unless their environment sets TIDE_RPC_TOKEN itself. Give every node

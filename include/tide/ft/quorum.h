@@ -84,8 +84,12 @@ struct Quorum {
   // the round (below max_step: it must heal first).
   int64_t max_step = 0;
   int64_t step = 0;
-  // Where to heal from: an up-to-date member (empty when up to date).
+  // Where to heal from: an up-to-date member (empty when up to date), and
+  // its replica rank (-1).
   std::string heal_from;
+  int heal_from_rank = -1;
+  // The replica ranks of the members that heal from this one.
+  std::vector<int> heal_to;
   // The store prefix for this quorum's process groups.
   std::string store_prefix;
 
@@ -122,6 +126,12 @@ class QuorumClient {
   // decided in, the store. The first call joins, and waits to be admitted.
   Quorum start_quorum();
 
+  // Waits until every rank of every member of this round's quorum has
+  // called meet() (true), or the round is aborted first (false: a member is
+  // out; vote no). Call it before forming a process group for a new quorum
+  // id: no one then waits for a peer that will never come.
+  bool meet();
+
   // This process's vote on the round: true when its part of the step
   // succeeded. Returns whether the round committed (every rank of every
   // member voted true, and the quorum held min_replica_size groups); this
@@ -152,5 +162,14 @@ class QuorumClient {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// A new connection to the quorum's store named by `address`:
+// "HOST:PORT[/JOB]" (a tide store server: tide-store, or a tiderun's) or
+// "etcd:HOST:PORT[,HOST:PORT...][/JOB]". Keys live under "tide_ft/JOB/"
+// (JOB "default" when none is named), so one store serves many jobs.
+// Throws InvalidArgument for an address of another shape, and what
+// connecting throws.
+std::shared_ptr<store::Store> connect_quorum_store(
+    const std::string& address, milliseconds timeout);
 
 }  // namespace tide::ft

@@ -89,6 +89,9 @@ struct LaunchConfig {
   // In-memory checkpoints (--checkpoint-memory, --checkpoint-dir,
   // --checkpoint-keep).
   agent::WorkerSpec::Checkpoints checkpoints;
+  // Per-step fault tolerance (--ft-store, --replica-group-id,
+  // --num-replica-groups, --min-replica-size).
+  agent::WorkerSpec::ReplicaGroup replica_group;
 };
 
 // The outcome of launch(): the agent's result, or the signal that stopped it.

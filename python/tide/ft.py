@@ -1,0 +1,392 @@
+"""Training that does not stop: per-step fault tolerance across replica
+groups (docs/fault_tolerance.md), with TorchFT's names.
+
+A job runs as N replica groups, each a full copy of the model (one
+``tiderun`` per group, or one per node of it). Every step, the groups agree
+on who takes part (a quorum), average their gradients over the groups of
+that quorum, and vote; the optimizer steps only when every rank of every
+group in the quorum succeeded. When a group fails, its agent declares it out
+at once: the others abort that step, form a quorum without it and go on,
+their processes untouched. When it comes back, it is admitted at the next
+step and first takes the state of a healthy group (healing)::
+
+    from tide.ft import Manager, allreduce_gradients
+
+    manager = Manager(
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
+                                    optimizer.load_state_dict(sd["optim"])),
+        state_dict=lambda: {"model": model.state_dict(),
+                            "optim": optimizer.state_dict()},
+        min_replica_size=1)
+    while manager.current_step() < steps:
+        manager.start_quorum()
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        allreduce_gradients(manager, model)
+        if manager.should_commit():
+            optimizer.step()
+
+Under ``tiderun --ft-store HOST:PORT --replica-group-id G
+--num-replica-groups N`` the Manager finds the store, its group and its
+incarnation in the environment; elsewhere pass them.
+
+The quorum and the commit vote are tide's C++ (tide::ft::QuorumClient),
+kept in a tide store or in etcd; the groups' gradients travel over a gloo
+process group formed again whenever the quorum's members change.
+"""
+
+import json as _json
+import os as _os
+import re as _re
+from datetime import timedelta as _timedelta
+
+from tide import _elastic
+
+__all__ = ["Manager", "allreduce_gradients", "ReplicaGroupError"]
+
+_INCARNATION = _re.compile(r"[^A-Za-z0-9._-]")
+
+
+class ReplicaGroupError(RuntimeError):
+    """This group cannot take part: it was voted out, or refused, or the
+    configuration is incomplete. Says why."""
+
+
+def _seconds(t):
+    return t.total_seconds() if hasattr(t, "total_seconds") else float(t)
+
+
+def _env(name, given, convert=str):
+    if given is not None:
+        return given
+    v = _os.environ.get(name)
+    return convert(v) if v not in (None, "") else None
+
+
+class Manager:
+    """One process of one replica group, taking part in the quorum of every
+    step (TorchFT's ``torchft.Manager``; its arguments, where tide has the
+    same thing).
+
+    load_state_dict, state_dict: how this process's state is given to a
+        group that heals from it, and taken from the one it heals from.
+        Tensors travel as raw bytes, the rest of the structure as JSON
+        (numbers, strings, lists, tuples, dicts): nothing is pickled.
+    min_replica_size: a step commits only with this many groups in its
+        quorum (default: TIDE_FT_MIN_REPLICA_SIZE, else 1).
+    timeout: how long a collective across groups may take before it counts
+        as failed (and the step is voted down).
+    quorum_timeout: how long a quorum or a vote may take.
+    store: where the groups meet (TIDE_FT_STORE): ``HOST:PORT[/JOB]`` of a
+        tide store, or ``etcd:HOST:PORT[,...][/JOB]``.
+    replica_id: this group's id (REPLICA_GROUP_ID).
+    num_replica_groups: the first quorum waits for this many (NUM_REPLICA_GROUPS).
+    rank, world_size: this process's rank in its group and the group's size
+        (RANK, WORLD_SIZE).
+    incarnation: what tells this run of the group from its earlier ones
+        (TIDE_FT_INCARNATION, set by tiderun; else TORCHELASTIC_RUN_ID and
+        TORCHELASTIC_RESTART_COUNT). Every rank of the group must use the same.
+    step: the step this process's state is at when it starts (0).
+    """
+
+    def __init__(self, pg=None, load_state_dict=None, state_dict=None,
+                 min_replica_size=None, timeout=_timedelta(seconds=60),
+                 quorum_timeout=_timedelta(seconds=60), store=None,
+                 replica_id=None, num_replica_groups=None, rank=None,
+                 world_size=None, incarnation=None, step=0,
+                 join_timeout=_timedelta(seconds=60),
+                 heartbeat_interval=_timedelta(milliseconds=100),
+                 heartbeat_timeout=_timedelta(seconds=5), max_retries=None):
+        if pg is not None:
+            raise ReplicaGroupError(
+                "tide.ft forms its own gloo process group for each quorum: "
+                "pass pg=None")
+        self._store_address = _env("TIDE_FT_STORE", store)
+        self._replica_id = _env("REPLICA_GROUP_ID", replica_id)
+        if not self._store_address or self._replica_id is None:
+            raise ReplicaGroupError(
+                "tide.ft.Manager needs the store where the replica groups meet "
+                "and this group's id: run under tiderun --ft-store HOST:PORT "
+                "--replica-group-id ID, or pass store= and replica_id=")
+        self._rank = _env("RANK", rank, int) or 0
+        self._world_size = _env("WORLD_SIZE", world_size, int) or 1
+        if incarnation is None:
+            incarnation = _os.environ.get("TIDE_FT_INCARNATION")
+        if incarnation is None and "TORCHELASTIC_RUN_ID" in _os.environ:
+            incarnation = "{}.{}".format(
+                _os.environ["TORCHELASTIC_RUN_ID"],
+                _os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if incarnation is None:
+            raise ReplicaGroupError(
+                "tide.ft.Manager cannot tell this run of the group from the "
+                "last: run under tiderun or torchrun, or pass incarnation= "
+                "(the same on every rank of the group, new at each restart)")
+        self._incarnation = _INCARNATION.sub("-", str(incarnation))[:128]
+        self._min = _env("TIDE_FT_MIN_REPLICA_SIZE", min_replica_size, int) or 1
+        groups = _env("NUM_REPLICA_GROUPS", num_replica_groups, int) or 1
+        self._timeout = _timedelta(seconds=_seconds(timeout))
+        self._load_state_dict = load_state_dict
+        self._state_dict = state_dict
+        self._max_retries = max_retries
+        self._failures = 0
+        self._client = _elastic.QuorumClient(
+            self._store_address, str(self._replica_id), self._incarnation,
+            self._rank, self._world_size, self._min, groups,
+            _seconds(join_timeout), _seconds(quorum_timeout),
+            _seconds(heartbeat_interval), _seconds(heartbeat_timeout), step)
+        self._quorum = None
+        self._pg = None
+        self._pg_id = None
+        self._old_pgs = []
+        self._error = None
+        self._torch_store = None
+        self._kept = []  # tensors a collective may still reference
+
+    # --- TorchFT's Manager ---
+
+    def start_quorum(self, allow_heal=True, shrink_only=False, timeout=None):
+        """Joins this step's quorum: at once when its members are the last
+        step's; otherwise a new one, with a new process group across the
+        groups, and, for a group behind the others, its state taken from
+        one of them first (healing). A group others heal from sends them
+        its state_dict() here."""
+        del shrink_only, timeout  # tide's quorum keeps every live member
+        self._error = None
+        try:
+            q = self._client.start_quorum()
+        except RuntimeError as e:
+            raise ReplicaGroupError(str(e)) from e
+        self._quorum = q
+        if q.id != self._pg_id:
+            # Every rank of every member is here (or the round is already
+            # lost): only then form the process group, so that nobody waits
+            # in gloo's connect for a peer that is gone.
+            if self._client.meet():
+                self._configure(q)
+            else:
+                self.report_error(ReplicaGroupError(
+                    f"quorum {q.id}: a member was out before the groups met"))
+        if self._error is None and (q.heal_to or (q.heal and allow_heal)):
+            try:
+                if q.heal:
+                    self._receive_state(q.heal_from_rank)
+                    self._client.healed(q.max_step)
+                for dst in q.heal_to:
+                    self._send_state(dst)
+            except Exception as e:  # noqa: BLE001 - voted down, not raised
+                self.report_error(e)
+
+    def should_commit(self, timeout=None):
+        """Votes on this step: True only when every rank of every group in
+        the quorum says its step succeeded (no error reported, enough
+        groups). Then, and only then, step the optimizer."""
+        del timeout
+        if self._quorum is None:
+            raise ReplicaGroupError("should_commit() before start_quorum()")
+        committed = self._client.should_commit(self._error is None)
+        self._failures = 0 if committed else self._failures + 1
+        if (not committed and self._max_retries is not None
+                and self._failures > self._max_retries):
+            raise ReplicaGroupError(
+                f"{self._failures} steps in a row did not commit "
+                f"(max_retries={self._max_retries}); the last error: "
+                f"{self._error!r}")
+        return committed
+
+    def num_participants(self):
+        """The replica groups in this step's quorum."""
+        return self._quorum.replica_world_size if self._quorum else 0
+
+    def participating_rank(self):
+        """This group's rank among the groups of the quorum."""
+        return self._quorum.replica_rank if self._quorum else None
+
+    def is_participating(self):
+        return self._quorum is not None
+
+    def current_step(self):
+        """The step this process's state is at: committed steps (or the
+        step healed to)."""
+        return self._client.step
+
+    def quorum_id(self):
+        return self._quorum.id if self._quorum else -1
+
+    def report_error(self, e):
+        """This step failed here (a collective raised): it will be voted
+        down, and the quorum formed again."""
+        if self._error is None:
+            self._error = e
+
+    def errored(self):
+        return self._error
+
+    def allreduce(self, tensor):
+        """Averages ``tensor`` (CPU) in place over the groups of the quorum.
+        A failure is reported, not raised: the step is then voted down."""
+        if self._error is not None or self._pg is None:
+            return
+        import torch.distributed as dist
+        try:
+            self._kept = [tensor]
+            self._pg.allreduce([tensor], dist.AllreduceOptions()).wait()
+            tensor.div_(self._quorum.replica_world_size)
+        except Exception as e:  # noqa: BLE001 - voted down, not raised
+            self.report_error(e)
+
+    def shutdown(self, wait=True):
+        """This group leaves: the others go on without waiting for it."""
+        del wait
+        if self._rank == 0:
+            self._client.leave("shut down")
+
+    # --- process groups across the groups ---
+
+    def _store(self):
+        if self._torch_store is None:
+            address = self._store_address
+            if address.startswith("etcd:"):
+                raise ReplicaGroupError(
+                    "gloo across groups needs a TCP store: with etcd, give a "
+                    "tide store for the process groups too")
+            import torch.distributed as dist
+            hostport = address.split("/", 1)[0]
+            host, _, port = hostport.rpartition(":")
+            self._torch_store = dist.TCPStore(
+                host.strip("[]"), int(port), is_master=False,
+                timeout=self._timeout)
+        return self._torch_store
+
+    def _configure(self, q):
+        import torch.distributed as dist
+        if self._pg is not None:
+            # torch's gloo cannot be destroyed safely while a collective of
+            # a lost peer may still be in it (its destructor waits for it):
+            # the old group stays, idle, until the process ends.
+            self._old_pgs.append(self._pg)
+        self._pg = None
+        job = self._store_address.split("/", 1)[1] if "/" in self._store_address else "default"
+        prefix = f"tide_ft/{job}/{q.store_prefix}{self._rank}"
+        try:
+            self._pg = dist.ProcessGroupGloo(
+                dist.PrefixStore(prefix, self._store()), q.replica_rank,
+                q.replica_world_size, self._timeout)
+            self._pg_id = q.id
+        except Exception as e:  # noqa: BLE001 - voted down, not raised
+            self.report_error(e)
+
+    # --- healing: state sent tensor by tensor over the process group ---
+
+    def _send_state(self, dst):
+        import torch
+        tensors = []
+        meta = _json.dumps(_encode(self._state_dict(), tensors)).encode()
+        head = torch.tensor([len(meta), len(tensors)], dtype=torch.int64)
+        body = torch.frombuffer(bytearray(meta), dtype=torch.uint8)
+        self._kept = [head, body] + tensors
+        self._pg.send([head], dst, 0).wait()
+        self._pg.send([body], dst, 1).wait()
+        for t in tensors:
+            self._pg.send([t], dst, 2).wait()
+
+    def _receive_state(self, src):
+        import torch
+        head = torch.zeros(2, dtype=torch.int64)
+        self._kept = [head]
+        self._pg.recv([head], src, 0).wait()
+        meta = torch.empty(int(head[0]), dtype=torch.uint8)
+        self._kept.append(meta)
+        self._pg.recv([meta], src, 1).wait()
+        data = _json.loads(meta.numpy().tobytes())
+        specs = _specs(data)
+        if len(specs) != int(head[1]):
+            raise ReplicaGroupError(
+                f"healing: {int(head[1])} tensors announced, {len(specs)} "
+                "described")
+        tensors = []
+        for _, dtype, shape in specs:
+            t = torch.empty(shape, dtype=dtype)
+            self._kept.append(t)
+            self._pg.recv([t], src, 2).wait()
+            tensors.append(t)
+        if self._load_state_dict is not None:
+            self._load_state_dict(_decode(data, tensors))
+
+
+def _encode(obj, tensors):
+    """A state dict as JSON-able data, its tensors replaced by their index,
+    dtype and shape (and appended to ``tensors``): nothing is pickled, so
+    nothing a peer sends can run code here."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().contiguous()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        tensors.append(t)
+        return {"T": len(tensors) - 1, "dtype": str(t.dtype).split(".")[-1],
+                "shape": list(t.shape)}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        return {"d": [[_encode(k, tensors), _encode(v, tensors)]
+                      for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return {"t" if isinstance(obj, tuple) else "l":
+                [_encode(v, tensors) for v in obj]}
+    raise ReplicaGroupError(
+        f"healing: a state dict holds tensors, numbers, strings, lists, "
+        f"tuples and dicts, not {type(obj).__name__}")
+
+
+def _specs(data, out=None):
+    """The (index, dtype, shape) of each tensor ``data`` names, in order."""
+    import torch
+    if out is None:
+        out = []
+        _specs(data, out)
+        out.sort(key=lambda x: x[0])
+        if [i for i, _, _ in out] != list(range(len(out))):
+            raise ReplicaGroupError("healing: the tensors announced are not 0..n-1")
+        return out
+    if isinstance(data, dict):
+        if "T" in data:
+            dtype = getattr(torch, str(data["dtype"]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ReplicaGroupError(f"healing: no dtype {data['dtype']!r}")
+            out.append((int(data["T"]), dtype, tuple(int(x) for x in data["shape"])))
+            return out
+        for k, v in data.get("d", []):
+            _specs(k, out)
+            _specs(v, out)
+        for v in data.get("l", data.get("t", [])):
+            _specs(v, out)
+    return out
+
+
+def _decode(data, tensors):
+    if isinstance(data, dict):
+        if "T" in data:
+            return tensors[data["T"]]
+        if "d" in data:
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in data["d"]}
+        if "t" in data:
+            return tuple(_decode(v, tensors) for v in data["t"])
+        return [_decode(v, tensors) for v in data["l"]]
+    return data
+
+
+def allreduce_gradients(manager, model):
+    """Averages ``model``'s gradients over the groups of the quorum, in one
+    flat buffer (one collective)."""
+    import torch
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    manager.allreduce(flat)
+    if manager.errored() is None:
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
