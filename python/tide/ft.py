@@ -166,11 +166,19 @@ class Manager:
             else:
                 self.report_error(ReplicaGroupError(
                     f"quorum {q.id}: a member was out before the groups met"))
-        if self._error is None and (q.heal_to or (q.heal and allow_heal)):
+        if self._error is None and q.heal and allow_heal:
             try:
-                if q.heal:
-                    self._receive_state(q.heal_from_rank)
-                    self._client.healed(q.max_step)
+                self._receive_state(q.heal_from_rank)
+            except Exception as e:
+                # Part of this process's state may be the source's now: it
+                # must not go on with it (nor ever be healed from).
+                raise ReplicaGroupError(
+                    f"healing from {q.heal_from} failed midway ({e}); this "
+                    "process's state is incomplete, so it stops: its agent "
+                    "starts the group again, to heal anew") from e
+            self._client.healed(q.max_step)
+        if self._error is None and q.heal_to:
+            try:
                 for dst in q.heal_to:
                     self._send_state(dst)
             except Exception as e:  # noqa: BLE001 - voted down, not raised
@@ -303,9 +311,17 @@ class Manager:
             raise ReplicaGroupError(
                 f"healing: {int(head[1])} tensors announced, {len(specs)} "
                 "described")
+        # Into this process's own tensors where the state has the same shape
+        # (TorchFT's in-place receive): no new memory to fault in, and
+        # load_state_dict() then copies nothing new.
+        own = []
+        if self._state_dict is not None:
+            _encode(self._state_dict(), own)
+        if [(t.dtype, tuple(t.shape)) for t in own] != [(d, s) for _, d, s in specs] or any(
+                t.device.type != "cpu" for t in own):
+            own = [torch.empty(shape, dtype=dtype) for _, dtype, shape in specs]
         tensors = []
-        for _, dtype, shape in specs:
-            t = torch.empty(shape, dtype=dtype)
+        for t in own:
             self._kept.append(t)
             self._pg.recv([t], src, 2).wait()
             tensors.append(t)

@@ -67,13 +67,18 @@ struct Record {
   int64_t round = 0;
   int64_t changes = 0;
   std::vector<QuorumMember> members;
+  // Who proposed it: of several who propose the same members at once, one
+  // record wins, and its writer alone admits the joiners.
+  std::string by;
 
   std::string encode() const {
     json m = json::array();
     for (const auto& x : members) {
       m.push_back({{"id", x.id}, {"ranks", x.ranks}, {"step", x.step}});
     }
-    return json{{"round", round}, {"changes", changes}, {"members", m}}.dump();
+    return json{
+        {"round", round}, {"changes", changes}, {"members", m}, {"by", by}}
+        .dump();
   }
 
   static Record parse(const std::string& text, int64_t round) {
@@ -81,7 +86,8 @@ struct Record {
       json j = json::parse(text);
       Record r{
           .round = j.at("round").get<int64_t>(),
-          .changes = j.at("changes").get<int64_t>()};
+          .changes = j.at("changes").get<int64_t>(),
+          .by = j.value("by", "")};
       for (const auto& m : j.at("members")) {
         r.members.push_back(QuorumMember{
             .id = m.at("id").get<std::string>(),
@@ -507,7 +513,7 @@ struct QuorumClient::Impl {
     int64_t changes = store->add(kChanges, 0);
     auto pending = lines(store->get(kPending));
     auto dead = lines(store->get(kDead));
-    Record next{.round = r, .changes = changes};
+    Record next{.round = r, .changes = changes, .by = me};
     std::vector<std::string> joiners;
     std::vector<std::pair<std::string, std::string>> refused;
     if (with_previous) {

@@ -3,8 +3,9 @@ with tide.ft across the groups (gradients averaged within its group by
 torch's default process group, then over the groups of the quorum).
 
 Each committed step, and each step voted down, is a JSON line in
-$OUT/<group>-<rank>.log, with the pid, the quorum and a digest of the
-weights. Stops at the step in $OUT/stop_at once it exists (every group
+$OUT/<group>-<rank>.log, with the pid, the time, the quorum and a digest of
+the weights. STATE_MB adds a buffer of that size to the state a healing
+group receives (bench/ft/ft_bench.py times the heal). Stops at the step in $OUT/stop_at once it exists (every group
 reads the same number, and they move in lockstep); MODE=hang: group
 $HANG_GROUP stops itself (SIGSTOP) at step $HANG_AT.
 """
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 
 import torch
@@ -28,16 +30,19 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+extra = torch.zeros(int(os.environ.get("STATE_MB", "0")) << 18)  # float32
 
 
 def load(sd):
     model.load_state_dict(sd["model"])
     optim.load_state_dict(sd["optim"])
+    extra.copy_(sd["extra"])
 
 
 manager = Manager(
     load_state_dict=load,
-    state_dict=lambda: {"model": model.state_dict(), "optim": optim.state_dict()},
+    state_dict=lambda: {"model": model.state_dict(), "optim": optim.state_dict(),
+                        "extra": extra},
     timeout=timedelta(seconds=float(os.environ.get("FT_TIMEOUT", "20"))),
     heartbeat_timeout=timedelta(seconds=float(os.environ.get("FT_HEARTBEAT_TIMEOUT", "5"))))
 log = open(os.path.join(OUT, f"{GROUP}-{RANK}.log"), "a", buffering=1)
@@ -53,7 +58,7 @@ def digest():
 
 
 def write(**fields):
-    log.write(json.dumps(dict(fields, pid=os.getpid())) + "\n")
+    log.write(json.dumps(dict(fields, pid=os.getpid(), t=time.time())) + "\n")
 
 
 def stop_at():
@@ -69,11 +74,11 @@ while True:
     end = stop_at()
     if end is not None and manager.current_step() >= end:
         break
-    before = manager.current_step()
+    before, since = manager.current_step(), time.time()
     manager.start_quorum()
     step = manager.current_step()
     if step != before:
-        write(event="healed", step=step, digest=digest())
+        write(event="healed", step=step, digest=digest(), since=since)
     if (os.environ.get("MODE") == "hang" and GROUP == os.environ["HANG_GROUP"]
             and step == int(os.environ["HANG_AT"])):
         os.kill(os.getpid(), signal.SIGSTOP)
