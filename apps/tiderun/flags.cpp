@@ -474,6 +474,14 @@ void add_flags(CLI::App& app, Flags& f) {
       "PET_CHECKPOINT_KEEP",
       "snapshots kept per rank in --checkpoint-dir")
       ->check(CLI::PositiveNumber);
+  opt("--replica-groups,--replica_groups",
+      f.replica_groups,
+      "PET_REPLICA_GROUPS",
+      "run this many replica groups of the job on this host, each a tiderun "
+      "of --nproc-per-node workers, agreeing on every step through a store "
+      "this tiderun serves (tide.ft; one group's failure restarts that group "
+      "alone)")
+      ->check(CLI::PositiveNumber);
   opt("--ft-store,--ft_store",
       f.ft_store,
       "PET_FT_STORE",

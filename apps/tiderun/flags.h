@@ -65,6 +65,7 @@ struct Flags {
   std::string checkpoint_memory;
   std::string checkpoint_dir;
   int checkpoint_keep = 2;
+  int replica_groups = 1;
   std::string ft_store;
   std::string replica_group_id;
   int num_replica_groups = 1;

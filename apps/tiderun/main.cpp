@@ -30,6 +30,7 @@
 #include "cli.h"
 #include "common/clock.h"
 #include "flags.h"
+#include "replica_groups.h"
 #include "status.h"
 #include "torch_probe.h"
 
@@ -191,6 +192,19 @@ int main(int argc, char** argv) {
   tiderun::add_flags(app, flags);
   if (auto done = tide::apps::parse_command_line(app, argc, argv)) {
     return *done;
+  }
+
+  if (flags.replica_groups > 1) {
+    if (!flags.ft_store.empty() || !flags.replica_group_id.empty()) {
+      std::fprintf(
+          stderr,
+          "tiderun: error: --replica-groups runs the groups and serves their "
+          "store: give it without --ft-store and --replica-group-id\n");
+      return 2;
+    }
+    int script_at = argc - static_cast<int>(app.remaining().size());
+    return tiderun::run_replica_groups(
+        argc, argv, script_at, flags.replica_groups);
   }
 
   tide::agent::Entrypoint entrypoint;

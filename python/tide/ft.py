@@ -251,18 +251,11 @@ class Manager:
     # --- process groups across the groups ---
 
     def _store(self):
+        """The quorum's store as torch's Store, for gloo's rendezvous: the
+        same connection whether it is a tide store or etcd."""
         if self._torch_store is None:
-            address = self._store_address
-            if address.startswith("etcd:"):
-                raise ReplicaGroupError(
-                    "gloo across groups needs a TCP store: with etcd, give a "
-                    "tide store for the process groups too")
-            import torch.distributed as dist
-            hostport = address.split("/", 1)[0]
-            host, _, port = hostport.rpartition(":")
-            self._torch_store = dist.TCPStore(
-                host.strip("[]"), int(port), is_master=False,
-                timeout=self._timeout)
+            self._torch_store = _torch_store(
+                _elastic.connect_quorum_store(self._store_address, _seconds(self._timeout)))
         return self._torch_store
 
     def _configure(self, q):
@@ -273,8 +266,7 @@ class Manager:
             # the old group stays, idle, until the process ends.
             self._old_pgs.append(self._pg)
         self._pg = None
-        job = self._store_address.split("/", 1)[1] if "/" in self._store_address else "default"
-        prefix = f"tide_ft/{job}/{q.store_prefix}{self._rank}"
+        prefix = f"{q.store_prefix}{self._rank}"
         try:
             self._pg = dist.ProcessGroupGloo(
                 dist.PrefixStore(prefix, self._store()), q.replica_rank,
@@ -389,6 +381,47 @@ def _decode(data, tensors):
             return tuple(_decode(v, tensors) for v in data["t"])
         return [_decode(v, tensors) for v in data["l"]]
     return data
+
+
+def _torch_store(inner):
+    """A tide store (tide._elastic.Store) as a torch.distributed.Store."""
+    import torch.distributed as dist
+
+    class TideStore(dist.Store):
+        def __init__(self):
+            super().__init__()
+
+        def set(self, key, value):
+            inner.set(key, value)
+
+        def get(self, key):
+            return inner.get(key)
+
+        def add(self, key, amount):
+            return inner.add(key, amount)
+
+        def compare_set(self, key, expected, desired):
+            return inner.compare_set(key, expected, desired)
+
+        def wait(self, keys, timeout=None):
+            if timeout is None:
+                inner.wait(keys)
+            else:
+                inner.wait(keys, timeout)
+
+        def check(self, keys):
+            return inner.check(keys)
+
+        def delete_key(self, key):
+            return inner.delete_key(key)
+
+        def num_keys(self):
+            return inner.num_keys()
+
+        def set_timeout(self, timeout):
+            inner.set_timeout(timeout)
+
+    return TideStore()
 
 
 def allreduce_gradients(manager, model):

@@ -7,7 +7,8 @@ pids, their steps never go back, no committed step is lost; the killed
 group restarts, is admitted again, heals from a healthy group, and at the
 end every rank of every group holds bit-identical weights and momentum. A
 group that hangs (SIGSTOP) is voted out by its heartbeat and the others go
-on.
+on; with the quorum in a 3-member etcd, training goes on when the
+member in use is killed; one tiderun --replica-groups=3 runs all three.
 
     /usr/bin/python3 tests/apps/ft_test.py build/apps/tiderun
 """
@@ -19,6 +20,9 @@ import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from etcd import EtcdCluster  # noqa: E402
 
 TIDERUN = os.path.abspath(sys.argv.pop(1) if len(sys.argv) > 1 else "build/apps/tiderun")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,17 +36,25 @@ DEADLINE = 240  # s: the bound on a hang, never a pace
 class Job:
     """A tide-store and one tiderun per replica group."""
 
-    def __init__(self, test, env=()):
+    def __init__(self, test, env=(), address=None, one_command=False):
         self.dir = tempfile.mkdtemp(prefix="tide_ft_")
         test.addCleanup(self.stop)
-        self.store = subprocess.Popen(
-            [os.path.join(os.path.dirname(TIDERUN), "tide-store"), "--port", "0"],
-            stdout=subprocess.PIPE, text=True)
-        line = self.store.stdout.readline()
-        self.address = line.split()[-1] + "/job"
+        self.store = None
+        if address is None:
+            self.store = subprocess.Popen(
+                [os.path.join(os.path.dirname(TIDERUN), "tide-store"), "--port", "0"],
+                stdout=subprocess.PIPE, text=True)
+            address = self.store.stdout.readline().split()[-1] + "/job"
+        self.address = address
         self.env = dict(os.environ, OUT=self.dir, PYTHONPATH=os.path.abspath(PYTHON),
                         PYTHON_EXEC="/usr/bin/python3", **dict(env))
-        self.runs = {g: self.launch(g) for g in GROUPS}
+        if one_command:  # tiderun --replica-groups: it serves the store
+            self.runs = {"all": subprocess.Popen(
+                [TIDERUN, "--standalone", "--nproc-per-node=2",
+                 f"--replica-groups={len(GROUPS)}", WORKER],
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)}
+        else:
+            self.runs = {g: self.launch(g) for g in GROUPS}
         self.started = time.monotonic()
 
     def launch(self, group):
@@ -76,7 +88,8 @@ class Job:
             f.write(str(step))
         os.rename(os.path.join(self.dir, "stop_at.tmp"), os.path.join(self.dir, "stop_at"))
 
-    def wait(self, groups=GROUPS):
+    def wait(self, groups=None):
+        groups = list(self.runs) if groups is None else groups
         out = {}
         for g in groups:
             try:
@@ -97,7 +110,7 @@ class Job:
         return "\n".join(text)
 
     def stop(self):
-        for p in list(self.runs.values()) + [self.store]:
+        for p in list(self.runs.values()) + ([self.store] if self.store else []):
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -145,6 +158,36 @@ class FaultToleranceTest(unittest.TestCase):
             self.assertTrue(any(x["participants"] == 2 for x in job.commits(g, 0)), job.output())
         self.check_identical(job)
         self.assertIn("declared out", job.outputs["g1"])
+
+    def test_training_goes_on_when_the_etcd_member_in_use_is_killed(self):
+        cluster = EtcdCluster(3)
+        self.addCleanup(cluster.stop)
+        job = Job(self, address=f"etcd:{cluster.endpoints()}/job")
+        job.until("every group commits step 5",
+                  lambda: all(len(job.commits(g, r)) >= 5 for g in GROUPS for r in (0, 1)))
+        cluster.kill(0)  # the first endpoint: the one every client uses
+        at = max(x["step"] for x in job.commits("g0", 0))
+        job.until("every group commits 10 more steps", lambda: all(
+            job.commits(g, r)[-1]["step"] >= at + 10 for g in GROUPS for r in (0, 1)))
+        job.stop_at(max(x["step"] for x in job.commits("g0", 0)) + 5)
+        self.assertEqual(job.wait(), {g: 0 for g in GROUPS}, job.output())
+        for g in GROUPS:
+            self.check_survivor(job, g)
+        self.check_identical(job)
+
+    def test_one_tiderun_runs_every_group_and_serves_their_store(self):
+        job = Job(self, one_command=True)
+        job.stop_at(20)
+        self.assertEqual(job.wait(), {"all": 0}, job.output())
+        for g in GROUPS:
+            self.check_survivor(job, g)
+            self.assertEqual(job.commits(g, 0)[0]["participants"], len(GROUPS))
+        self.check_identical(job)
+        self.assertIn("running 3 replica groups", job.outputs["all"])
+        bad = subprocess.run([TIDERUN, "--standalone", "--replica-groups=2",
+                              "--ft-store=127.0.0.1:1", WORKER], capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("without --ft-store", bad.stderr)
 
     def test_a_hung_group_is_voted_out_by_its_heartbeat(self):
         job = Job(self, env={"MODE": "hang", "HANG_GROUP": "g2", "HANG_AT": "4",
