@@ -8,7 +8,8 @@ group restarts, is admitted again, heals from a healthy group, and at the
 end every rank of every group holds bit-identical weights and momentum. A
 group that hangs (SIGSTOP) is voted out by its heartbeat and the others go
 on; with the quorum in a 3-member etcd, training goes on when the
-member in use is killed; one tiderun --replica-groups=3 runs all three.
+member in use is killed; one tiderun --replica-groups=3 runs all three;
+examples/python/ft/train.py trains.
 
     /usr/bin/python3 tests/apps/ft_test.py build/apps/tiderun
 """
@@ -188,6 +189,18 @@ class FaultToleranceTest(unittest.TestCase):
                               "--ft-store=127.0.0.1:1", WORKER], capture_output=True, text=True)
         self.assertEqual(bad.returncode, 2)
         self.assertIn("without --ft-store", bad.stderr)
+
+    def test_the_example_trains_with_two_groups(self):
+        example = os.path.join(HERE, "..", "..", "examples", "python", "ft", "train.py")
+        out = subprocess.run(
+            [TIDERUN, "--standalone", "--nproc-per-node=2", "--replica-groups=2",
+             example, "--steps", "100"],
+            env=dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON),
+                     PYTHON_EXEC="/usr/bin/python3"),
+            capture_output=True, text=True, timeout=DEADLINE)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        for g in ("g0", "g1"):
+            self.assertIn(f"group {g}: step 100", out.stdout)
 
     def test_a_hung_group_is_voted_out_by_its_heartbeat(self):
         job = Job(self, env={"MODE": "hang", "HANG_GROUP": "g2", "HANG_AT": "4",
