@@ -51,6 +51,20 @@ class Job:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for g in GROUPS]
         self.t0 = time.monotonic()
 
+    def kill(self):
+        """A run that failed: nothing of it may go on beside the next."""
+        for p in self.runs:
+            if p.poll() is None:
+                p.terminate()  # tiderun stops its workers
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        if self.store.poll() is None:
+            self.store.kill()
+            self.store.wait()
+
     def lines(self, g, r):
         try:
             with open(os.path.join(self.dir, f"{g}-{r}.log")) as f:
@@ -79,6 +93,13 @@ class Job:
 
 def ft_run(tiderun, scratch, state_mb):
     job = Job(tiderun, scratch, state_mb)
+    try:
+        return measure(job)
+    finally:
+        job.kill()
+
+
+def measure(job):
     commits = lambda g, r: [x for x in job.lines(g, r) if x["event"] == "commit"]  # noqa: E731
     job.until(lambda: all(len(commits(g, r)) >= 20 for g in GROUPS for r in (0, 1)))
     victim = commits("g1", 1)[-1]["pid"]

@@ -141,6 +141,15 @@ class Manager:
         self._error = None
         self._torch_store = None
         self._kept = []  # tensors a collective may still reference
+        # Healing's wire: where a group that heals from this one sends to.
+        self._kv = _elastic.connect_quorum_store(self._store_address, _seconds(quorum_timeout))
+        # Every group must hold the same secret: TIDE_FT_TOKEN (a group's
+        # own TIDE_RPC_TOKEN is its alone). None: this user's processes on
+        # this host only.
+        self._transfer = _elastic.StateTransfer(
+            _listen_host(self._store_address), _os.environ.get("TIDE_FT_TOKEN", ""))
+        self._kv.set(f"heal/{self._replica_id}:{self._incarnation}/{self._rank}",
+                     self._transfer.address)
 
     # --- TorchFT's Manager ---
 
@@ -168,7 +177,7 @@ class Manager:
                     f"quorum {q.id}: a member was out before the groups met"))
         if self._error is None and q.heal and allow_heal:
             try:
-                self._receive_state(q.heal_from_rank)
+                self._receive_state(q)
             except Exception as e:
                 # Part of this process's state may be the source's now: it
                 # must not go on with it (nor ever be healed from).
@@ -180,7 +189,7 @@ class Manager:
         if self._error is None and q.heal_to:
             try:
                 for dst in q.heal_to:
-                    self._send_state(dst)
+                    self._send_state(q, dst)
             except Exception as e:  # noqa: BLE001 - voted down, not raised
                 self.report_error(e)
 
@@ -275,50 +284,55 @@ class Manager:
         except Exception as e:  # noqa: BLE001 - voted down, not raised
             self.report_error(e)
 
-    # --- healing: state sent tensor by tensor over the process group ---
+    # --- healing: the state over tide's transport ---
 
-    def _send_state(self, dst):
-        import torch
+    def _send_state(self, q, dst):
         tensors = []
-        meta = _json.dumps(_encode(self._state_dict(), tensors)).encode()
-        head = torch.tensor([len(meta), len(tensors)], dtype=torch.int64)
-        body = torch.frombuffer(bytearray(meta), dtype=torch.uint8)
-        self._kept = [head, body] + tensors
-        self._pg.send([head], dst, 0).wait()
-        self._pg.send([body], dst, 1).wait()
-        for t in tensors:
-            self._pg.send([t], dst, 2).wait()
+        meta = _json.dumps(_encode(self._state_dict(), tensors))
+        member = q.members[dst][0]
+        to = self._kv.get(f"heal/{member}/{self._rank}")
+        self._transfer.send(
+            to, q.id, meta,
+            [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors],
+            _seconds(self._timeout))
 
-    def _receive_state(self, src):
+    def _receive_state(self, q):
         import torch
-        head = torch.zeros(2, dtype=torch.int64)
-        self._kept = [head]
-        self._pg.recv([head], src, 0).wait()
-        meta = torch.empty(int(head[0]), dtype=torch.uint8)
-        self._kept.append(meta)
-        self._pg.recv([meta], src, 1).wait()
-        data = _json.loads(meta.numpy().tobytes())
+        data = _json.loads(self._transfer.receive_meta(q.id, _seconds(self._timeout)))
         specs = _specs(data)
-        if len(specs) != int(head[1]):
-            raise ReplicaGroupError(
-                f"healing: {int(head[1])} tensors announced, {len(specs)} "
-                "described")
-        # Into this process's own tensors where the state has the same shape
-        # (TorchFT's in-place receive): no new memory to fault in, and
-        # load_state_dict() then copies nothing new.
-        own = []
+        # Into this process's own tensor wherever its state has one at the
+        # same place with the same dtype and shape (TorchFT's in-place
+        # receive): no new memory to fault in, and load_state_dict() then
+        # copies nothing new. Elsewhere (an optimizer's state not made yet),
+        # new tensors.
+        mine, tensors = {}, []
         if self._state_dict is not None:
-            _encode(self._state_dict(), own)
-        if [(t.dtype, tuple(t.shape)) for t in own] != [(d, s) for _, d, s in specs] or any(
-                t.device.type != "cpu" for t in own):
-            own = [torch.empty(shape, dtype=dtype) for _, dtype, shape in specs]
-        tensors = []
-        for t in own:
-            self._kept.append(t)
-            self._pg.recv([t], src, 2).wait()
-            tensors.append(t)
+            for path, entry in _paths(_encode(self._state_dict(), tensors)):
+                mine[path] = tensors[entry["T"]]
+        own = [None] * len(specs)
+        for path, entry in _paths(data):
+            i, dtype, shape = entry["T"], specs[entry["T"]][1], specs[entry["T"]][2]
+            t = mine.get(path)
+            if t is None or t.dtype != dtype or tuple(t.shape) != shape:
+                t = torch.empty(shape, dtype=dtype)
+            own[i] = t
+        self._transfer.receive_into(
+            q.id, [(t.data_ptr(), t.numel() * t.element_size()) for t in own],
+            _seconds(self._timeout))
         if self._load_state_dict is not None:
-            self._load_state_dict(_decode(data, tensors))
+            self._load_state_dict(_decode(data, own))
+
+
+def _listen_host(address):
+    """Where this process takes a healing state: TIDE_FT_HOST, else this
+    host's loopback when the store is on it, else this host's name."""
+    if _os.environ.get("TIDE_FT_HOST"):
+        return _os.environ["TIDE_FT_HOST"]
+    host = address.split("etcd:", 1)[-1].split("/", 1)[0].split(",")[0].rpartition(":")[0]
+    if host in ("127.0.0.1", "localhost", "[::1]", "::1"):
+        return "127.0.0.1"
+    import socket
+    return socket.gethostname()
 
 
 def _encode(obj, tensors):
@@ -346,29 +360,33 @@ def _encode(obj, tensors):
         f"tuples and dicts, not {type(obj).__name__}")
 
 
-def _specs(data, out=None):
-    """The (index, dtype, shape) of each tensor ``data`` names, in order."""
+def _specs(data):
+    """The (index, dtype, shape) of each tensor ``data`` names, by index."""
     import torch
-    if out is None:
-        out = []
-        _specs(data, out)
-        out.sort(key=lambda x: x[0])
-        if [i for i, _, _ in out] != list(range(len(out))):
-            raise ReplicaGroupError("healing: the tensors announced are not 0..n-1")
-        return out
+    out = []
+    for _, entry in _paths(data):
+        dtype = getattr(torch, str(entry.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ReplicaGroupError(f"healing: no dtype {entry.get('dtype')!r}")
+        out.append((int(entry["T"]), dtype, tuple(int(x) for x in entry["shape"])))
+    out.sort(key=lambda x: x[0])
+    if [i for i, _, _ in out] != list(range(len(out))):
+        raise ReplicaGroupError("healing: the tensors described are not 0..n-1")
+    return out
+
+
+def _paths(data, at=()):
+    """(path, tensor entry) of each tensor of an encoded state: a path is
+    the keys and indices that lead to it."""
     if isinstance(data, dict):
         if "T" in data:
-            dtype = getattr(torch, str(data["dtype"]), None)
-            if not isinstance(dtype, torch.dtype):
-                raise ReplicaGroupError(f"healing: no dtype {data['dtype']!r}")
-            out.append((int(data["T"]), dtype, tuple(int(x) for x in data["shape"])))
-            return out
-        for k, v in data.get("d", []):
-            _specs(k, out)
-            _specs(v, out)
-        for v in data.get("l", data.get("t", [])):
-            _specs(v, out)
-    return out
+            yield at, data
+        elif "d" in data:
+            for k, v in data["d"]:
+                yield from _paths(v, at + (_json.dumps(k),))
+        else:
+            for i, v in enumerate(data.get("l", data.get("t", []))):
+                yield from _paths(v, at + (i,))
 
 
 def _decode(data, tensors):

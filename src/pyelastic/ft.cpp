@@ -5,6 +5,7 @@
 
 #include "tide/ft/quorum.h"
 
+#include "ft/state_transfer.h"
 #include "pyelastic/py_common.h"
 
 namespace tide::pyelastic {
@@ -103,6 +104,66 @@ void bind_ft(py::module_& m) {
           &QuorumClient::leave,
           py::arg("why"),
           py::call_guard<py::gil_scoped_release>());
+
+  py::class_<ft::StateTransfer>(m, "StateTransfer")
+      .def(
+          py::init<const std::string&, const std::string&>(),
+          py::arg("listen_host"),
+          py::arg("token"))
+      .def_property_readonly(
+          "address",
+          [](const ft::StateTransfer& t) { return py::bytes(t.address()); })
+      .def(
+          "send",
+          [](ft::StateTransfer& t,
+             const std::string& to,
+             uint64_t tag,
+             const std::string& meta,
+             const std::vector<std::pair<uintptr_t, size_t>>& buffers,
+             const py::object& timeout) {
+            std::vector<std::pair<const void*, size_t>> b;
+            for (auto [p, n] : buffers) {
+              b.emplace_back(reinterpret_cast<const void*>(p), n);
+            }
+            auto t_ms = ms(timeout);
+            py::gil_scoped_release release;
+            t.send(to, tag, meta, b, t_ms);
+          },
+          py::arg("to"),
+          py::arg("tag"),
+          py::arg("meta"),
+          py::arg("buffers"),
+          py::arg("timeout"))
+      .def(
+          "receive_meta",
+          [](ft::StateTransfer& t, uint64_t tag, const py::object& timeout) {
+            auto t_ms = ms(timeout);
+            std::string meta;
+            {
+              py::gil_scoped_release release;
+              meta = t.receive_meta(tag, t_ms);
+            }
+            return py::bytes(meta);
+          },
+          py::arg("tag"),
+          py::arg("timeout"))
+      .def(
+          "receive_into",
+          [](ft::StateTransfer& t,
+             uint64_t tag,
+             const std::vector<std::pair<uintptr_t, size_t>>& targets,
+             const py::object& timeout) {
+            std::vector<std::pair<void*, size_t>> to;
+            for (auto [p, n] : targets) {
+              to.emplace_back(reinterpret_cast<void*>(p), n);
+            }
+            auto t_ms = ms(timeout);
+            py::gil_scoped_release release;
+            t.receive_into(tag, to, t_ms);
+          },
+          py::arg("tag"),
+          py::arg("targets"),
+          py::arg("timeout"));
 
   m.def(
       "declare_replica_out",
