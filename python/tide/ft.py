@@ -137,7 +137,6 @@ class Manager:
         self._quorum = None
         self._pg = None
         self._pg_id = None
-        self._old_pgs = []
         self._error = None
         self._torch_store = None
         self._kept = []  # tensors a collective may still reference
@@ -250,6 +249,17 @@ class Manager:
             tensor.div_(self._quorum.replica_world_size)
         except Exception as e:  # noqa: BLE001 - voted down, not raised
             self.report_error(e)
+            self._drop_pg()
+
+    def _drop_pg(self):
+        """Ends this process's part of the quorum's process group, closing
+        its connections: a peer still waiting in a collective for this one
+        (gloo's ring does not pass a failure on) gets an error now instead
+        of at its timeout. Safe here: no collective of this process is in
+        flight, and the tensors the last one used are still referenced
+        (torch < 2.8 destroys a gloo group holding the GIL)."""
+        pg, self._pg, self._pg_id = self._pg, None, None
+        del pg
 
     def shutdown(self, wait=True):
         """This group leaves: the others go on without waiting for it."""
@@ -269,12 +279,7 @@ class Manager:
 
     def _configure(self, q):
         import torch.distributed as dist
-        if self._pg is not None:
-            # torch's gloo cannot be destroyed safely while a collective of
-            # a lost peer may still be in it (its destructor waits for it):
-            # the old group stays, idle, until the process ends.
-            self._old_pgs.append(self._pg)
-        self._pg = None
+        self._drop_pg()
         prefix = f"{q.store_prefix}{self._rank}"
         try:
             self._pg = dist.ProcessGroupGloo(

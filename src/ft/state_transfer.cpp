@@ -315,11 +315,15 @@ void StateTransfer::send(
   out = Impl::Outgoing{.pipe = pipe.id()};
   struct Forget {
     Impl& impl;
+    std::unique_lock<std::mutex>& lock;
     uint64_t tag;
     ~Forget() {
-      impl.outgoing.erase(tag);  // under the caller's lock
+      if (!lock.owns_lock()) {
+        lock.lock();
+      }
+      impl.outgoing.erase(tag);
     }
-  } forget{impl, tag};
+  } forget{impl, lock, tag};
   lock.unlock();
   Message head{
       .type = kMeta,
@@ -405,9 +409,20 @@ void StateTransfer::receive_into(
       impl.incoming.erase(tag);  // under the caller's lock
     }
   } forget{impl, tag};
-  impl.wait(lock, in, timeout, "the state did not come whole", [&] {
-    return in.got == in.parts;
-  });
+  try {
+    impl.wait(lock, in, timeout, "the state did not come whole", [&] {
+      return in.got == in.parts;
+    });
+  } catch (const Error&) {
+    // A tensor may be half written: no byte may land in `targets` once
+    // this returns, so this side's connections end here, and with them
+    // this StateTransfer.
+    lock.unlock();
+    impl.transport->shutdown();
+    impl.transport->join();
+    lock.lock();
+    throw;
+  }
 }
 
 }  // namespace tide::ft

@@ -59,7 +59,9 @@ class StateTransfer {
   // with lower tags, of rounds that were aborted, are dropped).
   std::string receive_meta(uint64_t tag, milliseconds timeout);
   // Then: receives its tensors' bytes straight into `targets` (one per
-  // tensor, each of exactly its size), and returns once all are in.
+  // tensor, each of exactly its size), and returns once all are in. When
+  // it throws (the source gone, a timeout) some targets may be half
+  // written, and this StateTransfer is closed (nothing more can land).
   void receive_into(
       uint64_t tag,
       const std::vector<std::pair<void*, size_t>>& targets,
