@@ -109,15 +109,17 @@ def measure(job):
                           for g in ("g0", "g2") for r in (0, 1)))
     stop = max(min(x["t"] for x in commits(g, r) if x["t"] > killed)
                for g in ("g0", "g2") for r in (0, 1)) - killed
-    job.until(lambda: any(x["event"] == "commit" and x["pid"] != victim
-                          for x in job.lines("g1", 1)))
+    old = {commits("g1", r)[-1]["pid"] for r in (0, 1)}
+    job.until(lambda: all(any(x["pid"] not in old for x in commits("g1", r))
+                          for r in (0, 1)))
     heal = []
     for r in (0, 1):
         healed = [x for x in job.lines("g1", r) if x["event"] == "healed"][-1]
         first = min(x["t"] for x in commits("g1", r) if x["t"] > healed["t"])
-        heal.append((first - healed["since"], healed["t"] - healed["since"]))
+        heal.append((first - healed["since"], first - healed["heal"]["started"],
+                     healed["heal"]["seconds"]))
     job.end()
-    return stop, max(h[0] for h in heal), max(h[1] for h in heal)
+    return stop, *(max(h[i] for h in heal) for i in range(3))
 
 
 def main():
@@ -129,9 +131,9 @@ def main():
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.0f} ms" if xs else "-"  # noqa: E731
     with tempfile.TemporaryDirectory() as scratch:
         stops = {"tide.ft": [], "tiderun --prestart": [], "torchrun@0.1": []}
-        heals = {mb: ([], []) for mb in args.heal_mb}
+        heals = {mb: ([], [], []) for mb in args.heal_mb}
         for rep in range(args.reps):
-            s, _, _ = ft_run(args.tiderun, scratch, 0)
+            s, _, _, _ = ft_run(args.tiderun, scratch, 0)
             stops["tide.ft"].append(s)
             print(f"RESULT case=tide.ft stop_ms={s * 1e3:.0f}", flush=True)
             for case in ("tiderun --prestart", "torchrun@0.1"):
@@ -144,21 +146,23 @@ def main():
                 print(f"RESULT case={case.replace(' ', '')} stop_ms={r['failure -> step1']}",
                       flush=True)
             for mb in args.heal_mb:
-                _, commit, transfer = ft_run(args.tiderun, scratch, mb)
-                heals[mb][0].append(commit)
-                heals[mb][1].append(transfer)
-                print(f"RESULT case=heal mb={mb} to_commit_ms={commit * 1e3:.0f} "
-                      f"start_quorum_ms={transfer * 1e3:.0f}", flush=True)
+                _, joined, healing, transfer = ft_run(args.tiderun, scratch, mb)
+                for i, v in enumerate((joined, healing, transfer)):
+                    heals[mb][i].append(v)
+                print(f"RESULT case=heal mb={mb} join_to_commit_ms={joined * 1e3:.0f} "
+                      f"heal_to_commit_ms={healing * 1e3:.0f} "
+                      f"transfer_ms={transfer * 1e3:.0f}", flush=True)
         print(f"\n| survivors stopped, 3 groups x 2 ranks, median of {args.reps} | "
               + " | ".join(stops) + " |")
         print("|---|" + "--:|" * len(stops))
         print("| kill -> next step of every survivor | "
               + " | ".join(ms(v) for v in stops.values()) + " |")
         print(f"| runs | " + " | ".join(str(len(v)) for v in stops.values()) + " |")
-        print("\n| heal, median | asking to join -> first commit | of which start_quorum |")
-        print("|---|--:|--:|")
-        for mb, (commit, transfer) in heals.items():
-            print(f"| {mb} MB | {ms(commit)} | {ms(transfer)} |")
+        print("\n| heal, per rank, 2 ranks at once, median | asking to join -> first commit "
+              "| heal begins -> first commit | the heal itself |")
+        print("|---|--:|--:|--:|")
+        for mb, (joined, healing, transfer) in heals.items():
+            print(f"| {mb} MB | {ms(joined)} | {ms(healing)} | {ms(transfer)} |")
 
 
 if __name__ == "__main__":

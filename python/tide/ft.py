@@ -37,6 +37,7 @@ process group formed again whenever the quorum's members change.
 
 import json as _json
 import os as _os
+import time as _time
 import re as _re
 from datetime import timedelta as _timedelta
 
@@ -139,6 +140,9 @@ class Manager:
         self._pg_id = None
         self._error = None
         self._torch_store = None
+        # The last heal: when it began (time.time()), how long it took, from
+        # which member, to which step.
+        self.last_heal = None
         self._kept = []  # tensors a collective may still reference
         # Healing's wire: where a group that heals from this one sends to.
         self._kv = _elastic.connect_quorum_store(self._store_address, _seconds(quorum_timeout))
@@ -176,7 +180,10 @@ class Manager:
                     f"quorum {q.id}: a member was out before the groups met"))
         if self._error is None and q.heal and allow_heal:
             try:
+                started = _time.time()
                 self._receive_state(q)
+                self.last_heal = {"started": started, "seconds": _time.time() - started,
+                                  "source": q.heal_from, "step": q.max_step}
             except Exception as e:
                 # Part of this process's state may be the source's now: it
                 # must not go on with it (nor ever be healed from).

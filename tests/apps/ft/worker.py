@@ -78,7 +78,8 @@ while True:
     manager.start_quorum()
     step = manager.current_step()
     if step != before:
-        write(event="healed", step=step, digest=digest(), since=since)
+        write(event="healed", step=step, digest=digest(), since=since,
+              heal=manager.last_heal)
     if (os.environ.get("MODE") == "hang" and GROUP == os.environ["HANG_GROUP"]
             and step == int(os.environ["HANG_AT"])):
         os.kill(os.getpid(), signal.SIGSTOP)
