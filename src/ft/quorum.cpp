@@ -190,6 +190,27 @@ void check_name(const std::string& what, const std::string& s) {
   }
 }
 
+// The options, checked (before anything connects).
+QuorumOptions checked(QuorumOptions o) {
+  if (o.group_world_size < 1 || o.group_rank < 0 ||
+      o.group_rank >= o.group_world_size) {
+    throw InvalidArgument(
+        "group rank " + std::to_string(o.group_rank) +
+        " is not in a group of " + std::to_string(o.group_world_size));
+  }
+  if (o.min_replica_size < 1 || o.expected_groups < 1) {
+    throw InvalidArgument(
+        "min_replica_size and expected_groups must be at least 1");
+  }
+  if (o.heartbeat_interval.count() <= 0 ||
+      o.heartbeat_timeout <= o.heartbeat_interval || o.timeout.count() <= 0) {
+    throw InvalidArgument(
+        "the heartbeat interval must be positive and below its timeout, "
+        "and the timeout positive");
+  }
+  return o;
+}
+
 }  // namespace
 
 std::string QuorumClient::member_id(
@@ -256,31 +277,13 @@ struct QuorumClient::Impl {
   std::jthread heartbeat;
 
   Impl(const Connect& connect, QuorumOptions o, int64_t start_step)
-      : store(connect()),
-        options(std::move(o)),
+      : options(checked(std::move(o))),
         me(member_id(options.group, options.incarnation)),
         step(start_step) {
-    const auto& o_ = options;
-    if (o_.group_world_size < 1 || o_.group_rank < 0 ||
-        o_.group_rank >= o_.group_world_size) {
-      throw InvalidArgument(
-          "group rank " + std::to_string(o_.group_rank) +
-          " is not in a group of " + std::to_string(o_.group_world_size));
-    }
-    if (o_.min_replica_size < 1 || o_.expected_groups < 1) {
-      throw InvalidArgument(
-          "min_replica_size and expected_groups must be at least 1");
-    }
-    if (o_.heartbeat_interval.count() <= 0 ||
-        o_.heartbeat_timeout <= o_.heartbeat_interval ||
-        o_.timeout.count() <= 0) {
-      throw InvalidArgument(
-          "the heartbeat interval must be positive and below its timeout, "
-          "and the timeout positive");
-    }
     if (start_step < 0) {
       throw InvalidArgument("a step cannot be negative");
     }
+    store = connect();
     store->set_timeout(options.timeout);
     store->append(kPending, "");
     store->append(kDead, "");
