@@ -32,19 +32,21 @@ using tide::ft::QuorumOptions;
 
 struct Cell {
   size_t groups = 0;
-  double median = 0;   // s, one group's two calls in one round
+  double median = 0;  // s, one group's two calls in one round
   double p90 = 0;
-  double slowest = 0;  // s, the slowest group of a round, median
+  double slowest = 0;    // s, the slowest group of a round, median
   double store_cpu = 0;  // s of the store's CPU per round
 };
 
-Cell run(tide::bench::ServerProcess& server, size_t groups, size_t rounds, int job) {
+Cell run(
+    tide::bench::ServerProcess& server, size_t groups, size_t rounds, int job) {
   uint16_t port = server.port();
   auto connect = [port, job] {
     return std::make_shared<tide::store::PrefixStore>(
         "bench" + std::to_string(job),
         std::make_shared<tide::store::TcpStore>(tide::store::TcpStoreOptions{
-            .port = port, .dialect = tide::store::Dialect::kModern,
+            .port = port,
+            .dialect = tide::store::Dialect::kModern,
             .timeout = 60s}));
   };
   size_t warmup = 20;
@@ -87,14 +89,19 @@ Cell run(tide::bench::ServerProcess& server, size_t groups, size_t rounds, int j
       slowest[r] = std::max(slowest[r], v[r]);
     }
   }
-  return {groups, tide::bench::median(all), tide::bench::percentile(all, 90),
-          tide::bench::median(slowest), store_cpu};
+  return {
+      groups,
+      tide::bench::median(all),
+      tide::bench::percentile(all, 90),
+      tide::bench::median(slowest),
+      store_cpu};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("quorum_bench: the per-step cost of tide.ft's quorum and commit");
+  CLI::App app(
+      "quorum_bench: the per-step cost of tide.ft's quorum and commit");
   std::string groups_list = "2,8,64";
   size_t rounds = 300;
   app.add_option("--groups", groups_list, "simulated replica groups per cell");
@@ -102,15 +109,17 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   tide::bench::ServerProcess server(
-      "tide-store", {TIDE_BENCH_TIDE_STORE, "--port", "0"},
+      "tide-store",
+      {TIDE_BENCH_TIDE_STORE, "--port", "0"},
       std::chrono::seconds(10));
   uint16_t port = server.port();
   // The physical reference: a request's round trip (CHECK of an absent key).
   std::vector<double> rtt;
   {
-    tide::store::TcpStore s({.port = port,
-                             .dialect = tide::store::Dialect::kModern,
-                             .timeout = 10s});
+    tide::store::TcpStore s(
+        {.port = port,
+         .dialect = tide::store::Dialect::kModern,
+         .timeout = 10s});
     for (int i = 0; i < 2000; ++i) {
       int64_t t0 = tide::bench::mono_ns();
       s.check({"absent"});
@@ -118,8 +127,10 @@ int main(int argc, char** argv) {
     }
   }
   double ref = tide::bench::median(rtt);
-  std::printf("# quorum_bench %s, load %s\n", tide::bench::now_utc().c_str(),
-              tide::bench::load_average().c_str());
+  std::printf(
+      "# quorum_bench %s, load %s\n",
+      tide::bench::now_utc().c_str(),
+      tide::bench::load_average().c_str());
   std::printf("store round trip (median): %.1f us\n\n", ref * 1e6);
   std::printf(
       "| groups | per group, median | p90 | slowest group, median | in round "
@@ -129,8 +140,12 @@ int main(int argc, char** argv) {
   for (size_t n : tide::bench::parse_counts(groups_list)) {
     Cell c = run(server, n, rounds, job++);
     std::printf(
-        "| %zu | %.3f ms | %.3f ms | %.3f ms | %.1f | %.3f ms |\n", n,
-        c.median * 1e3, c.p90 * 1e3, c.slowest * 1e3, c.median / ref,
+        "| %zu | %.3f ms | %.3f ms | %.3f ms | %.1f | %.3f ms |\n",
+        n,
+        c.median * 1e3,
+        c.p90 * 1e3,
+        c.slowest * 1e3,
+        c.median / ref,
         c.store_cpu * 1e3);
     std::fflush(stdout);
   }
