@@ -139,13 +139,15 @@ class Manager:
         self._pg = None
         self._pg_id = None
         self._error = None
-        self._torch_store = None
         # The last heal: when it began (time.time()), how long it took, from
         # which member, to which step.
         self.last_heal = None
         self._kept = []  # tensors a collective may still reference
         # Healing's wire: where a group that heals from this one sends to.
         self._kv = _elastic.connect_quorum_store(self._store_address, _seconds(quorum_timeout))
+        # The same connection as torch's Store, for gloo's rendezvous of each
+        # quorum's process group (a tide store or etcd alike).
+        self._pg_store = _torch_store(self._kv)
         # Every group must hold the same secret: TIDE_FT_TOKEN (a group's
         # own TIDE_RPC_TOKEN is its alone). None: this user's processes on
         # this host only.
@@ -276,21 +278,13 @@ class Manager:
 
     # --- process groups across the groups ---
 
-    def _store(self):
-        """The quorum's store as torch's Store, for gloo's rendezvous: the
-        same connection whether it is a tide store or etcd."""
-        if self._torch_store is None:
-            self._torch_store = _torch_store(
-                _elastic.connect_quorum_store(self._store_address, _seconds(self._timeout)))
-        return self._torch_store
-
     def _configure(self, q):
         import torch.distributed as dist
         self._drop_pg()
         prefix = f"{q.store_prefix}{self._rank}"
         try:
             self._pg = dist.ProcessGroupGloo(
-                dist.PrefixStore(prefix, self._store()), q.replica_rank,
+                dist.PrefixStore(prefix, self._pg_store), q.replica_rank,
                 q.replica_world_size, self._timeout)
             self._pg_id = q.id
         except Exception as e:  # noqa: BLE001 - voted down, not raised
