@@ -1,5 +1,7 @@
 // The "c10d" backend: the dynamic rendezvous over a tide Store. One agent
-// hosts a TcpStore at --rdzv-endpoint; every agent is a client of it.
+// hosts a store server at --rdzv-endpoint; every agent is a client of it,
+// over one connection (a MuxStore) that its rendezvous, keep-alive and
+// status records share.
 
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -13,6 +15,7 @@
 #include "tide/common/host.h"
 #include "tide/common/logging.h"
 #include "tide/rendezvous/dynamic_rendezvous.h"
+#include "tide/store/mux_store.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
@@ -26,9 +29,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The c10d store is always a tide server (an agent hosts it, or tide-store):
-// the modern dialect lets a wait that times out be cancelled instead of
-// costing a reconnect, which the keep-alive would pay every interval.
+// The c10d store is always a tide server (an agent hosts it, or tide-store).
+// Outside tools (open_c10d_job_store) speak the modern dialect to it, which
+// cancels a wait that times out instead of reconnecting.
 constexpr store::Dialect kDialect = store::Dialect::kModern;
 
 // key's value, or nullopt when it is not set (never waits). One request,
@@ -69,12 +72,13 @@ bool wait_for(store::Store& s, const std::string& key, milliseconds timeout) {
   return wait_for(s, std::vector<std::string>{key}, timeout);
 }
 
-// The keep-alive's own connection, shared by the monitors of successive
-// rounds (and with keep-alive threads that outlive their handler). It is
-// made on first use, by the keep-alive thread, so that a failed connect
-// counts as a missed keep-alive rather than failing the round; and it is
-// kept, because thousands of agents reconnecting the moment a round
-// completes overflow the store host's accept queue.
+// The keep-alive's client, shared by the monitors of successive rounds (and
+// with keep-alive threads that outlive their handler). It is made on first
+// use, by the keep-alive thread, so that a failed connect counts as a missed
+// keep-alive rather than failing the round; and it is kept, because
+// thousands of agents reconnecting the moment a round completes overflow
+// the store host's accept queue. (tiderun's is a handle on the agent's one
+// connection, which its MuxStore reconnects when lost.)
 class KeepAliveConnection {
  public:
   explicit KeepAliveConnection(
@@ -166,13 +170,13 @@ class StoreBackend final : public RendezvousBackend {
       std::shared_ptr<store::Store> store,
       std::function<std::shared_ptr<store::Store>()> connect,
       const std::string& run_id,
-      bool hosting)
+      std::shared_ptr<store::TcpStoreServer> hosted)
       : store_(std::move(store)),
         connect_(connect),
         keepalive_(std::make_shared<KeepAliveConnection>(std::move(connect))),
         keys_(run_id),
         run_id_(run_id),
-        hosting_(hosting) {}
+        hosted_(std::move(hosted)) {}
 
   std::optional<std::string> get_state() override {
     return value_if_set(*store_, keys_.state());
@@ -243,7 +247,7 @@ class StoreBackend final : public RendezvousBackend {
     if (store_->add(keys_.round(round, "left_count"), 1) >= size) {
       store_->set(keys_.round(round, "all_left"), "1");
     }
-    if (hosting_ && s.close_timeout.count() > 0 &&
+    if (hosted_ && s.close_timeout.count() > 0 &&
         !wait_for(*store_, keys_.round(round, "all_left"), s.close_timeout)) {
       TIDE_LOG_WARN(
           "[rendezvous {}] not every node left round {} within "
@@ -277,7 +281,9 @@ class StoreBackend final : public RendezvousBackend {
   std::shared_ptr<KeepAliveConnection> keepalive_;
   StoreKeys keys_;
   std::string run_id_;
-  bool hosting_;
+  // The store's server when this agent hosts it: it outlives the last
+  // request of this backend (members are destroyed in reverse order).
+  std::shared_ptr<store::TcpStoreServer> hosted_;
 };
 
 // Whether host names this machine (torch's _matches_machine_hostname):
@@ -322,9 +328,9 @@ std::unique_ptr<RendezvousBackend> make_store_backend(
     std::shared_ptr<store::Store> store,
     std::function<std::shared_ptr<store::Store>()> connect,
     const std::string& run_id,
-    bool hosting) {
+    std::shared_ptr<store::TcpStoreServer> hosted) {
   return std::make_unique<StoreBackend>(
-      std::move(store), std::move(connect), run_id, hosting);
+      std::move(store), std::move(connect), run_id, std::move(hosted));
 }
 
 std::unique_ptr<RendezvousHandler> make_c10d_handler(
@@ -343,27 +349,20 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
   bool is_host =
       inferred ? is_this_machine(host) : params.get_as_bool("is_host", false);
 
-  std::shared_ptr<store::TcpStore> main;
-  bool hosting = false;
+  std::shared_ptr<store::TcpStoreServer> hosted;
   if (is_host) {
-    store::TcpStoreOptions opts{
-        .host = host,
-        .port = port,
-        .is_server = true,
-        .dialect = kDialect,
-        .token = params.token,
-        .timeout = read_timeout};
+    store::TcpStoreServerOptions so{
+        .host = host, .port = port, .token = params.token};
     if (host.rfind("127.", 0) != 0 && host != "localhost" && host != "::1") {
-      opts.listen_host = "0.0.0.0";  // reachable from the other hosts
+      so.host = "0.0.0.0";  // reachable from the other hosts
     }
     try {
-      main = std::make_shared<store::TcpStore>(opts);
+      hosted = store::TcpStoreServer::start(so);
+      port = hosted->port();
       TIDE_LOG_INFO(
           "[rendezvous {}] this agent hosts the c10d store on port {}",
           params.run_id,
-          main->port());
-      port = main->port();
-      hosting = true;
+          port);
     } catch (const NetworkError& e) {
       if (!inferred) {
         throw RendezvousConnectionError(
@@ -380,37 +379,29 @@ std::unique_ptr<RendezvousHandler> make_c10d_handler(
           e.what());
     }
   }
-  if (!main) {
-    try {
-      main = std::make_shared<store::TcpStore>(store::TcpStoreOptions{
-          .host = host,
-          .port = port,
-          .dialect = kDialect,
-          .token = params.token,
-          .timeout = read_timeout});
-    } catch (const Error& e) {
-      throw RendezvousConnectionError(
-          "cannot reach the c10d rendezvous store at " + params.endpoint +
-          ": " + e.what());
-    }
-  }
-  // The keep-alive thread's connection: its calls fail within one interval
-  // once the host is gone, so its loss is seen within lost_after.
-  auto connect = [host = host,
-                  port,
-                  timeout = settings.keep_alive_interval,
-                  token = params.token] {
-    return std::make_shared<store::TcpStore>(store::TcpStoreOptions{
-        .host = host,
+  // One connection per agent: the rendezvous, its keep-alive and the job's
+  // status records share it, each with its own timeout (the keep-alive's
+  // calls give up within one interval, so a lost host is seen within
+  // lost_after).
+  std::shared_ptr<store::MuxStore> main;
+  try {
+    main = std::make_shared<store::MuxStore>(store::MuxStoreOptions{
+        .host = hosted ? "127.0.0.1" : host,
         .port = port,
-        .dialect = kDialect,
-        .token = token,
-        .timeout = timeout});
+        .token = params.token,
+        .timeout = read_timeout});
+  } catch (const Error& e) {
+    throw RendezvousConnectionError(
+        "cannot reach the c10d rendezvous store at " + params.endpoint + ": " +
+        e.what());
+  }
+  auto connect = [main, interval = settings.keep_alive_interval] {
+    return main->with_timeout(interval);
   };
   std::string addr = params.local_addr.empty() ? fqdn() : params.local_addr;
   return std::make_unique<DynamicRendezvousHandler>(
       "c10d",
-      make_store_backend(main, connect, params.run_id, hosting),
+      make_store_backend(main, connect, params.run_id, std::move(hosted)),
       settings,
       NodeDesc::make(addr));
 }

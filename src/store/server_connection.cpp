@@ -82,9 +82,12 @@ void Connection::close(
   server.count_clients();
 }
 
-void Connection::send(std::string_view bytes) {
+void Connection::send_tagged(const uint64_t* tag, std::string_view bytes) {
   if (closed_) {
     return;
+  }
+  if (tag) {
+    wire::Writer(out_).u64(*tag);
   }
   out_.append(bytes);
   if (!in_read_) {
@@ -249,7 +252,12 @@ bool Connection::step(std::string_view view) {
         *dialect_ == Dialect::kModern ? "modern" : "legacy");
   }
   wire::Request req;
-  auto d = wire::decode_request(view, *dialect_, server_.options.limits, req);
+  wire::Tagged tag;
+  bool tagged = *dialect_ == Dialect::kModern &&
+                static_cast<uint8_t>(view[0]) == wire::kTaggedCode;
+  auto d = tagged ? wire::decode_tagged(view, server_.options.limits, tag, req)
+                  : wire::decode_request(
+                        view, *dialect_, server_.options.limits, req);
   if (d.consumed == 0) {
     need_ = d.need;
     return false;
@@ -260,6 +268,9 @@ bool Connection::step(std::string_view view) {
   consume(d.consumed);
   auto op = static_cast<size_t>(req.op);
   auto& m = server_.metrics.by_op[op];
+  if (tagged) {
+    tag_ = tag;
+  }
   if (server_.seen[op]++ % kTimeOneIn != 0) {
     server_.handle(shared_from_this(), req);
   } else {
@@ -269,6 +280,7 @@ bool Connection::step(std::string_view view) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count());
   }
+  tag_.reset();
   m.requests.inc();
   server_.count_keys();
   return true;

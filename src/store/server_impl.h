@@ -41,6 +41,9 @@ struct Waiter {
   std::vector<std::string> keys;
   size_t missing = 0;
   bool done = false;
+  // A tagged WAIT's tag, and the timer of its bound (if it has one).
+  std::optional<uint64_t> tag;
+  std::unique_ptr<asio::steady_timer> bound;
 };
 
 }  // namespace detail
@@ -67,6 +70,10 @@ struct TcpStoreServer::Impl {
       const std::shared_ptr<detail::Connection>& conn,
       std::vector<std::string> keys);
   void drop_waiters(detail::Connection& conn);
+  // Marks w done and counts it dead in the lists of its keys.
+  void retire(detail::Waiter& w);
+  // A tagged WAIT whose bound passed: answered WAIT_TIMED_OUT.
+  void expire(const std::shared_ptr<detail::Waiter>& w);
   // False (and logs) when the write would pass max_total_bytes.
   bool has_room(detail::Connection& conn, const wire::Request& req);
   // Bytes of the reply to req, known before it is built (an upper bound for
@@ -162,11 +169,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closes the connection once; `reason` is logged at `level`.
   void close(spdlog::level::level_enum level, std::string_view reason);
 
-  // Queues a reply. Replies to requests read in one wake-up go out in one
+  // Queues a reply (after the tag of the tagged request being handled, if
+  // it is one). Replies to requests read in one wake-up go out in one
   // write at its end; others (a WAIT woken by another client) at once.
-  void send(std::string_view bytes);
+  void send(std::string_view bytes) {
+    send_tagged(tag_ ? &tag_->tag : nullptr, bytes);
+  }
+  void send_tagged(const uint64_t* tag, std::string_view bytes);
 
   void send_byte(uint8_t b);
+
+  // The frame of the tagged request being handled, if it is one.
+  const std::optional<wire::Tagged>& tag() const {
+    return tag_;
+  }
 
   const std::string& peer() const {
     return peer_;
@@ -246,6 +262,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // no read is pending meanwhile.
   bool paused_ = false;
   std::optional<Dialect> dialect_;
+  std::optional<wire::Tagged> tag_;
   std::string in_;
   size_t in_pos_ = 0;
   // Bytes of in_ that hold data (the rest is room for a pending read).

@@ -268,10 +268,15 @@ void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
     waiters.erase(it);
   }
   for (auto& w : woken) {
+    if (w->bound) {
+      w->bound->cancel();
+    }
     if (auto conn = w->conn.lock()) {
       conn->wait_keys -= w->keys.size();
       std::erase(conn->waits, w);
-      conn->send_byte(wire::kStopWaiting);
+      char stop = wire::kStopWaiting;
+      conn->send_tagged(
+          w->tag ? &*w->tag : nullptr, std::string_view(&stop, 1));
     }
   }
 }
@@ -300,27 +305,59 @@ void TcpStoreServer::Impl::add_waiter(
     waiters[k].list.push_back(w);
   }
   w->keys = std::move(keys);
+  if (conn->tag()) {
+    w->tag = conn->tag()->tag;
+    if (conn->tag()->wait_ms > 0) {
+      w->bound = std::make_unique<asio::steady_timer>(io);
+      w->bound->expires_after(std::chrono::milliseconds(
+          std::min<uint64_t>(conn->tag()->wait_ms, 1ull << 40)));
+      w->bound->async_wait(
+          [this, weak = std::weak_ptr<Waiter>(w)](const asio::error_code& ec) {
+            auto waiter = weak.lock();
+            if (!ec && waiter && !waiter->done) {
+              expire(waiter);
+            }
+          });
+    }
+  }
   conn->wait_keys += w->keys.size();
   conn->waits.push_back(std::move(w));
 }
 
+void TcpStoreServer::Impl::retire(Waiter& w) {
+  w.done = true;
+  if (w.bound) {
+    w.bound->cancel();
+  }
+  for (const auto& k : w.keys) {
+    auto it = waiters.find(k);
+    if (it == waiters.end()) {
+      continue;
+    }
+    WaiterList& l = it->second;
+    if (++l.dead * 2 > l.list.size()) {
+      std::erase_if(l.list, [](const auto& x) { return x->done; });
+      l.dead = 0;
+    }
+    if (l.list.empty()) {
+      waiters.erase(it);
+    }
+  }
+}
+
+void TcpStoreServer::Impl::expire(const std::shared_ptr<Waiter>& w) {
+  retire(*w);
+  if (auto conn = w->conn.lock()) {
+    conn->wait_keys -= w->keys.size();
+    std::erase(conn->waits, w);
+    char out = wire::kWaitTimedOut;
+    conn->send_tagged(&*w->tag, std::string_view(&out, 1));
+  }
+}
+
 void TcpStoreServer::Impl::drop_waiters(Connection& conn) {
   for (auto& w : conn.waits) {
-    w->done = true;
-    for (const auto& k : w->keys) {
-      auto it = waiters.find(k);
-      if (it == waiters.end()) {
-        continue;
-      }
-      WaiterList& l = it->second;
-      if (++l.dead * 2 > l.list.size()) {
-        std::erase_if(l.list, [](const auto& x) { return x->done; });
-        l.dead = 0;
-      }
-      if (l.list.empty()) {
-        waiters.erase(it);
-      }
-    }
+    retire(*w);
   }
   conn.waits.clear();
   conn.wait_keys = 0;

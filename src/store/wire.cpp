@@ -280,6 +280,226 @@ Decoded decode_request(
   return {.consumed = 1 + c.pos(), .need = 0};
 }
 
+Decoded decode_tagged(
+    std::string_view in, const StoreLimits& limits, Tagged& tag, Request& out) {
+  if (in.size() < kTaggedHeader) {
+    return {.consumed = 0, .need = kTaggedHeader};
+  }
+  tag.tag = load<uint64_t>(in.data() + 1);
+  tag.wait_ms = load<uint64_t>(in.data() + 1 + sizeof(uint64_t));
+  std::string_view body = in.substr(kTaggedHeader);
+  if (!body.empty() && (static_cast<uint8_t>(body[0]) == kTaggedCode ||
+                        static_cast<uint8_t>(body[0]) == kAuthCode)) {
+    throw ProtocolError("a tagged frame cannot hold AUTH or another frame");
+  }
+  Decoded d = decode_request(body, Dialect::kModern, limits, out);
+  if (d.consumed == 0) {
+    return {.consumed = 0, .need = kTaggedHeader + d.need};
+  }
+  if (out.op == Op::kValidate || out.op == Op::kCancelWait) {
+    throw ProtocolError(
+        std::string("a tagged frame cannot hold ") + op_name(out.op) +
+        " (a tagged WAIT ends at its own bound)");
+  }
+  return {.consumed = kTaggedHeader + d.consumed, .need = 0};
+}
+
+void encode_request(
+    const Request& req, Dialect d, std::string& out, const Tagged* tag) {
+  std::optional<uint8_t> code = op_code(req.op, d);
+  if (!code) {
+    throw InvalidArgument(
+        std::string(op_name(req.op)) +
+        " needs the modern dialect; torch 1.13 servers do not have it");
+  }
+  Writer w(out);
+  if (tag) {
+    w.u8(kTaggedCode).u64(tag->tag).u64(tag->wait_ms);
+  }
+  w.u8(*code);
+  auto keys = [&] {
+    w.u64(req.keys.size());
+    for (const auto& k : req.keys) {
+      w.str(k);
+    }
+  };
+  switch (req.op) {
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush:
+      w.str(req.keys.at(0)).str(req.values.at(0));
+      return;
+    case Op::kCompareSet:
+      w.str(req.keys.at(0)).str(req.values.at(0)).str(req.values.at(1));
+      return;
+    case Op::kGet:
+    case Op::kDeleteKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+      w.str(req.keys.at(0));
+      return;
+    case Op::kAdd:
+      w.str(req.keys.at(0)).i64(req.delta);
+      return;
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kMultiGet:
+      keys();
+      return;
+    case Op::kMultiSet:
+      w.u64(req.keys.size());
+      for (size_t i = 0; i < req.keys.size(); ++i) {
+        w.str(req.keys[i]).str(req.values.at(i));
+      }
+      return;
+    case Op::kNumKeys:
+    case Op::kCancelWait:
+      return;
+    case Op::kPing:
+    case Op::kValidate:
+      w.u32(req.number);
+      return;
+    case Op::kAuth:
+      w.str(req.values.at(0));
+      return;
+  }
+  TIDE_CHECK(false);
+}
+
+bool has_reply(Op op) {
+  switch (op) {
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kMultiSet:
+    case Op::kQueuePush:
+    case Op::kValidate:
+      return false;
+    default:
+      return true;
+  }
+}
+
+size_t decode_reply(std::string_view in, const Request& req, Reply& out) {
+  size_t pos = 0;
+  auto fixed = [&](size_t n) {
+    if (in.size() - pos < n) {
+      return false;
+    }
+    pos += n;
+    return true;
+  };
+  auto string = [&](std::string& s) {
+    if (in.size() - pos < sizeof(uint64_t)) {
+      return false;
+    }
+    auto len = load<uint64_t>(in.data() + pos);
+    if (len > (uint64_t{1} << 40)) {
+      throw ProtocolError(
+          "a store announced a value of " + std::to_string(len) + " bytes");
+    }
+    if (in.size() - pos - sizeof(uint64_t) < len) {
+      return false;
+    }
+    s.assign(in.data() + pos + sizeof(uint64_t), len);
+    pos += sizeof(uint64_t) + len;
+    return true;
+  };
+  out.values.clear();
+  switch (req.op) {
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kCancelWait:
+    case Op::kAuth:
+      if (!fixed(1)) {
+        return 0;
+      }
+      out.byte = static_cast<uint8_t>(in[0]);
+      return pos;
+    case Op::kAdd:
+    case Op::kNumKeys:
+    case Op::kDeleteKey:
+    case Op::kQueueLen:
+      if (!fixed(sizeof(int64_t))) {
+        return 0;
+      }
+      out.number = load<int64_t>(in.data());
+      return pos;
+    case Op::kPing:
+      if (!fixed(sizeof(uint32_t))) {
+        return 0;
+      }
+      out.number = load<uint32_t>(in.data());
+      return pos;
+    case Op::kGet:
+    case Op::kCompareSet:
+      return string(out.values.emplace_back()) ? pos : 0;
+    case Op::kMultiGet:
+      for (size_t i = 0; i < req.keys.size(); ++i) {
+        if (!string(out.values.emplace_back())) {
+          return 0;
+        }
+      }
+      return pos;
+    case Op::kQueuePop:
+      if (!fixed(sizeof(int64_t))) {
+        return 0;
+      }
+      out.number = load<int64_t>(in.data());
+      if (out.number > 0 && !string(out.values.emplace_back())) {
+        return 0;
+      }
+      return pos;
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kMultiSet:
+    case Op::kQueuePush:
+    case Op::kValidate:
+      return 0;
+  }
+  TIDE_CHECK(false);
+}
+
+void encode_reply(const Reply& reply, Op op, std::string& out) {
+  Writer w(out);
+  switch (op) {
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kCancelWait:
+    case Op::kAuth:
+      w.u8(reply.byte);
+      return;
+    case Op::kAdd:
+    case Op::kNumKeys:
+    case Op::kDeleteKey:
+    case Op::kQueueLen:
+      w.i64(reply.number);
+      return;
+    case Op::kPing:
+      w.u32(static_cast<uint32_t>(reply.number));
+      return;
+    case Op::kGet:
+    case Op::kCompareSet:
+    case Op::kMultiGet:
+      for (const auto& v : reply.values) {
+        w.str(v);
+      }
+      return;
+    case Op::kQueuePop:
+      w.i64(reply.number);
+      for (const auto& v : reply.values) {
+        w.str(v);
+      }
+      return;
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kMultiSet:
+    case Op::kQueuePush:
+    case Op::kValidate:
+      return;
+  }
+  TIDE_CHECK(false);
+}
+
 std::optional<Dialect> detect_dialect(std::string_view in) {
   if (in.empty()) {
     return std::nullopt;

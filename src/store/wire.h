@@ -22,8 +22,14 @@ static_assert(
 
 constexpr uint32_t kValidateMagic = 0x3C85F7CE;
 
-// tide's own command, the same code in both dialects, unused by torch.
+// tide's own commands, the same code in both dialects, unused by torch.
 constexpr uint8_t kAuthCode = 0xA7;
+// A tagged frame (modern dialect only): u64 tag, u64 wait bound in ms, then
+// one request. Its reply is the u64 tag then the request's reply, and a
+// WAIT in it does not hold up the connection: many callers share one
+// connection, each reply found by its tag (docs/store-protocol.md).
+constexpr uint8_t kTaggedCode = 0xA8;
+constexpr size_t kTaggedHeader = 1 + 2 * sizeof(uint64_t);
 
 enum class Op : uint8_t {
   kSet,
@@ -59,6 +65,8 @@ constexpr uint8_t kCheckNotReady = 1;
 constexpr uint8_t kStopWaiting = 0;
 constexpr uint8_t kWaitCanceled = 1;
 constexpr uint8_t kAuthOk = 0;
+// A tagged WAIT's reply when its bound passed first.
+constexpr uint8_t kWaitTimedOut = 2;
 
 struct Request {
   Op op = Op::kSet;
@@ -85,6 +93,48 @@ Decoded decode_request(
     Dialect dialect,
     const StoreLimits& limits,
     Request& out);
+
+struct Tagged {
+  uint64_t tag = 0;
+  uint64_t wait_ms = 0;  // A WAIT's bound; 0: none
+};
+
+// Decodes the tagged frame at the front of `in` (its first byte is
+// kTaggedCode). Throws ProtocolError, besides decode_request's cases, for a
+// request that has no place in a frame: VALIDATE, AUTH, CANCEL_WAIT, or
+// another frame.
+Decoded decode_tagged(
+    std::string_view in, const StoreLimits& limits, Tagged& tag, Request& out);
+
+// Appends req in dialect d (a tagged frame when tag is set) to out; throws
+// InvalidArgument for a command d does not have.
+void encode_request(
+    const Request& req,
+    Dialect d,
+    std::string& out,
+    const Tagged* tag = nullptr);
+
+// What a reply holds, by command: `byte` for CHECK, WAIT, CANCEL_WAIT and
+// AUTH; `number` for ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN, PING and
+// QUEUE_POP's length; `values` for GET, COMPARE_SET, MULTI_GET (one per
+// key) and QUEUE_POP (one when the length was > 0).
+struct Reply {
+  uint8_t byte = 0;
+  int64_t number = 0;
+  std::vector<std::string> values;
+};
+
+// Whether op has a reply (SET, APPEND, MULTI_SET, QUEUE_PUSH and VALIDATE
+// have none).
+bool has_reply(Op op);
+
+// Decodes the reply to req at the front of `in`; returns the bytes it
+// took, or 0 when `in` holds only part of it. Throws ProtocolError for a
+// length no store would send.
+size_t decode_reply(std::string_view in, const Request& req, Reply& out);
+
+// Appends the reply to a request of op `op` to out.
+void encode_reply(const Reply& reply, Op op, std::string& out);
 
 // The dialect of a connection from its first bytes: kModern when they are a
 // VALIDATE with the magic, kLegacy otherwise; nullopt when too few arrived.

@@ -12,6 +12,7 @@
 
 #include "tide/common/error.h"
 #include "tide/store/hash_store.h"
+#include "tide/store/mux_store.h"
 #include "tide/store/prefix_store.h"
 #include "tide/store/tcp_store.h"
 
@@ -33,6 +34,18 @@ Backend tcp_backend(Dialect d) {
   return {host, [port, d] { return tcp_client(port, d); }};
 }
 
+// Every client a handle on one shared connection: its calls are in flight
+// together, waits included.
+Backend mux_backend() {
+  std::shared_ptr<TcpStoreServer> server = TcpStoreServer::start({});
+  auto store = std::make_shared<MuxStore>(
+      MuxStoreOptions{.port = server->port(), .timeout = 10s});
+  // The server lives as long as a client does.
+  auto owned =
+      std::shared_ptr<MuxStore>(store.get(), [store, server](auto*) {});
+  return {owned, [owned] { return owned->with_timeout(10s); }};
+}
+
 std::vector<BackendKind> backends() {
   return {
       {"HashStore",
@@ -50,6 +63,7 @@ std::vector<BackendKind> backends() {
        }},
       {"TcpStoreLegacy", [] { return tcp_backend(Dialect::kLegacy); }},
       {"TcpStoreModern", [] { return tcp_backend(Dialect::kModern); }},
+      {"MuxStoreOneConnection", mux_backend},
       {"PrefixStoreOverTcpStore",
        [] {
          Backend b = tcp_backend(Dialect::kLegacy);

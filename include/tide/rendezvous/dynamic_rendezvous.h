@@ -10,6 +10,7 @@
 
 #include "tide/rendezvous/rendezvous_handler.h"
 #include "tide/store/store.h"
+#include "tide/store/tcp_store.h"
 
 // The dynamic rendezvous (torch's DynamicRendezvousHandler): nodes join and
 // leave between rounds, a round completes once enough nodes are in, and
@@ -240,14 +241,17 @@ class DynamicRendezvousHandler final : public RendezvousHandler {
 };
 
 // The c10d backend over any tide Store (HashStore in one process, a
-// TcpStore across hosts). connect() opens one more connection to the same
-// store, for a keep-alive thread. Keys live under "tide.rdzv/<run_id>/".
-// hosting: the store's server lives in this process (see leave()).
+// MuxStore or TcpStore across hosts). connect() gives the keep-alive
+// thread and the job's status records a client of the same store that may
+// be used from another thread (tiderun's: a handle on the agent's one
+// shared connection). Keys live under "tide.rdzv/<run_id>/". hosted: the
+// store's server when it lives in this process, kept with the backend (see
+// leave()).
 std::unique_ptr<RendezvousBackend> make_store_backend(
     std::shared_ptr<store::Store> store,
     std::function<std::shared_ptr<store::Store>()> connect,
     const std::string& run_id,
-    bool hosting = false);
+    std::shared_ptr<store::TcpStoreServer> hosted = nullptr);
 
 // The backends the registry knows as "c10d" and "etcd" (made from tiderun's
 // flags: --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf).

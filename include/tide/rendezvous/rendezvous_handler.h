@@ -102,8 +102,9 @@ class RendezvousHandler {
 
   // A new client of the job's store for what agents publish beside the
   // rounds (their status records, docs/observability.md): the backend's
-  // store, under this job's status prefix, on a connection of its own so it
-  // may be used from any one thread and never delays the rendezvous. Null
+  // store, under this job's status prefix, usable from another thread and
+  // never delaying the rendezvous (c10d: a handle on the agent's one shared
+  // connection; etcd: a client of its own). Null
   // when the backend keeps no such store (this default). Throws what
   // connecting throws.
   virtual std::shared_ptr<store::Store> open_job_store() {

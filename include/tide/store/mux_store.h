@@ -1,0 +1,85 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tide/store/store.h"
+
+namespace tide::store {
+
+namespace detail {
+class MuxConnection;
+}
+
+struct MuxStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  // Sent before anything else when not empty; must match the server's.
+  std::string token;
+  // Default timeout of blocking calls, and of connecting (retried with
+  // backoff until then: the server may start after its clients).
+  milliseconds timeout = Store::kDefaultTimeout;
+};
+
+// A Store client whose one connection many threads share at once: their
+// requests are in flight together, each reply is found by its tag, and a
+// wait holds up no other caller (tide's tagged frames,
+// docs/store-protocol.md). It needs a tide server; a torch server closes
+// the connection at the first frame, and the constructor says so.
+//
+// Keys get torch's "/" in front, as TcpStore's do, so the two see the same
+// keys. Handles made by with_timeout() share the connection with their own
+// default timeout (an agent's keep-alive gives up sooner than its
+// rendezvous). A call with no reply within its timeout throws TimeoutError;
+// if the server sent nothing at all in that time, the connection is taken
+// for dead: it is dropped, the calls in flight on it fail with
+// NetworkError, and the next call reconnects. A server that is only slow
+// keeps the connection for the others.
+//
+// Thread safety: every call, from any number of threads at once.
+class MuxStore final : public Store {
+ public:
+  // Connects; throws TimeoutError when the server cannot be reached within
+  // timeout, NetworkError when it refuses the token or is not tide's.
+  explicit MuxStore(MuxStoreOptions options);
+  ~MuxStore() override;
+
+  // Another handle on this connection whose default timeout is `timeout`.
+  std::shared_ptr<MuxStore> with_timeout(milliseconds timeout) const;
+
+  void set(std::string_view key, std::string_view value) override;
+  std::string get(std::string_view key) override;
+  int64_t add(std::string_view key, int64_t delta) override;
+  std::string compare_set(
+      std::string_view key,
+      std::string_view expected,
+      std::string_view desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  using Store::wait;
+  void wait(
+      const std::vector<std::string>& keys, milliseconds timeout) override;
+  bool delete_key(std::string_view key) override;
+  int64_t num_keys() override;
+  void append(std::string_view key, std::string_view value) override;
+  std::vector<std::string> multi_get(
+      const std::vector<std::string>& keys) override;
+  void ping();
+
+  // The shared connection (for the store fan-in).
+  const std::shared_ptr<detail::MuxConnection>& connection() const {
+    return conn_;
+  }
+
+ protected:
+  void set_many(
+      const std::vector<std::string>& keys,
+      const std::vector<std::string>& values) override;
+
+ private:
+  MuxStore(std::shared_ptr<detail::MuxConnection> conn, milliseconds timeout);
+
+  std::shared_ptr<detail::MuxConnection> conn_;
+};
+
+}  // namespace tide::store
