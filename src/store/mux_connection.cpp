@@ -67,6 +67,84 @@ std::string recv_exact(int fd, size_t len, Clock::time_point deadline) {
 
 }  // namespace
 
+Fd connect_tagged(
+    const MuxEndpoint& endpoint, Clock::time_point deadline, bool retry) {
+  std::string where = net::format_host_port(endpoint.host, endpoint.port);
+  std::string error;
+  auto backoff = milliseconds(10);
+  std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
+  Fd fd;
+  for (;;) {
+    fd = net::connect_tcp(endpoint.host, endpoint.port, deadline, error);
+    if (fd || !retry || Clock::now() >= deadline) {
+      break;
+    }
+    auto pause = std::min<milliseconds>(
+        backoff + milliseconds(jitter() % 10),
+        std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+    std::this_thread::sleep_for(pause);
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+  if (!fd && !retry) {
+    throw NetworkError(
+        "the connection to the store at " + where +
+        " was lost and it cannot be reached again: " + error);
+  }
+  if (!fd) {
+    throw TimeoutError(
+        "cannot connect to the store at " + where + " within " +
+        std::to_string(endpoint.connect_timeout.count()) + " ms: " + error);
+  }
+  try {
+    if (!endpoint.token.empty()) {
+      std::string auth;
+      wire::Writer(auth).u8(wire::kAuthCode).str(endpoint.token);
+      send_all(fd.get(), auth, deadline);
+      try {
+        recv_exact(fd.get(), 1, deadline);
+      } catch (const NetworkError&) {
+        throw NetworkError(
+            "the store at " + where + " refused this client's token");
+      }
+    }
+    // VALIDATE, then a tagged PING: a store that is not tide's closes the
+    // connection at the frame.
+    uint32_t nonce = static_cast<uint32_t>(::getpid());
+    std::string hello;
+    wire::encode_request(
+        {.op = wire::Op::kValidate, .number = wire::kValidateMagic},
+        Dialect::kModern,
+        hello);
+    wire::Tagged zero;
+    wire::encode_request(
+        {.op = wire::Op::kPing, .number = nonce},
+        Dialect::kModern,
+        hello,
+        &zero);
+    send_all(fd.get(), hello, deadline);
+    std::string reply;
+    try {
+      reply =
+          recv_exact(fd.get(), sizeof(uint64_t) + sizeof(uint32_t), deadline);
+    } catch (const NetworkError&) {
+      throw NetworkError(
+          "the store at " + where +
+          " closed the connection at a tagged frame: a connection shared "
+          "by many callers needs a tide store (tide-store, or a tide "
+          "agent's), not torch's");
+    }
+    if (wire::load<uint64_t>(reply.data()) != 0 ||
+        wire::load<uint32_t>(reply.data() + sizeof(uint64_t)) != nonce) {
+      throw ProtocolError(
+          "the store at " + where + " answered a tagged PING wrongly");
+    }
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(
+        "connecting to the store at " + where + ": " + e.what());
+  }
+  return fd;
+}
+
 MuxConnection::MuxConnection(MuxEndpoint endpoint)
     : endpoint_(std::move(endpoint)),
       where_(net::format_host_port(endpoint_.host, endpoint_.port)) {}
@@ -118,78 +196,7 @@ void MuxConnection::open_locked(
       lock.lock();
     }
   }
-  std::string error;
-  auto backoff = milliseconds(10);
-  std::minstd_rand jitter(static_cast<unsigned>(::getpid()));
-  Fd fd;
-  for (;;) {
-    fd = net::connect_tcp(endpoint_.host, endpoint_.port, deadline, error);
-    if (fd || !retry || Clock::now() >= deadline) {
-      break;
-    }
-    auto pause = std::min<milliseconds>(
-        backoff + milliseconds(jitter() % 10),
-        std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-    std::this_thread::sleep_for(pause);
-    backoff = std::min(backoff * 2, milliseconds(1000));
-  }
-  if (!fd && !retry) {
-    throw NetworkError(
-        "the connection to the store at " + where_ +
-        " was lost and it cannot be reached again: " + error);
-  }
-  if (!fd) {
-    throw TimeoutError(
-        "cannot connect to the store at " + where_ + " within " +
-        std::to_string(endpoint_.connect_timeout.count()) + " ms: " + error);
-  }
-  try {
-    if (!endpoint_.token.empty()) {
-      std::string auth;
-      wire::Writer(auth).u8(wire::kAuthCode).str(endpoint_.token);
-      send_all(fd.get(), auth, deadline);
-      try {
-        recv_exact(fd.get(), 1, deadline);
-      } catch (const NetworkError&) {
-        throw NetworkError(
-            "the store at " + where_ + " refused this client's token");
-      }
-    }
-    // VALIDATE, then a tagged PING: a store that is not tide's closes the
-    // connection at the frame.
-    uint32_t nonce = static_cast<uint32_t>(::getpid());
-    std::string hello;
-    wire::encode_request(
-        {.op = wire::Op::kValidate, .number = wire::kValidateMagic},
-        Dialect::kModern,
-        hello);
-    wire::Tagged zero;
-    wire::encode_request(
-        {.op = wire::Op::kPing, .number = nonce},
-        Dialect::kModern,
-        hello,
-        &zero);
-    send_all(fd.get(), hello, deadline);
-    std::string reply;
-    try {
-      reply =
-          recv_exact(fd.get(), sizeof(uint64_t) + sizeof(uint32_t), deadline);
-    } catch (const NetworkError&) {
-      throw NetworkError(
-          "the store at " + where_ +
-          " closed the connection at a tagged frame: a connection shared "
-          "by many callers needs a tide store (tide-store, or a tide "
-          "agent's), not torch's");
-    }
-    if (wire::load<uint64_t>(reply.data()) != 0 ||
-        wire::load<uint32_t>(reply.data() + sizeof(uint64_t)) != nonce) {
-      throw ProtocolError(
-          "the store at " + where_ + " answered a tagged PING wrongly");
-    }
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(
-        "connecting to the store at " + where_ + ": " + e.what());
-  }
+  Fd fd = connect_tagged(endpoint_, deadline, retry);
   fd_ = std::make_shared<Fd>(std::move(fd));
   last_heard_ = Clock::now().time_since_epoch().count();
   ++generation_;

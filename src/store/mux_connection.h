@@ -31,6 +31,14 @@ struct MuxEndpoint {
   milliseconds connect_timeout{30'000};
 };
 
+// Connects to endpoint and opens the tagged protocol (AUTH when there is a
+// token, VALIDATE, a tagged PING), retrying with backoff until `deadline`
+// when `retry`, else trying once. Returns the non-blocking socket; throws
+// TimeoutError, or NetworkError (refused token, a store that is not tide's,
+// a lost store that cannot be reached again).
+Fd connect_tagged(
+    const MuxEndpoint& endpoint, Clock::time_point deadline, bool retry);
+
 class MuxConnection {
  public:
   // Called once per request with a reply: with error null and the reply,

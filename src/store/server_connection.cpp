@@ -27,7 +27,7 @@ constexpr size_t kMaxReadChunk = 1024 * 1024;
 // connection.
 constexpr size_t kKeepBuffer = 64 * 1024;
 
-void release(std::string& buffer) {
+void release_buffer(std::string& buffer) {
   buffer.clear();
   if (buffer.capacity() > kKeepBuffer) {
     std::string().swap(buffer);
@@ -100,11 +100,27 @@ void Connection::send_byte(uint8_t b) {
   send(std::string_view(&c, 1));
 }
 
+void Connection::release() {
+  held_ = false;
+  if (closed_ || in_read_) {
+    return;  // serve() goes on by itself
+  }
+  if (reading_) {
+    // The pending read owns the tail of in_: cancel it, and serve from its
+    // handler.
+    resume_ = true;
+    asio::error_code ec;
+    socket_.cancel(ec);
+    return;
+  }
+  serve();
+}
+
 void Connection::arm_read() {
   // While paused, requests wait in in_ and the socket; otherwise in_ holds
   // at most one incomplete request, which must be read whole (however
   // many replies are unread) or its timer would drop an honest client.
-  if (closed_ || reading_ || paused_) {
+  if (closed_ || reading_ || paused_ || (held_ && !held_wait_)) {
     return;
   }
   reading_ = true;
@@ -131,6 +147,11 @@ void Connection::arm_read() {
         }
         self->in_.resize(old + (ec ? 0 : n));
         self->filled_ = self->in_.size();
+        if (ec == asio::error::operation_aborted && self->resume_) {
+          self->resume_ = false;
+          self->serve();
+          return;
+        }
         if (ec) {
           self->on_read_error(ec);
           return;
@@ -170,7 +191,7 @@ void Connection::on_read_error(const asio::error_code& ec) {
 }
 
 void Connection::process() {
-  while (!closed_ && !paused_) {
+  while (!closed_ && !paused_ && !(held_ && !held_wait_)) {
     size_t avail = in_.size() - in_pos_;
     if (avail == 0 || avail < need_) {
       break;
@@ -212,7 +233,7 @@ void Connection::process() {
       in_pos_ = 0;
       disarm_request_timer();
     }
-    if (paused_) {
+    if (paused_ || held_) {
       disarm_request_timer();  // The server is the one waiting now.
     } else {
       arm_request_timer();
@@ -261,6 +282,9 @@ bool Connection::step(std::string_view view) {
   if (d.consumed == 0) {
     need_ = d.need;
     return false;
+  }
+  if (held_ && req.op != wire::Op::kCancelWait) {
+    return false;  // only CANCEL_WAIT passes a held WAIT
   }
   if (!fits_output(req)) {
     return false;
@@ -368,7 +392,7 @@ void Connection::flush() {
     server_.metrics.bytes_sent.inc(static_cast<double>(n));
   }
   if (n == out_.size()) {
-    release(out_);
+    release_buffer(out_);
     return;
   }
   // Swapped, not copied: the replies are held once. out_ gets the empty
@@ -381,7 +405,7 @@ void Connection::flush() {
         if (sent > 0) {
           self->server_.metrics.bytes_sent.inc(static_cast<double>(sent));
         }
-        release(self->writing_);
+        release_buffer(self->writing_);
         if (ec) {
           if (ec != asio::error::operation_aborted) {
             self->close(spdlog::level::debug, "write failed: " + ec.message());

@@ -24,6 +24,7 @@
 #include "tide/common/logging.h"
 #include "tide/store/tcp_store.h"
 
+#include "store/fan_in.h"
 #include "store/kv_map.h"
 #include "store/server_metrics.h"
 #include "store/wire.h"
@@ -145,6 +146,8 @@ struct TcpStoreServer::Impl {
   std::unordered_set<std::shared_ptr<detail::Connection>> strangers;
   asio::steady_timer sweep{io};
   bool sweeping = false;
+  // A store fan-in's (options.upstream): where requests go instead of kv.
+  std::unique_ptr<detail::Forwarder> forwarder;
 };
 
 namespace detail {
@@ -206,6 +209,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::shared_ptr<Waiter>> waits;
   size_t wait_keys = 0;
 
+  // A store fan-in's (store/fan_in.h): the request just handled is answered
+  // from upstream later, and no further request of this connection is
+  // handled until release(). While a WAIT is held, reading goes on, so
+  // that a CANCEL_WAIT can end it (and a disconnect is seen).
+  void hold(bool wait) {
+    held_ = true;
+    held_wait_ = wait;
+  }
+  void release();
+  bool holding_wait() const {
+    return held_ && held_wait_;
+  }
+  // The tag of the last write forwarded for this connection (the fan-in's).
+  uint64_t last_write_tag = 0;
+
  private:
   size_t pending_output() const {
     return out_.size() + writing_.size();
@@ -261,6 +279,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Requests wait in in_ until the client reads its replies (fits_output);
   // no read is pending meanwhile.
   bool paused_ = false;
+  // hold(): a request is answered from elsewhere. resume_: release() came
+  // while a read was pending, which it cancelled so as to serve again.
+  bool held_ = false;
+  bool held_wait_ = false;
+  bool resume_ = false;
   std::optional<Dialect> dialect_;
   std::optional<wire::Tagged> tag_;
   std::string in_;

@@ -217,6 +217,9 @@ void TcpStoreServer::Impl::stop_on_loop() {
   acceptor.close(ignored);
   accept_retry.cancel();
   sweep.cancel();
+  if (forwarder) {
+    forwarder->close();
+  }
   auto conns = connections;
   for (const auto& c : conns) {
     c->close(spdlog::level::debug, "server shutting down");
@@ -435,6 +438,20 @@ void TcpStoreServer::Impl::handle(
     const std::shared_ptr<Connection>& conn, wire::Request& req) {
   using wire::Op;
   TIDE_LOG_TRACE("[store] client {}: {}", conn->id(), wire::op_name(req.op));
+  if (forwarder) {
+    switch (req.op) {
+      case Op::kValidate:
+      case Op::kAuth:
+      case Op::kPing:
+        break;  // answered here
+      case Op::kCancelWait:
+        forwarder->cancel_wait(*conn);
+        return;
+      default:
+        forwarder->forward(conn, req);
+        return;
+    }
+  }
   switch (req.op) {
     case Op::kSet:
       if (has_room(*conn, req)) {
@@ -575,6 +592,11 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
     TcpStoreServerOptions options) {
   raise_fd_limit();
   auto impl = std::make_unique<Impl>(std::move(options));
+  if (impl->options.upstream) {
+    impl->forwarder = std::make_unique<detail::Forwarder>(
+        impl->io, *impl->options.upstream, impl->connections);
+    impl->forwarder->start();
+  }
   impl->open();
   impl->accept();
   Impl* raw = impl.get();
@@ -601,6 +623,14 @@ TcpStoreServer::~TcpStoreServer() {
 
 uint16_t TcpStoreServer::port() const {
   return impl_->port;
+}
+
+TcpStoreServer::FanInCounts TcpStoreServer::fan_in_counts() const {
+  if (!impl_->forwarder) {
+    return {};
+  }
+  auto c = impl_->forwarder->counts();
+  return {.requests = c.requests, .frames = c.frames};
 }
 
 size_t TcpStoreServer::erase_outside(std::string prefix) {

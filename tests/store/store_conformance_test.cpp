@@ -46,6 +46,19 @@ Backend mux_backend() {
   return {owned, [owned] { return owned->with_timeout(10s); }};
 }
 
+// Clients of a store fan-in that forwards to a tide server: torch's
+// TCPStore semantics through it, in either dialect.
+Backend fan_in_backend(Dialect d) {
+  std::shared_ptr<TcpStoreServer> root = TcpStoreServer::start({});
+  std::shared_ptr<TcpStoreServer> fan_in = TcpStoreServer::start(
+      {.upstream = StoreUpstream{.port = root->port()}});
+  uint16_t port = fan_in->port();
+  auto store = tcp_client(port, d);
+  auto owned = std::shared_ptr<TcpStore>(
+      store.get(), [store, root, fan_in](auto*) {});
+  return {owned, [port, d] { return tcp_client(port, d); }};
+}
+
 std::vector<BackendKind> backends() {
   return {
       {"HashStore",
@@ -64,6 +77,8 @@ std::vector<BackendKind> backends() {
       {"TcpStoreLegacy", [] { return tcp_backend(Dialect::kLegacy); }},
       {"TcpStoreModern", [] { return tcp_backend(Dialect::kModern); }},
       {"MuxStoreOneConnection", mux_backend},
+      {"FanInLegacy", [] { return fan_in_backend(Dialect::kLegacy); }},
+      {"FanInModern", [] { return fan_in_backend(Dialect::kModern); }},
       {"PrefixStoreOverTcpStore",
        [] {
          Backend b = tcp_backend(Dialect::kLegacy);

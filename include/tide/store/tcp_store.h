@@ -46,6 +46,15 @@ struct StoreLimits {
   size_t max_pending_reply_bytes = 64 * 1024 * 1024;
 };
 
+// The store a fan-in forwards to (TcpStoreServerOptions::upstream).
+struct StoreUpstream {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string token;
+  // Connecting at start retries with backoff until then.
+  milliseconds connect_timeout{30'000};
+};
+
 struct TcpStoreServerOptions {
   // Address to listen on: "127.0.0.1" (default: this host only), "0.0.0.0"
   // (all IPv4), "::" (all IPv4 and IPv6), or a host name.
@@ -68,6 +77,12 @@ struct TcpStoreServerOptions {
   // connections from one source never locks out another's clients.
   milliseconds auth_timeout{10'000};
   size_t max_unauthenticated = 1024;
+  // When set, this server holds no keys: it is a store fan-in, which
+  // forwards its clients' requests to this store (a tide store) over one
+  // connection, answering identical reads and waits of its clients once
+  // and batching their writes (docs/store-fan-in.md). start() connects
+  // first and throws what connecting throws.
+  std::optional<StoreUpstream> upstream;
 };
 
 // A running store server: one thread, an event loop, any number of clients.
@@ -84,6 +99,15 @@ class TcpStoreServer {
 
   // The bound port (the real one when options.port was 0).
   uint16_t port() const;
+
+  // A fan-in's (options.upstream) counts so far: its clients' requests,
+  // and the frames it sent upstream for them. Zero for a server that holds
+  // keys.
+  struct FanInCounts {
+    uint64_t requests = 0;
+    uint64_t frames = 0;
+  };
+  FanInCounts fan_in_counts() const;
 
   // Erases every key and queue whose name (as clients send it, torch's
   // leading "/" included) does not start with `prefix`, and returns how
