@@ -1,7 +1,8 @@
 // tide-store: a standalone TCP store server, wire compatible with torch's
-// TCPStore. Prints "tide-store listening on HOST:PORT" once it accepts
-// connections; exits 0 on SIGTERM or SIGINT, 2 on a bad command line, 1 when
-// it cannot listen.
+// TCPStore, or with --upstream a store fan-in in front of one. Prints
+// "tide-store listening on HOST:PORT" once it accepts connections; exits 0
+// on SIGTERM or SIGINT, 2 on a bad command line, 1 when it cannot listen or
+// reach its upstream.
 #include <pthread.h>
 #include <signal.h>
 
@@ -16,11 +17,13 @@
 #include "tide/store/tcp_store.h"
 
 #include "cli.h"
+#include "net/address.h"
 
 int main(int argc, char** argv) {
   tide::store::TcpStoreServerOptions options;
   options.port = tide::store::kDefaultPort;
   double request_timeout_s = 30;
+  std::string upstream;
 
   CLI::App app{
       "tide-store: a TCP key-value store server that speaks torch's c10d "
@@ -53,12 +56,34 @@ int main(int argc, char** argv) {
   app.add_option(
          "--max-pending-reply-bytes", options.limits.max_pending_reply_bytes)
       ->capture_default_str();
+  app.add_option(
+      "--upstream",
+      upstream,
+      "HOST:PORT of a tide store to forward every request to (a store "
+      "fan-in: it holds no keys; its clients' identical reads and waits "
+      "are asked once; docs/store-fan-in.md); its token from "
+      "TIDE_UPSTREAM_TOKEN");
   app.set_version_flag("--version", std::string("tide-store ") + TIDE_VERSION);
   if (auto done = tide::apps::parse_command_line(app, argc, argv)) {
     return *done;
   }
   options.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(request_timeout_s * 1000));
+  if (!upstream.empty()) {
+    try {
+      auto [host, port] = tide::net::parse_host_port(upstream);
+      const char* token = std::getenv("TIDE_UPSTREAM_TOKEN");
+      options.upstream = tide::store::StoreUpstream{
+          .host = host, .port = port, .token = token ? token : ""};
+    } catch (const tide::Error& e) {
+      std::fprintf(
+          stderr,
+          "tide-store: --upstream must be HOST:PORT, not \"%s\" (%s)\n",
+          upstream.c_str(),
+          e.what());
+      return 2;
+    }
+  }
 
   // Block the stop signals in every thread; main waits for them below.
   sigset_t stop;

@@ -105,8 +105,8 @@ void Forwarder::close() {
 void Forwarder::forward(
     const std::shared_ptr<Connection>& conn, wire::Request& req) {
   ++requests_;
-  if (wire::has_reply(req.op)) {
-    conn->hold(req.op == Op::kWait);
+  if (wire::has_reply(req.op) && req.op != Op::kWait) {
+    conn->hold();
   }
   window_.emplace_back(conn, std::move(req));
   schedule();
@@ -123,20 +123,15 @@ void Forwarder::schedule() {
 }
 
 void Forwarder::cancel_wait(Connection& conn) {
-  auto reply = [&conn] {
-    conn.send_byte(wire::kWaitCanceled);
-    conn.release();
-  };
   std::erase_if(window_, [&](const auto& item) {
     return item.second.op == Op::kWait && item.first.lock().get() == &conn;
   });
   for (auto& [keys, tag] : waits_) {
     auto& targets = pending_.at(tag).targets;
-    std::erase_if(targets, [&](const Target& t) {
-      return t.conn.lock().get() == &conn;
-    });
+    std::erase_if(
+        targets, [&](const Target& t) { return t.conn.lock().get() == &conn; });
   }
-  reply();
+  conn.send_byte(wire::kWaitCanceled);
 }
 
 void Forwarder::flush() {
@@ -213,7 +208,8 @@ void Forwarder::flush() {
     } else if (req.op == Op::kAdd) {
       auto [it, fresh] = adds.try_emplace(req.keys[0], entries.size());
       if (fresh) {
-        entries.push_back({wire::Request{.op = Op::kAdd, .keys = req.keys}, {}});
+        entries.push_back(
+            {wire::Request{.op = Op::kAdd, .keys = req.keys}, {}});
       }
       Entry& e = entries[it->second];
       e.req.delta += req.delta;
@@ -326,10 +322,8 @@ void Forwarder::on_reply(uint64_t tag, Entry entry, wire::Reply& reply) {
       waits_.erase(it);
     }
     if (reply.byte == wire::kWaitTimedOut) {
-      std::erase_if(entry.targets, [](const Target& t) {
-        auto c = t.conn.lock();
-        return !c || !c->holding_wait();
-      });
+      std::erase_if(
+          entry.targets, [](const Target& t) { return t.conn.expired(); });
       if (!entry.targets.empty()) {
         uint64_t again = send(std::move(entry.req), std::move(entry.targets));
         waits_.emplace(std::move(keys), again);
@@ -352,7 +346,9 @@ void Forwarder::on_reply(uint64_t tag, Entry entry, wire::Reply& reply) {
       wire::Writer(bytes).i64(reply.number - (entry.req.delta - t.upto));
     }
     conn->send(bytes);
-    conn->release();
+    if (op != Op::kWait) {
+      conn->release();
+    }
   }
 }
 

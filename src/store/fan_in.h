@@ -28,10 +28,12 @@
 // QUEUE_LEN) asked once, the ADDs to one key summed into one ADD whose
 // result is split back in arrival order, and WAITs for the same keys sharing
 // one upstream WAIT for as long as it is in flight. Every client has at
-// most one request with a reply in flight (its connection is held until the
-// reply), so moving the requests with a reply after the others' writes of
-// the same turn reorders only requests that were in flight together: each
-// client's own order is kept, and so is torch's semantics.
+// most one request with a reply in flight besides its WAITs (its connection
+// is held until the reply), so moving the requests with a reply after the
+// others' writes of the same turn reorders only requests that were in
+// flight together: each client's own order is kept, and so is torch's
+// semantics. A WAIT is answered whenever its keys exist, the requests after
+// it meanwhile, as a server holding the keys does.
 //
 // If the upstream connection is lost, the reads and waits in flight are
 // asked again on a new one; a client whose ADD, COMPARE_SET, ... or whose
@@ -56,10 +58,10 @@ class Forwarder {
   void close();
 
   // A client's request (neither VALIDATE, AUTH, PING nor CANCEL_WAIT,
-  // which the server answers itself). One with a reply holds conn until
-  // it is answered.
+  // which the server answers itself). One with a reply, but for WAIT,
+  // holds conn until it is answered.
   void forward(const std::shared_ptr<Connection>& conn, wire::Request& req);
-  // CANCEL_WAIT: ends conn's held WAIT (if any) with WAIT_CANCELED.
+  // CANCEL_WAIT: ends conn's WAITs and answers WAIT_CANCELED.
   void cancel_wait(Connection& conn);
 
   struct Counts {

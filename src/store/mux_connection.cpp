@@ -139,8 +139,7 @@ Fd connect_tagged(
           "the store at " + where + " answered a tagged PING wrongly");
     }
   } catch (const TimeoutError& e) {
-    throw TimeoutError(
-        "connecting to the store at " + where + ": " + e.what());
+    throw TimeoutError("connecting to the store at " + where + ": " + e.what());
   }
   return fd;
 }

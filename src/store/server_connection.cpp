@@ -106,8 +106,8 @@ void Connection::release() {
     return;  // serve() goes on by itself
   }
   if (reading_) {
-    // The pending read owns the tail of in_: cancel it, and serve from its
-    // handler.
+    // Armed before the hold: the pending read owns the tail of in_. Cancel
+    // it, and serve from its handler.
     resume_ = true;
     asio::error_code ec;
     socket_.cancel(ec);
@@ -120,7 +120,7 @@ void Connection::arm_read() {
   // While paused, requests wait in in_ and the socket; otherwise in_ holds
   // at most one incomplete request, which must be read whole (however
   // many replies are unread) or its timer would drop an honest client.
-  if (closed_ || reading_ || paused_ || (held_ && !held_wait_)) {
+  if (closed_ || reading_ || paused_ || held_) {
     return;
   }
   reading_ = true;
@@ -191,7 +191,7 @@ void Connection::on_read_error(const asio::error_code& ec) {
 }
 
 void Connection::process() {
-  while (!closed_ && !paused_ && !(held_ && !held_wait_)) {
+  while (!closed_ && !paused_ && !held_) {
     size_t avail = in_.size() - in_pos_;
     if (avail == 0 || avail < need_) {
       break;
@@ -282,9 +282,6 @@ bool Connection::step(std::string_view view) {
   if (d.consumed == 0) {
     need_ = d.need;
     return false;
-  }
-  if (held_ && req.op != wire::Op::kCancelWait) {
-    return false;  // only CANCEL_WAIT passes a held WAIT
   }
   if (!fits_output(req)) {
     return false;

@@ -210,17 +210,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t wait_keys = 0;
 
   // A store fan-in's (store/fan_in.h): the request just handled is answered
-  // from upstream later, and no further request of this connection is
-  // handled until release(). While a WAIT is held, reading goes on, so
-  // that a CANCEL_WAIT can end it (and a disconnect is seen).
-  void hold(bool wait) {
+  // from upstream later, and no further request of this connection is read
+  // or handled until release(), so its replies keep their order. (A WAIT
+  // is not held: as on a server that holds the keys, the requests after it
+  // are answered while it waits.)
+  void hold() {
     held_ = true;
-    held_wait_ = wait;
   }
   void release();
-  bool holding_wait() const {
-    return held_ && held_wait_;
-  }
   // The tag of the last write forwarded for this connection (the fan-in's).
   uint64_t last_write_tag = 0;
 
@@ -282,7 +279,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // hold(): a request is answered from elsewhere. resume_: release() came
   // while a read was pending, which it cancelled so as to serve again.
   bool held_ = false;
-  bool held_wait_ = false;
   bool resume_ = false;
   std::optional<Dialect> dialect_;
   std::optional<wire::Tagged> tag_;

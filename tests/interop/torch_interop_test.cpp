@@ -213,15 +213,22 @@ TEST(TorchInteropTest, SystemPythonImportsATorchOfAKnownDialect) {
 // ---------------------------------------------------------------------------
 // torch clients -> tide server
 
-class TorchClientOnTideServerTest : public ::testing::Test {
+// Torch's clients reach the tide server directly, or through a store fan-in
+// (a node's agent's, docs/store-fan-in.md) while tide's client reaches the
+// server itself: torch's TCPStore semantics through the fan-in.
+class TorchClientOnTideServerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    server_ = TcpStoreServer::start({.host = "127.0.0.1", .port = 0});
+    root_ = TcpStoreServer::start({.host = "127.0.0.1", .port = 0});
+    if (GetParam()) {
+      server_ = TcpStoreServer::start(
+          {.upstream = StoreUpstream{.port = root_->port()}});
+    }
   }
 
   std::unique_ptr<TcpStore> tide() {
     // tide's server speaks both; the legacy one is torch 1.13's clients'.
-    return tide_client(server_->port(), Dialect::kLegacy);
+    return tide_client(root_->port(), Dialect::kLegacy);
   }
 
   // A peer running a client scenario of torch_store_peer.py; not yet started.
@@ -231,7 +238,7 @@ class TorchClientOnTideServerTest : public ::testing::Test {
         "client",
         scenario,
         "--port",
-        std::to_string(server_->port()),
+        std::to_string((server_ ? server_ : root_)->port()),
         "--timeout-s",
         kStoreTimeoutSeconds};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -244,10 +251,17 @@ class TorchClientOnTideServerTest : public ::testing::Test {
     return peer;
   }
 
-  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreServer> root_;
+  std::unique_ptr<TcpStoreServer> server_;  // the fan-in, if any
 };
 
-TEST_F(
+INSTANTIATE_TEST_SUITE_P(
+    DirectOrThroughAFanIn,
+    TorchClientOnTideServerTest,
+    ::testing::Bool(),
+    [](const auto& info) { return info.param ? "ThroughAFanIn" : "Direct"; });
+
+TEST_P(
     TorchClientOnTideServerTest,
     TorchClientSeesKeysSetByTideClientAndViceVersa) {
   auto store = tide();
@@ -268,7 +282,7 @@ TEST_F(
   EXPECT_EQ(store->get("tide/counter"), "10");
 }
 
-TEST_F(
+TEST_P(
     TorchClientOnTideServerTest,
     TorchCompareSetAddDeleteAndNumKeysBehaveAsOnATorchServer) {
   auto peer = torch("semantics");
@@ -284,7 +298,7 @@ TEST_F(
   EXPECT_EQ(store->num_keys(), 5);
 }
 
-TEST_F(
+TEST_P(
     TorchClientOnTideServerTest,
     TorchWaitAndGetOfAMissingKeyRaiseAfterTheirTimeout) {
   auto peer = torch("timeouts");
@@ -296,7 +310,7 @@ TEST_F(
   EXPECT_FALSE(store->check({"timeouts/never"}));
 }
 
-TEST_F(
+TEST_P(
     TorchClientOnTideServerTest,
     TorchGetAndWaitBlockUntilTideOrAnotherTorchClientSetsTheKeys) {
   auto store = tide();
@@ -316,7 +330,7 @@ TEST_F(
   EXPECT_EQ(store->get("late/from_torch"), "torch was here");
 }
 
-TEST_F(
+TEST_P(
     TorchClientOnTideServerTest,
     ConcurrentTorchAndTideAddsToOneCounterAreAllCounted) {
   constexpr int kPeers = 3;

@@ -28,7 +28,8 @@ using namespace std::chrono_literals;
 using test::RawClient;
 using wire::Op;
 
-std::shared_ptr<MuxStore> client(uint16_t port, milliseconds timeout = 10s) {
+std::shared_ptr<MuxStore> mux_client(
+    uint16_t port, milliseconds timeout = 10s) {
   return std::make_shared<MuxStore>(
       MuxStoreOptions{.port = port, .timeout = timeout});
 }
@@ -51,7 +52,7 @@ std::string tagged(wire::Request req, uint64_t tag, uint64_t wait_ms = 0) {
 
 TEST(MuxStoreTest, AWaitHoldsUpNoOtherCallerOnTheConnection) {
   auto server = TcpStoreServer::start({});
-  auto store = client(server->port());
+  auto store = mux_client(server->port());
   auto other = store->with_timeout(10s);
   std::atomic<bool> waiting_done{false};
   std::jthread waiter([&] {
@@ -72,7 +73,7 @@ TEST(MuxStoreTest, AWaitHoldsUpNoOtherCallerOnTheConnection) {
 
 TEST(MuxStoreTest, AWaitsBoundIsKeptByTheServerAndTheConnectionStays) {
   auto server = TcpStoreServer::start({});
-  auto store = client(server->port());
+  auto store = mux_client(server->port());
   auto start = std::chrono::steady_clock::now();
   try {
     store->wait({"never"}, 200ms);
@@ -89,7 +90,7 @@ TEST(MuxStoreTest, AWaitsBoundIsKeptByTheServerAndTheConnectionStays) {
 
 TEST(MuxStoreTest, ManyThreadsAtOnceGetTheirOwnReplies) {
   auto server = TcpStoreServer::start({});
-  auto store = client(server->port());
+  auto store = mux_client(server->port());
   std::vector<std::jthread> threads;
   std::atomic<int> wrong{0};
   for (int t = 0; t < 8; ++t) {
@@ -111,7 +112,7 @@ TEST(MuxStoreTest, ManyThreadsAtOnceGetTheirOwnReplies) {
 TEST(MuxStoreTest, ALostServerFailsTheCallsInFlightAndTheNextCallReconnects) {
   auto server = TcpStoreServer::start({});
   uint16_t port = server->port();
-  auto store = client(port);
+  auto store = mux_client(port);
   auto pending =
       std::async(std::launch::async, [&] { store->wait({"never"}, 30s); });
   while (store->connection()->pending() == 0) {
@@ -136,7 +137,7 @@ TEST(MuxStoreTest, AStoreThatIsNotTidesIsNamed) {
     ::close(fd);
   });
   try {
-    client(port, 5s);
+    mux_client(port, 5s);
     FAIL() << "connected";
   } catch (const NetworkError& e) {
     EXPECT_NE(std::string(e.what()).find("tide store"), std::string::npos)
@@ -156,7 +157,7 @@ TEST(MuxStoreTest, ATaggedWaitIsAnsweredAfterItsTagAndOthersGoFirst) {
   std::string add = raw.read(16);
   EXPECT_EQ(wire::load<uint64_t>(add.data()), 8u);
   EXPECT_EQ(wire::load<int64_t>(add.data() + 8), 5);
-  auto setter = client(server->port());
+  auto setter = mux_client(server->port());
   setter->set("w", "1");
   std::string wait = raw.read(9);
   EXPECT_EQ(wire::load<uint64_t>(wait.data()), 7u);
@@ -170,7 +171,7 @@ TEST(MuxStoreTest, ATaggedWaitIsAnsweredAfterItsTagAndOthersGoFirst) {
 
 TEST(MuxStoreTest, BadFramesCloseOnlyTheirConnection) {
   auto server = TcpStoreServer::start({});
-  auto good = client(server->port());
+  auto good = mux_client(server->port());
   auto cases = {
       // A frame holding CANCEL_WAIT (a tagged WAIT ends at its bound).
       hello() + tagged({.op = Op::kCancelWait}, 1),

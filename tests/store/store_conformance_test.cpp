@@ -50,12 +50,12 @@ Backend mux_backend() {
 // TCPStore semantics through it, in either dialect.
 Backend fan_in_backend(Dialect d) {
   std::shared_ptr<TcpStoreServer> root = TcpStoreServer::start({});
-  std::shared_ptr<TcpStoreServer> fan_in = TcpStoreServer::start(
-      {.upstream = StoreUpstream{.port = root->port()}});
+  std::shared_ptr<TcpStoreServer> fan_in =
+      TcpStoreServer::start({.upstream = StoreUpstream{.port = root->port()}});
   uint16_t port = fan_in->port();
   auto store = tcp_client(port, d);
-  auto owned = std::shared_ptr<TcpStore>(
-      store.get(), [store, root, fan_in](auto*) {});
+  auto owned =
+      std::shared_ptr<TcpStore>(store.get(), [store, root, fan_in](auto*) {});
   return {owned, [port, d] { return tcp_client(port, d); }};
 }
 
