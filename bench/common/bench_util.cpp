@@ -18,6 +18,9 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -558,6 +561,50 @@ std::string kernel() {
   utsname u{};
   ::uname(&u);
   return std::string(u.sysname) + " " + u.release;
+}
+
+double cpu_seconds_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  auto paren = stat.rfind(')');
+  if (paren == std::string::npos) {
+    return 0;
+  }
+  // After "pid (comm)" come fields 3 (state) onwards; utime and stime are
+  // fields 14 and 15, in clock ticks.
+  std::istringstream rest(stat.substr(paren + 1));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i >= 14) {
+      ticks += std::strtod(field.c_str(), nullptr);
+    }
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+uint64_t rss_kb_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      return std::strtoull(line.c_str() + 6, nullptr, 10);
+    }
+  }
+  return 0;
+}
+
+size_t open_fds_of(pid_t pid) {
+  std::error_code ec;
+  size_t n = 0;
+  for (std::filesystem::directory_iterator
+           it("/proc/" + std::to_string(pid) + "/fd", ec),
+       end;
+       !ec && it != end;
+       it.increment(ec)) {
+    ++n;
+  }
+  return n;
 }
 
 }  // namespace tide::bench

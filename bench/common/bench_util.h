@@ -84,6 +84,12 @@ class LineReader {
   std::string buf_;
 };
 
+// A process's CPU seconds (user + system, all threads) so far, resident
+// memory in KiB, and open descriptors, from /proc; 0 when unreadable.
+double cpu_seconds_of(pid_t pid);
+uint64_t rss_kb_of(pid_t pid);
+size_t open_fds_of(pid_t pid);
+
 // ---------------------------------------------------------------------------
 // Child processes.
 

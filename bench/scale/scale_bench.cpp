@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 
 #include "bench_util.h"
+#include "fan_in_startup.h"
 #include "rendezvous_sim.h"
 #include "server_process.h"
 #include "sim.h"
@@ -66,6 +67,167 @@ std::unique_ptr<ServerProcess> start_server(
   }
   throw std::invalid_argument(
       "unknown server \"" + name + "\" (tide or torch)");
+}
+
+// ---------------------------------------------------------------------------
+// fan-in: the start-up barrier through node-level fan-ins, beside the direct
+// design where this machine's descriptors allow it.
+
+struct FanInOptions {
+  std::string nodes = "1024,4096,12288";
+  size_t ranks_per_node = 8;
+  size_t nodes_per_host = 1024;
+  int reps = 3;
+  double timeout_s = 60;
+  std::string tide_store = TIDE_BENCH_TIDE_STORE;
+  std::string dialect = "modern";
+};
+
+int run_fan_in_bench(const FanInOptions& o) {
+  auto counts = parse_counts(o.nodes);
+  size_t most = 0;
+  for (size_t n : counts) {
+    most = std::max(most, n * o.ranks_per_node);
+  }
+  const uint64_t fds = sim::raise_fd_limit(most + sim::kSpareFds);
+  struct Cell {
+    std::vector<double> fan_in_s, direct_s, root_cpu_s, hosts_cpu_s;
+    std::vector<double> root_fds, root_rss_kb, frames_per_rank;
+    std::vector<std::string> failures;
+    std::string direct_note;
+  };
+  std::map<size_t, Cell> cells;
+  auto tide = [&] { return start_server("tide", o.tide_store, "", ""); };
+  for (int rep = 0; rep < o.reps; ++rep) {
+    for (size_t nodes : counts) {
+      Cell& cell = cells[nodes];
+      size_t ranks = nodes * o.ranks_per_node;
+      std::fprintf(
+          stderr,
+          "scale_bench: fan-in, %zu nodes x %zu ranks (rep %d)\n",
+          nodes,
+          o.ranks_per_node,
+          rep + 1);
+      auto root = tide();
+      FanInResult r = run_fan_in_startup(
+          {.nodes = nodes,
+           .ranks_per_node = o.ranks_per_node,
+           .nodes_per_host = o.nodes_per_host,
+           .dialect = o.dialect == "legacy" ? store::Dialect::kLegacy
+                                            : store::Dialect::kModern,
+           .timeout_ns = static_cast<int64_t>(o.timeout_s * 1e9),
+           .self = std::filesystem::read_symlink("/proc/self/exe")},
+          *root);
+      root->stop();
+      std::printf(
+          "RESULT fan_in nodes=%zu ranks=%zu ok=%d done=%zu connect_s=%.3f "
+          "barrier_s=%.3f root_cpu_s=%.2f hosts_cpu_s=%.2f root_fds=%zu "
+          "root_rss_kb=%llu->%llu requests=%llu frames=%llu error=\"%s\"\n",
+          nodes,
+          ranks,
+          r.ok ? 1 : 0,
+          r.done,
+          r.connect_s,
+          r.barrier_s,
+          r.root_cpu_s,
+          r.hosts_cpu_s,
+          r.root_fds,
+          static_cast<unsigned long long>(r.root_rss_before_kb),
+          static_cast<unsigned long long>(r.root_rss_after_kb),
+          static_cast<unsigned long long>(r.requests),
+          static_cast<unsigned long long>(r.frames),
+          r.error.c_str());
+      std::fflush(stdout);
+      if (!r.ok) {
+        cell.failures.push_back(
+            fmt::format("{} of {} through: {}", r.done, ranks, r.error));
+      } else {
+        cell.fan_in_s.push_back(r.barrier_s);
+        cell.root_cpu_s.push_back(r.root_cpu_s);
+        cell.hosts_cpu_s.push_back(r.hosts_cpu_s);
+        cell.root_fds.push_back(static_cast<double>(r.root_fds));
+        cell.root_rss_kb.push_back(static_cast<double>(
+            r.root_rss_after_kb -
+            std::min(r.root_rss_after_kb, r.root_rss_before_kb)));
+        cell.frames_per_rank.push_back(
+            static_cast<double>(r.frames) / static_cast<double>(ranks));
+      }
+      // The direct design: every rank a connection of the store.
+      if (ranks + sim::kSpareFds > fds) {
+        cell.direct_note = sim::fd_limit_note(ranks + sim::kSpareFds, fds);
+        continue;
+      }
+      auto direct_root = tide();
+      StartupResult d = run_startup(
+          {.clients = ranks,
+           .timeout_ns = static_cast<int64_t>(o.timeout_s * 1e9)},
+          *direct_root);
+      direct_root->stop();
+      std::printf(
+          "RESULT fan_in_direct ranks=%zu ok=%d barrier_s=%.3f "
+          "server_cpu_s=%.2f error=\"%s\"\n",
+          ranks,
+          d.ok ? 1 : 0,
+          d.barrier_s,
+          d.server_cpu_s,
+          d.error.c_str());
+      if (d.ok) {
+        cell.direct_s.push_back(d.barrier_s);
+      } else {
+        cell.direct_note = "failed: " + d.error;
+      }
+    }
+  }
+  std::printf(
+      "\n## Start-up barrier through node fan-ins (%s, %s, %d reps, bound "
+      "%.0f s)\n\n",
+      now_utc().c_str(),
+      kernel().c_str(),
+      o.reps,
+      o.timeout_s);
+  std::printf(
+      "| nodes x ranks | ranks | through fan-ins | store connections | store "
+      "RSS growth | store CPU | nodes' CPU (fan-ins + ranks) | frames upstream "
+      "per rank | direct (a connection per rank) |\n"
+      "|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+  bool ok = true;
+  for (size_t nodes : counts) {
+    Cell& c = cells[nodes];
+    size_t ranks = nodes * o.ranks_per_node;
+    auto dur = [](const std::vector<double>& v) {
+      return v.empty() ? std::string() : format_duration(median(v), 0);
+    };
+    std::string fan_in =
+        c.fan_in_s.empty()
+            ? "failed: " + (c.failures.empty() ? "" : c.failures.front())
+            : fmt::format(
+                  "{} ({} - {})",
+                  format_duration(median(c.fan_in_s), 1),
+                  format_duration(stats(c.fan_in_s).min, 1),
+                  format_duration(stats(c.fan_in_s).max, 1));
+    std::string direct = c.direct_s.empty()
+                             ? c.direct_note
+                             : format_duration(median(c.direct_s), 1);
+    std::printf(
+        "| %zu x %zu | %zu | %s | %s | %s | %s | %s | %s | %s |\n",
+        nodes,
+        o.ranks_per_node,
+        ranks,
+        fan_in.c_str(),
+        c.root_fds.empty() ? ""
+                           : fmt::format("{:.0f}", median(c.root_fds)).c_str(),
+        c.root_rss_kb.empty()
+            ? ""
+            : fmt::format("{:.1f} MiB", median(c.root_rss_kb) / 1024).c_str(),
+        dur(c.root_cpu_s).c_str(),
+        dur(c.hosts_cpu_s).c_str(),
+        c.frames_per_rank.empty()
+            ? ""
+            : fmt::format("{:.2f}", median(c.frames_per_rank)).c_str(),
+        direct.c_str());
+    ok = ok && static_cast<int>(c.fan_in_s.size()) == o.reps;
+  }
+  return ok ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------
@@ -342,6 +504,36 @@ int bench_main(int argc, char** argv) {
       "keep-alive traffic, and the re-rendezvous after a node is killed");
   add_rendezvous_options(*rdzv, ro);
 
+  FanInOptions fo;
+  auto* fan_in = app.add_subcommand(
+      "fan-in",
+      "init_process_group's start-up barrier through node-level store "
+      "fan-ins (N nodes x R ranks, tide's fan-in code, simulated ranks), "
+      "beside the direct design where the descriptors allow it");
+  fan_in->add_option("--nodes", fo.nodes, "node counts, a cell each")
+      ->capture_default_str();
+  fan_in->add_option("--ranks-per-node", fo.ranks_per_node)
+      ->capture_default_str();
+  fan_in
+      ->add_option(
+          "--nodes-per-host",
+          fo.nodes_per_host,
+          "simulated nodes per child process (its descriptors: about 18 "
+          "per node)")
+      ->capture_default_str();
+  fan_in->add_option("--reps", fo.reps)->capture_default_str();
+  fan_in->add_option("--timeout", fo.timeout_s, "bound per cell, s")
+      ->capture_default_str();
+  fan_in->add_option("--tide-store", fo.tide_store)->capture_default_str();
+  fan_in
+      ->add_option(
+          "--dialect",
+          fo.dialect,
+          "what the ranks speak: modern (torch >= 2.2: VALIDATE and PING "
+          "first) or legacy (torch 1.13)")
+      ->check(CLI::IsMember({"modern", "legacy"}))
+      ->capture_default_str();
+
   StatusOptions sto;
   auto* status = app.add_subcommand(
       "status",
@@ -361,6 +553,9 @@ int bench_main(int argc, char** argv) {
   if (status->parsed()) {
     return run_status_bench(sto);
   }
+  if (fan_in->parsed()) {
+    return run_fan_in_bench(fo);
+  }
   return run_rendezvous_bench(ro);
 }
 
@@ -369,6 +564,9 @@ int bench_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "node-host") {
+      return tide::bench::scale::node_host_main(argc - 1, argv + 1);
+    }
     return tide::bench::scale::bench_main(argc, argv);
   } catch (const tide::bench::Interrupted&) {
     return 130;

@@ -259,7 +259,7 @@ Co<void> Conn::connect() {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(options_.port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_addr.s_addr = htonl(options_.host);
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) !=
         0) {
       err = errno;

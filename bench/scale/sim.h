@@ -237,6 +237,8 @@ class Loop {
 // A store client connection.
 
 struct ConnOptions {
+  // The server: 127.0.0.1 unless told (host byte order).
+  uint32_t host = INADDR_LOOPBACK;
   uint16_t port = 0;
   // Source address (127.x.y.z, host byte order); 0: the kernel's choice.
   uint32_t source = 0;

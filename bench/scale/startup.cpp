@@ -28,18 +28,10 @@ std::string addr_value(size_t rank) {
       "10.{}.{}.{}:29500", rank >> 16, (rank >> 8) & 255, rank & 255);
 }
 
-struct Client {
-  std::unique_ptr<sim::Conn> conn;
-  int64_t connected_at = 0;
-  int64_t barrier_at = 0;
-  int64_t fetched_at = 0;
-};
+}  // namespace
 
-// One client of init_process_group's start-up: publish its address, count
-// itself in, the last one in says so, everyone waits for that; then, with
-// fetch_all, read every peer's address in batches (gloo's full mesh).
 sim::Co<void> start_up(
-    Client& c, size_t rank, size_t n, const StartupConfig& cfg) {
+    StartupClient& c, size_t rank, size_t n, const StartupConfig& cfg) {
   co_await c.conn->connect();
   c.connected_at = mono_ns();
   co_await c.conn->set(addr_key(rank), addr_value(rank));
@@ -69,12 +61,10 @@ sim::Co<void> start_up(
   c.fetched_at = mono_ns();
 }
 
-}  // namespace
-
 StartupResult run_startup(const StartupConfig& cfg, ServerProcess& server) {
   const size_t n = cfg.clients;
   const size_t threads = std::max<size_t>(1, std::min(cfg.threads, n));
-  std::vector<Client> clients(n);
+  std::vector<StartupClient> clients(n);
   std::vector<std::string> errors(threads);
   std::vector<size_t> done(threads);
   std::vector<uint64_t> bytes(threads);
@@ -154,7 +144,7 @@ StartupResult run_startup(const StartupConfig& cfg, ServerProcess& server) {
   int64_t connected = 0;
   int64_t barrier = 0;
   int64_t fetched = 0;
-  for (const Client& c : clients) {
+  for (const StartupClient& c : clients) {
     connected = std::max(connected, c.connected_at);
     barrier = std::max(barrier, c.barrier_at);
     fetched = std::max(fetched, c.fetched_at);

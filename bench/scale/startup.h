@@ -2,11 +2,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "tide/store/tcp_store.h"
 
 #include "server_process.h"
+#include "sim.h"
 
 // The store's start-up pattern at scale: N clients each connect, publish an
 // address, count themselves in and wait for the last one (the barrier of
@@ -47,6 +49,19 @@ struct StartupResult {
   // Bytes the clients sent and received.
   uint64_t bytes = 0;
 };
+
+// One client of init_process_group's start-up: publish its address, count
+// itself in, the last one in says so, everyone waits for that; then, with
+// fetch_all, read every peer's address in batches (gloo's full mesh). The
+// times are mono_ns() when it connected, got through, fetched.
+struct StartupClient {
+  std::unique_ptr<sim::Conn> conn;
+  int64_t connected_at = 0;
+  int64_t barrier_at = 0;
+  int64_t fetched_at = 0;
+};
+sim::Co<void> start_up(
+    StartupClient& c, size_t rank, size_t n, const StartupConfig& cfg);
 
 // Runs one cell against a running server (a fresh one per cell, so that its
 // memory and CPU are this cell's).

@@ -41,34 +41,15 @@ bool ServerProcess::alive() {
 }
 
 uint64_t ServerProcess::rss_kb() const {
-  std::ifstream f("/proc/" + std::to_string(child_.pid()) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      return std::strtoull(line.c_str() + 6, nullptr, 10);
-    }
-  }
-  return 0;
+  return rss_kb_of(child_.pid());
 }
 
 double ServerProcess::cpu_seconds() const {
-  std::ifstream f("/proc/" + std::to_string(child_.pid()) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), {});
-  auto paren = stat.rfind(')');
-  if (paren == std::string::npos) {
-    return 0;
-  }
-  // After "pid (comm)" come fields 3 (state) onwards; utime and stime are
-  // fields 14 and 15, in clock ticks.
-  std::istringstream rest(stat.substr(paren + 1));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i >= 14) {
-      ticks += std::strtod(field.c_str(), nullptr);
-    }
-  }
-  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return cpu_seconds_of(child_.pid());
+}
+
+size_t ServerProcess::open_fds() const {
+  return open_fds_of(child_.pid());
 }
 
 void ServerProcess::stop() noexcept {

@@ -49,6 +49,8 @@ class ServerProcess {
   double cpu_seconds() const;
   // Its resident memory in KiB; 0 when it cannot be read.
   uint64_t rss_kb() const;
+  // Its open descriptors (a server's: its connections, plus a few).
+  size_t open_fds() const;
 
   // Closes the child's stdin and sends SIGTERM; after stop_timeout, SIGKILL;
   // reaps it. Blocks at most twice stop_timeout. Idempotent; never throws.

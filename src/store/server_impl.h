@@ -50,8 +50,14 @@ struct Waiter {
 }  // namespace detail
 
 struct TcpStoreServer::Impl {
-  explicit Impl(TcpStoreServerOptions opts)
-      : options(std::move(opts)), acceptor(io), accept_retry(io) {}
+  // On its own loop (run by start()'s thread), or on a loop the caller
+  // runs (start_server_on).
+  explicit Impl(TcpStoreServerOptions opts, asio::io_context* shared = nullptr)
+      : options(std::move(opts)),
+        own_io(shared ? nullptr : std::make_unique<asio::io_context>()),
+        io(shared ? *shared : *own_io),
+        acceptor(io),
+        accept_retry(io) {}
 
   void open();
   void accept();
@@ -82,7 +88,8 @@ struct TcpStoreServer::Impl {
   uint64_t reply_bytes(const wire::Request& req) const;
 
   const TcpStoreServerOptions options;
-  asio::io_context io;
+  std::unique_ptr<asio::io_context> own_io;
+  asio::io_context& io;
   asio::ip::tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
   uint16_t port = 0;
@@ -151,6 +158,12 @@ struct TcpStoreServer::Impl {
 };
 
 namespace detail {
+
+// A server on a loop the caller runs, with no thread of its own: for
+// programs that host many (the scale bench's simulated nodes, each with a
+// fan-in). shutdown() posts to that loop; join() returns at once.
+std::unique_ptr<TcpStoreServer> start_server_on(
+    asio::io_context& io, TcpStoreServerOptions options);
 
 // One client's connection: its requests are read into one buffer, parsed
 // there as they complete, and handled in order; its replies go out in one

@@ -588,17 +588,26 @@ void TcpStoreServer::Impl::handle(
   }
 }
 
+namespace {
+
+// Connects the fan-in's upstream (if any) and opens the listener.
+void open_server(TcpStoreServer::Impl& impl) {
+  if (impl.options.upstream) {
+    impl.forwarder = std::make_unique<detail::Forwarder>(
+        impl.io, *impl.options.upstream, impl.connections);
+    impl.forwarder->start();
+  }
+  impl.open();
+  impl.accept();
+}
+
+}  // namespace
+
 std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
     TcpStoreServerOptions options) {
   raise_fd_limit();
   auto impl = std::make_unique<Impl>(std::move(options));
-  if (impl->options.upstream) {
-    impl->forwarder = std::make_unique<detail::Forwarder>(
-        impl->io, *impl->options.upstream, impl->connections);
-    impl->forwarder->start();
-  }
-  impl->open();
-  impl->accept();
+  open_server(*impl);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] {
     try {
@@ -610,6 +619,13 @@ std::unique_ptr<TcpStoreServer> TcpStoreServer::start(
     raw->loop_ended = true;
   });
   TIDE_LOG_DEBUG("[store] listening on {}:{}", raw->options.host, raw->port);
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+std::unique_ptr<TcpStoreServer> detail::start_server_on(
+    asio::io_context& io, TcpStoreServerOptions options) {
+  auto impl = std::make_unique<TcpStoreServer::Impl>(std::move(options), &io);
+  open_server(*impl);
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
 

@@ -122,9 +122,9 @@ class TcpStoreServer {
   void join();
 
   struct Impl;
+  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
 
  private:
-  explicit TcpStoreServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
