@@ -440,6 +440,15 @@ void add_flags(CLI::App& app, Flags& f) {
          "(TORCHELASTIC_TIMER_FILE)")
       ->envname("TORCHELASTIC_ENABLE_FILE_TIMER");
   app.add_flag(
+         "--store-fan-in,--store_fan_in",
+         f.store_fan_in,
+         "the workers reach the job's store through this node's agent, "
+         "which forwards their requests over one connection and asks "
+         "identical reads and waits once for them all "
+         "(docs/store-fan-in.md); MASTER_ADDR:MASTER_PORT is then the "
+         "agent's fan-in on 127.0.0.1")
+      ->envname("PET_STORE_FAN_IN");
+  app.add_flag(
          "--prestart",
          f.prestart,
          "start the workers' Python interpreters before they are needed, "
@@ -688,6 +697,7 @@ LaunchConfig make_config(const Flags& f) {
   const char* py = std::getenv("PYTHON_EXEC");
   c.checkpoints.python = py && *py ? py : default_python();
   c.prestart.enabled = f.prestart;
+  c.store_fan_in = f.store_fan_in;
   c.prestart.spares = f.prestart_spares;
   c.prestart.imports.clear();
   for (std::string_view m : tide::split(f.prestart_imports, ',')) {

@@ -60,6 +60,7 @@ struct Flags {
   double status_interval = 5;
   double straggler_threshold = 0.7;
   bool prestart = false;
+  bool store_fan_in = false;
   int prestart_spares = 0;
   std::string prestart_imports = "torch,torch.distributed";
   std::string checkpoint_memory;

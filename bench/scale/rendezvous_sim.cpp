@@ -181,8 +181,7 @@ struct Simulation {
       }
     }
     victim->killed = true;
-    victim->main->close();
-    victim->keepalive->close();
+    victim->conn->close();
     double cpu_kill = server.cpu_seconds();
     int64_t kill = mono_ns();
     const int64_t survivors = static_cast<int64_t>(n) - 1;
@@ -215,8 +214,7 @@ struct Simulation {
       bytes += s.bytes_in + s.bytes_out;
     };
     for (Agent& a : job.agents()) {
-      count(a.main->stats());
-      count(a.keepalive->stats());
+      count(a.conn->stats());
     }
     return {req, bytes};
   }
@@ -253,14 +251,15 @@ RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
   for (size_t i = 0; i < simulated; ++i) {
     Agent& a = job.agents()[i];
     a.id = i;
-    sim::ConnOptions co{
-        .port = server->port(),
-        .source = sim::source_address(2 * i, o.per_address),
-        .connect_timeout_ns = s.read_timeout_ns};
-    a.main = std::make_unique<sim::Conn>(simulation.loop, co);
-    co.source = sim::source_address(2 * i + 1, o.per_address);
-    co.connect_timeout_ns = s.keep_alive_ns;  // its store's timeout
-    a.keepalive = std::make_unique<sim::Conn>(simulation.loop, co);
+    // One connection per agent, as tiderun's agents keep (a MuxStore the
+    // handler, its keep-alive and its status records share).
+    a.conn = std::make_unique<sim::Conn>(
+        simulation.loop,
+        sim::ConnOptions{
+            .port = server->port(),
+            .source = sim::source_address(i, o.per_address),
+            .tagged = true,
+            .connect_timeout_ns = s.read_timeout_ns});
     a.descriptor = json{
         {"addr", "127.0.0.1"},
         {"pid", static_cast<int64_t>(::getpid())},
@@ -303,8 +302,7 @@ RunResult run_once(const RendezvousOptions& o, size_t n, int rep) {
   simulation.loop.run(mono_ns() + 2 * s.keep_alive_ns + 2'000 * kMs);
   simulation.loop.begin_teardown();
   for (Agent& a : job.agents()) {
-    a.main->close();
-    a.keepalive->close();
+    a.conn->close();
   }
   simulation.loop.run(mono_ns() + 1'000 * kMs);
   real.reset();
@@ -370,7 +368,7 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
   size_t most = *std::max_element(ns.begin(), ns.end());
   // Two connections per agent (the handler's and its keep-alive's), here
   // and in the server.
-  const uint64_t fds = sim::raise_fd_limit(2 * most + sim::kSpareFds);
+  const uint64_t fds = sim::raise_fd_limit(most + sim::kSpareFds);
   struct Cells {
     std::vector<double> connect, round, round_cpu, round_bytes, idle_req,
         idle_bytes, idle_cpu, detect, rerdzv, rerdzv_cpu;
@@ -380,8 +378,8 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
   std::map<size_t, Cells> cells;
   for (int rep = 0; rep < o.reps; ++rep) {
     for (size_t n : ns) {
-      if (2 * n + sim::kSpareFds > fds) {
-        cells[n].skipped = sim::fd_limit_note(2 * n + sim::kSpareFds, fds);
+      if (n + sim::kSpareFds > fds) {
+        cells[n].skipped = sim::fd_limit_note(n + sim::kSpareFds, fds);
         continue;
       }
       std::fprintf(

@@ -64,6 +64,7 @@ Detached drive(
 // The largest value a reply may carry: a bench's values are small, so a
 // bigger length is a protocol error, not an allocation.
 constexpr uint64_t kMaxValueBytes = 64 * 1024 * 1024;
+constexpr int64_t kMsNs = 1'000'000;
 
 }  // namespace
 
@@ -185,7 +186,10 @@ struct Conn::ReplyAwaiter {
       return false;
     }
     conn.pending_.push_back(&p);
-    if (timeout_ns > 0) {
+    if (conn.options_.tagged) {
+      p.tag = conn.last_tag_;
+      conn.by_tag_[p.tag] = &p;
+    } else if (timeout_ns > 0) {
       timer = conn.loop_.at(
           mono_ns() + timeout_ns, [c = &conn, pp = &p] { c->on_timeout(pp); });
     }
@@ -210,8 +214,12 @@ Conn::~Conn() {
   close();
 }
 
-std::string Conn::begin(Op op) const {
+std::string Conn::begin(Op op, uint64_t wait_ms) {
   std::string out;
+  if (options_.tagged && op != Op::kValidate) {
+    last_tag_ = next_tag_++;
+    Writer(out).u8(store::wire::kTaggedCode).u64(last_tag_).u64(wait_ms);
+  }
   Writer(out).u8(*store::wire::op_code(op, options_.dialect));
   return out;
 }
@@ -364,6 +372,7 @@ void Conn::fail(std::exception_ptr error) {
   ready_ = false;
   std::deque<Pending*> failed;
   failed.swap(pending_);
+  by_tag_.clear();
   for (Pending* p : failed) {
     p->error = error;
     p->done = true;
@@ -460,8 +469,37 @@ void Conn::on_io(uint32_t events) {
 }
 
 bool Conn::take_reply() {
-  Pending* p = pending_.front();
   std::string_view in(in_.data() + in_pos_, in_.size() - in_pos_);
+  Pending* p = pending_.front();
+  size_t header = 0;
+  if (options_.tagged) {
+    if (in.size() < sizeof(uint64_t)) {
+      return false;
+    }
+    auto it = by_tag_.find(store::wire::load<uint64_t>(in.data()));
+    if (it == by_tag_.end()) {
+      throw ProtocolError("the store answered a tag nobody sent");
+    }
+    p = it->second;
+    header = sizeof(uint64_t);
+  }
+  size_t used = parse_reply(p, in.substr(header));
+  if (used == 0) {
+    return false;
+  }
+  in_pos_ += header + used;
+  if (options_.tagged) {
+    by_tag_.erase(p->tag);
+    std::erase(pending_, p);
+  } else {
+    pending_.pop_front();
+  }
+  p->done = true;
+  loop_.post(p->waiter);
+  return true;
+}
+
+size_t Conn::parse_reply(Pending* p, std::string_view in) {
   size_t used = 0;
   auto u64_at = [&](size_t pos) {
     return store::wire::load<uint64_t>(in.data() + pos);
@@ -471,14 +509,14 @@ bool Conn::take_reply() {
       TIDE_CHECK(false);
     case Reply::kByte:
       if (in.empty()) {
-        return false;
+        return 0;
       }
       // A WAIT cancelled after its timeout: STOP_WAITING (it was met
       // first) and then WAIT_CANCELED, or WAIT_CANCELED alone.
       if (p->cancelled &&
           static_cast<uint8_t>(in[0]) == store::wire::kStopWaiting) {
         if (in.size() < 2) {
-          return false;
+          return 0;
         }
         p->number = store::wire::kStopWaiting;
         used = 2;
@@ -489,14 +527,14 @@ bool Conn::take_reply() {
       break;
     case Reply::kU32:
       if (in.size() < 4) {
-        return false;
+        return 0;
       }
       p->number = store::wire::load<uint32_t>(in.data());
       used = 4;
       break;
     case Reply::kI64:
       if (in.size() < 8) {
-        return false;
+        return 0;
       }
       p->number = store::wire::load<int64_t>(in.data());
       used = 8;
@@ -519,18 +557,13 @@ bool Conn::take_reply() {
         p->values.emplace_back(in.substr(used + 8, len));
         used += 8 + len;
       }
-      in_pos_ += used;
       if (p->values.size() < p->count) {
-        return false;
+        p->values.clear();  // parsed again, whole, when the rest has come
+        return 0;
       }
-      used = 0;
       break;
   }
-  in_pos_ += used;
-  pending_.pop_front();
-  p->done = true;
-  loop_.post(p->waiter);
-  return true;
+  return used;
 }
 
 void Conn::on_timeout(Pending* p) {
@@ -579,9 +612,9 @@ Co<std::string> Conn::get(std::string key) {
   // TcpStore::get is WAIT for the key, then GET.
   std::string req = begin(Op::kWait);
   Writer(req).u64(1).str("/" + key);
+  Pending w = co_await request(std::move(req), Reply::kByte);
   std::string get = begin(Op::kGet);
   Writer(get).str("/" + key);
-  Pending w = co_await request(std::move(req), Reply::kByte);
   Pending p = co_await request(std::move(get), Reply::kBytes);
   co_return std::move(p.values.at(0));
 }
@@ -609,7 +642,9 @@ Co<std::string> Conn::compare_set(
 
 Co<bool> Conn::wait(std::vector<std::string> keys, int64_t timeout_ns) {
   co_await ensure_connected();
-  std::string req = begin(Op::kWait);
+  std::string req = begin(
+      Op::kWait,
+      static_cast<uint64_t>(std::max<int64_t>(timeout_ns / kMsNs, 1)));
   Writer w(req);
   w.u64(keys.size());
   for (const auto& k : keys) {

@@ -243,6 +243,11 @@ struct ConnOptions {
   // Source address (127.x.y.z, host byte order); 0: the kernel's choice.
   uint32_t source = 0;
   store::Dialect dialect = store::Dialect::kModern;
+  // tide's tagged frames (modern dialect, a tide server), as MuxStore
+  // sends them: every request in a frame of its own tag, replies matched by
+  // tag, a WAIT bounded by the server (no CANCEL_WAIT); many coroutines
+  // share the connection with their requests in flight at once.
+  bool tagged = false;
   std::string token;
   // How long connect() keeps trying (the server's backlog may be full).
   int64_t connect_timeout_ns = 60'000'000'000;
@@ -317,18 +322,24 @@ class Conn final : public IoHandler {
     // A WAIT whose timeout passed: CANCEL_WAIT went out after it.
     bool cancelled = false;
     bool done = false;
+    uint64_t tag = 0;  // tagged mode
   };
   struct ReplyAwaiter;
 
   // Queues a request and, unless kind is kNone, waits for its reply.
   ReplyAwaiter request(std::string bytes, Reply kind, size_t count = 1);
   Co<void> ensure_connected();
-  std::string begin(store::wire::Op op) const;
+  // A request's first bytes: its code, after a frame header in tagged mode
+  // (whose tag the next request() takes); wait_ms bounds a tagged WAIT.
+  std::string begin(store::wire::Op op, uint64_t wait_ms = 0);
   void send(std::string_view bytes);
   void flush();
   void fail(std::exception_ptr error);
   // Completes pending replies from in_; false when more bytes are needed.
   bool take_reply();
+  // Parses p's reply at the front of `in`; the bytes it took, or 0 when
+  // more are needed.
+  size_t parse_reply(Pending* p, std::string_view in);
   void on_timeout(Pending* p);
 
   Loop& loop_;
@@ -341,6 +352,10 @@ class Conn final : public IoHandler {
   std::string in_;
   size_t in_pos_ = 0;
   std::deque<Pending*> pending_;
+  // Tagged mode: pending_ in sending order, found by tag when replies come.
+  std::map<uint64_t, Pending*> by_tag_;
+  uint64_t next_tag_ = 1;
+  uint64_t last_tag_ = 0;
   ConnStats stats_;
 };
 

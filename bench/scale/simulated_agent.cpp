@@ -53,9 +53,9 @@ Co<int64_t> Job::arrivals(sim::Conn& c, int64_t r) {
 }
 
 Co<JobState> Job::read_or_create_state(Agent& a) {
-  auto text = co_await value_if_set(*a.main, keys_.state());
+  auto text = co_await value_if_set(*a.conn, keys_.state());
   if (!text) {
-    text = co_await a.main->compare_set(keys_.state(), "", encode_state({}));
+    text = co_await a.conn->compare_set(keys_.state(), "", encode_state({}));
   }
   co_return decode_state(*text);
 }
@@ -63,7 +63,7 @@ Co<JobState> Job::read_or_create_state(Agent& a) {
 Co<std::string> Job::set_once(
     Agent& a, int64_t r, const std::string& name, std::string value) {
   std::string held =
-      co_await a.main->compare_set(keys_.value(r, name), "", std::move(value));
+      co_await a.conn->compare_set(keys_.value(r, name), "", std::move(value));
   co_return held;
 }
 
@@ -71,11 +71,11 @@ Co<std::optional<std::string>> Job::wait_value(
     Agent& a, int64_t r, const std::string& name, int64_t timeout_ns) {
   std::string key = keys_.value(r, name);
   bool met =
-      co_await a.main->wait(one(key), std::max<int64_t>(timeout_ns, kMs));
+      co_await a.conn->wait(one(key), std::max<int64_t>(timeout_ns, kMs));
   if (!met) {
     co_return std::nullopt;
   }
-  std::string value = co_await a.main->get(key);
+  std::string value = co_await a.conn->get(key);
   co_return value;
 }
 
@@ -100,7 +100,7 @@ Co<int64_t> Job::await_size(
         close_at = mono_ns() + s_.last_call_ns;
         continue;
       }
-      int64_t in = co_await arrivals(*a.main, r);
+      int64_t in = co_await arrivals(*a.conn, r);
       if (in >= s_.min_nodes) {
         co_await set_once(a, r, "last_call", last_call_value(arrival));
       } else {
@@ -114,7 +114,7 @@ Co<int64_t> Job::await_size(
       co_return json::parse(*size).at("size").get<int64_t>();
     }
     if (mono_ns() >= *close_at) {
-      int64_t in = co_await arrivals(*a.main, r);
+      int64_t in = co_await arrivals(*a.conn, r);
       int64_t size = co_await close_round(a, r, std::min(in, s_.max_nodes));
       co_return size;
     }
@@ -123,7 +123,7 @@ Co<int64_t> Job::await_size(
 
 Co<void> Job::bump_round(Agent& a, int64_t completed) {
   for (int attempt = 0; attempt < 3; ++attempt) {
-    auto text = co_await value_if_set(*a.main, keys_.state());
+    auto text = co_await value_if_set(*a.conn, keys_.state());
     if (!text) {
       co_return;
     }
@@ -133,7 +133,7 @@ Co<void> Job::bump_round(Agent& a, int64_t completed) {
     }
     s.round = completed + 1;
     std::string want = encode_state(s);
-    std::string now = co_await a.main->compare_set(keys_.state(), *text, want);
+    std::string now = co_await a.conn->compare_set(keys_.state(), *text, want);
     if (now == want) {
       co_return;
     }
@@ -150,8 +150,8 @@ Co<void> Job::next_rendezvous(Agent& a) {
   int64_t arrival = 0;
   int64_t size = 0;
   for (;;) {
-    arrival = co_await a.main->add(keys_.count(r), 1);
-    co_await a.main->set(keys_.node(r, arrival), a.descriptor);
+    arrival = co_await a.conn->add(keys_.count(r), 1);
+    co_await a.conn->set(keys_.node(r, arrival), a.descriptor);
     ++a.watch;  // stop_watch(true): the old keep-alive ends, and is joined
     if (a.sleeper) {
       loop_.cancel(a.nap);
@@ -231,7 +231,7 @@ Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
     }
   } running{*this, a};
   a.watching = true;
-  sim::Conn& conn = *a.keepalive;  // connected on first use, kept
+  sim::Conn& conn = *a.conn;  // the agent's one connection
   const int64_t r = a.round;
   auto next_peer = [&](int64_t after) { return after % a.size + 1; };
   int64_t peer = a.size > 1 ? next_peer(a.index) : a.index;
@@ -318,7 +318,7 @@ Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
 }
 
 Co<void> Job::agent_life(Agent& a) {
-  co_await a.main->connect();
+  co_await a.conn->connect();
   ++connected_;
   while (!go_ && !stop_) {
     co_await loop_.sleep_until(mono_ns() + 5 * kMs);

@@ -21,9 +21,10 @@
 // sim::Loop, the handler's (DynamicRendezvousHandler::next_rendezvous over
 // the c10d StoreBackend) and its keep-alive's (Watch::run over
 // StoreRoundMonitor), sending the same store requests in the same order on
-// two connections. src/rendezvous/ is the reference: a change there needs
-// its mirror here, and the suite's run with real handlers among the
-// simulated ones fails when the two disagree.
+// the agent's one connection, in tagged frames as its MuxStore does.
+// src/rendezvous/ is the reference: a change there needs its mirror here, and
+// the suite's run with real handlers among the simulated ones fails when the
+// two disagree.
 namespace tide::bench::scale {
 
 using sim::Co;
@@ -105,9 +106,9 @@ class Tally {
 
 struct Agent {
   size_t id = 0;
-  std::unique_ptr<sim::Conn> main;  // the handler's connection
-  // The keep-alive's connection, kept across rounds.
-  std::unique_ptr<sim::Conn> keepalive;
+  // The agent's one connection (tagged frames): the handler's requests and
+  // its keep-alive's are in flight on it together.
+  std::unique_ptr<sim::Conn> conn;
   // A keep-alive runs; next_rendezvous waits for it to end (joiner), and
   // wakes it where it sleeps (the real thread waits on a condition
   // variable that stop_watch notifies).

@@ -36,6 +36,7 @@
 #include "agent/hang_detector.h"
 #include "agent/health_checks.h"
 #include "agent/replica_group.h"
+#include "agent/store_fan_in.h"
 #include "agent/reporting.h"
 #include "agent/status_records.h"
 #include "agent/transition.h"
@@ -173,6 +174,7 @@ LocalElasticAgent::Impl::Impl(LocalElasticAgent& agent, AgentOptions opts)
       view, *reporter, [this](Clock::time_point until) { pause(until); }));
   add(std::make_unique<detail::CheckpointMemory>(view));
   add(std::make_unique<detail::ReplicaGroup>(view));
+  add(std::make_unique<detail::StoreFanIn>(view));
 }
 
 LocalElasticAgent::Impl::~Impl() {

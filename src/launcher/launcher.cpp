@@ -57,6 +57,7 @@ LaunchResult launch(
       .prestart = config.prestart,
       .checkpoints = config.checkpoints,
       .replica_group = config.replica_group,
+      .store_fan_in = config.store_fan_in,
       .job_secret = config.job_secret,
   };
   // A job that may span nodes keeps a copy of each node's snapshots on

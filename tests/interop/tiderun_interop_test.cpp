@@ -579,6 +579,54 @@ TEST(TiderunInteropTest, DdpScriptWrittenForTorchrunRunsUnchanged) {
           "attempt_0_rank_1_done"}));
 }
 
+// Two nodes of a c10d job, each with --store-fan-in: every worker's
+// MASTER_ADDR:MASTER_PORT is its own node's fan-in, group rank 0's agent
+// serves the workers' store (a tide store, fresh each attempt), and the DDP
+// script, unchanged, trains through them, restart included.
+TEST(TiderunInteropTest, DdpTrainsThroughEachNodesStoreFanInAcrossARestart) {
+  TempDir tmp;
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto node = [&](int n) {
+    std::string cmd = std::string(TIDERUN_BIN) +
+                      " --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d"
+                      " --rdzv-endpoint=" +
+                      endpoint +
+                      " --rdzv-id=fanin --max-restarts=1 --store-fan-in"
+                      " --log-dir=" +
+                      (tmp.path() / ("logs" + std::to_string(n))).string() +
+                      " " + kDdpScript + " --fail-rank 3 --fail-attempt 0";
+    return cmd;
+  };
+  // Both agents under one shell, so that run() reaps them together.
+  Outcome r = run(
+      {"/bin/sh",
+       "-c",
+       node(0) + " & a=$!; " + node(1) + "; b=$?; wait $a; exit $(($? | b))"},
+      parent_env(tmp),
+      tmp.path(),
+      "tiderun");
+  ASSERT_FALSE(r.timed_out) << r.describe();
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  auto ok = ddp_ok_lines(r.out);
+  ASSERT_EQ(ok.size(), 4u) << r.describe();
+  for (const auto& [rank, m] : ok) {
+    EXPECT_EQ(m[2], "4") << "world size seen by rank " << rank;
+    EXPECT_EQ(m[3], "1") << "attempt of rank " << rank;
+    EXPECT_EQ(m[4], ok.begin()->second[4]) << "checksum of rank " << rank;
+  }
+  // Each node's agent, each start (the failure's and the membership's
+  // restarts): its own fan-in; group rank 0's serves the store.
+  std::regex fan_in("through this node's fan-in on 127\\.0\\.0\\.1:");
+  EXPECT_GE(
+      std::distance(
+          std::sregex_iterator(r.err.begin(), r.err.end(), fan_in),
+          std::sregex_iterator()),
+      4)
+      << r.describe();
+  EXPECT_NE(r.err.find("this agent serves that store"), std::string::npos)
+      << r.describe();
+}
+
 // torch >= 2.5's workers put their keys in the agent's store as they are:
 // a restarted group must find none of the previous attempt's there (a stale
 // gloo address or NCCL id makes init_process_group fail or hang). Torch's

@@ -204,6 +204,14 @@ struct WorkerSpec {
     int min_size = 1;
   };
   ReplicaGroup replica_group;
+  // A node-level store fan-in (docs/store-fan-in.md): the workers reach the
+  // job's store through their agent, which forwards their requests over one
+  // connection and asks identical reads and waits once for them all. Their
+  // MASTER_ADDR:MASTER_PORT is then the agent's fan-in on 127.0.0.1, and
+  // TORCHELASTIC_USE_AGENT_STORE=True (in a dynamic rendezvous, group rank
+  // 0's agent serves the workers' store, as a tide store, instead of rank
+  // 0's worker).
+  bool store_fan_in = false;
   // The job's secret (docs/security.md): workers get it as TIDE_RPC_TOKEN,
   // so tide's rpc agents and its torch backend prove it to each other,
   // unless their environment sets TIDE_RPC_TOKEN itself. Give every node

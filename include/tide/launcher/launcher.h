@@ -92,6 +92,9 @@ struct LaunchConfig {
   // Per-step fault tolerance (--ft-store, --replica-group-id,
   // --num-replica-groups, --min-replica-size).
   agent::WorkerSpec::ReplicaGroup replica_group;
+  // The workers reach the job's store through this node's fan-in
+  // (--store-fan-in).
+  bool store_fan_in = false;
 };
 
 // The outcome of launch(): the agent's result, or the signal that stopped it.
