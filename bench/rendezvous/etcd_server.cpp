@@ -90,26 +90,7 @@ void EtcdServer::stop() noexcept {
 }
 
 double EtcdServer::cpu_seconds() const {
-  if (!child_) {
-    return 0;
-  }
-  std::ifstream f(fmt::format("/proc/{}/stat", child_->pid()));
-  std::string stat((std::istreambuf_iterator<char>(f)), {});
-  // Fields after "pid (comm)": utime and stime are the 12th and 13th, in
-  // clock ticks.
-  auto paren = stat.rfind(')');
-  if (paren == std::string::npos) {
-    return 0;
-  }
-  std::istringstream rest(stat.substr(paren + 1));
-  std::string field;
-  double ticks = 0;
-  for (int i = 1; i <= 13 && rest >> field; ++i) {
-    if (i >= 12) {
-      ticks += std::strtod(field.c_str(), nullptr);
-    }
-  }
-  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return child_ ? cpu_seconds_of(child_->pid()) : 0;
 }
 
 std::unique_ptr<Child> EtcdServer::try_start(

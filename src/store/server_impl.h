@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <queue>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -42,9 +43,8 @@ struct Waiter {
   std::vector<std::string> keys;
   size_t missing = 0;
   bool done = false;
-  // A tagged WAIT's tag, and the timer of its bound (if it has one).
+  // A tagged WAIT's tag.
   std::optional<uint64_t> tag;
-  std::unique_ptr<asio::steady_timer> bound;
 };
 
 }  // namespace detail
@@ -81,6 +81,11 @@ struct TcpStoreServer::Impl {
   void retire(detail::Waiter& w);
   // A tagged WAIT whose bound passed: answered WAIT_TIMED_OUT.
   void expire(const std::shared_ptr<detail::Waiter>& w);
+  // The bounds of tagged WAITs: one timer for them all, at the earliest
+  // bound but no sooner than kBoundSweep after the last sweep, so that
+  // thousands of keep-alive waits a second cost no timer each.
+  void arm_bounds();
+  void sweep_bounds();
   // False (and logs) when the write would pass max_total_bytes.
   bool has_room(detail::Connection& conn, const wire::Request& req);
   // Bytes of the reply to req, known before it is built (an upper bound for
@@ -153,6 +158,18 @@ struct TcpStoreServer::Impl {
   std::unordered_set<std::shared_ptr<detail::Connection>> strangers;
   asio::steady_timer sweep{io};
   bool sweeping = false;
+  struct Bound {
+    std::chrono::steady_clock::time_point at;
+    std::weak_ptr<detail::Waiter> waiter;
+    bool operator>(const Bound& o) const {
+      return at > o.at;
+    }
+  };
+  std::priority_queue<Bound, std::vector<Bound>, std::greater<>> bounds;
+  asio::steady_timer bound_timer{io};
+  std::optional<std::chrono::steady_clock::time_point> bound_timer_at;
+  std::chrono::steady_clock::time_point last_sweep;
+  static constexpr std::chrono::milliseconds kBoundSweep{10};
   // A store fan-in's (options.upstream): where requests go instead of kv.
   std::unique_ptr<detail::Forwarder> forwarder;
 };

@@ -225,6 +225,8 @@ void TcpStoreServer::Impl::stop_on_loop() {
     c->close(spdlog::level::debug, "server shutting down");
   }
   waiters.clear();
+  bound_timer.cancel();
+  bounds = {};
   // What this server held leaves the shared gauges with it.
   metrics.keys.dec(static_cast<double>(counted_keys));
   counted_keys = 0;
@@ -271,9 +273,6 @@ void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
     waiters.erase(it);
   }
   for (auto& w : woken) {
-    if (w->bound) {
-      w->bound->cancel();
-    }
     if (auto conn = w->conn.lock()) {
       conn->wait_keys -= w->keys.size();
       std::erase(conn->waits, w);
@@ -311,27 +310,50 @@ void TcpStoreServer::Impl::add_waiter(
   if (conn->tag()) {
     w->tag = conn->tag()->tag;
     if (conn->tag()->wait_ms > 0) {
-      w->bound = std::make_unique<asio::steady_timer>(io);
-      w->bound->expires_after(std::chrono::milliseconds(
-          std::min<uint64_t>(conn->tag()->wait_ms, 1ull << 40)));
-      w->bound->async_wait(
-          [this, weak = std::weak_ptr<Waiter>(w)](const asio::error_code& ec) {
-            auto waiter = weak.lock();
-            if (!ec && waiter && !waiter->done) {
-              expire(waiter);
-            }
-          });
+      bounds.push(
+          {std::chrono::steady_clock::now() +
+               std::chrono::milliseconds(
+                   std::min<uint64_t>(conn->tag()->wait_ms, 1ull << 40)),
+           w});
+      arm_bounds();
     }
   }
   conn->wait_keys += w->keys.size();
   conn->waits.push_back(std::move(w));
 }
 
+void TcpStoreServer::Impl::arm_bounds() {
+  if (bounds.empty()) {
+    return;
+  }
+  auto at = std::max(bounds.top().at, last_sweep + kBoundSweep);
+  if (bound_timer_at && *bound_timer_at <= at) {
+    return;  // armed for then or sooner
+  }
+  bound_timer_at = at;
+  bound_timer.expires_at(at);
+  bound_timer.async_wait([this](const asio::error_code& ec) {
+    if (!ec) {
+      sweep_bounds();
+    }
+  });
+}
+
+void TcpStoreServer::Impl::sweep_bounds() {
+  bound_timer_at.reset();
+  last_sweep = std::chrono::steady_clock::now();
+  while (!bounds.empty() && bounds.top().at <= last_sweep) {
+    auto waiter = bounds.top().waiter.lock();
+    bounds.pop();
+    if (waiter && !waiter->done) {
+      expire(waiter);
+    }
+  }
+  arm_bounds();
+}
+
 void TcpStoreServer::Impl::retire(Waiter& w) {
   w.done = true;
-  if (w.bound) {
-    w.bound->cancel();
-  }
   for (const auto& k : w.keys) {
     auto it = waiters.find(k);
     if (it == waiters.end()) {
