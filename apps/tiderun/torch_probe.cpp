@@ -194,6 +194,14 @@ void fit_to_torch(
   if (!torch || !torch->defaults_to_libuv || torch->has_libuv) {
     return;
   }
+  if (config.store_fan_in) {
+    throw tide::InvalidArgument(
+        "--store-fan-in: torch " + torch->version + " (" + torch->dir +
+        ") asks for libuv by default and was built without it, and it makes "
+        "a worker's client of its agent's store (which a fan-in is) with "
+        "libuv whatever USE_LIBUV says: its workers cannot reach a fan-in; "
+        "use a torch built with libuv, or leave --store-fan-in off");
+  }
   const char* use_libuv = std::getenv("USE_LIBUV");
   if (use_libuv == nullptr) {
     ::setenv("USE_LIBUV", "0", 1);

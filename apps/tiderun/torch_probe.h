@@ -36,7 +36,8 @@ std::optional<TorchFacts> probe_torch(const std::string& python);
 // for libuv without having it, the workers get USE_LIBUV=0 (unless it is
 // set) and, on the static backend, host their own store (--rdzv-conf
 // agent_store=0, unless given), made anew each attempt, the agent's store
-// being out of their reach; logged once.
+// being out of their reach; logged once. With --store-fan-in, which needs
+// the agent's store, such a torch is an InvalidArgument.
 void fit_to_torch(
     const tide::agent::Entrypoint& entrypoint,
     bool no_python,

@@ -606,6 +606,17 @@ TEST(TiderunInteropTest, DdpTrainsThroughEachNodesStoreFanInAcrossARestart) {
       tmp.path(),
       "tiderun");
   ASSERT_FALSE(r.timed_out) << r.describe();
+  // A torch that asks for libuv without having it (Debian 13's 2.6) cannot
+  // make a client of an agent's store: tiderun says so before any worker.
+  if (r.err.find("asks for libuv by default and was built without it") !=
+      std::string::npos) {
+    EXPECT_EQ(r.exit_code, 2) << r.describe();
+    EXPECT_NE(
+        r.err.find("its workers cannot reach a fan-in"), std::string::npos)
+        << r.describe();
+    EXPECT_TRUE(ddp_ok_lines(r.out).empty()) << r.describe();
+    return;
+  }
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   auto ok = ddp_ok_lines(r.out);
   ASSERT_EQ(ok.size(), 4u) << r.describe();
