@@ -105,14 +105,7 @@ void Connection::release() {
   if (closed_ || in_read_) {
     return;  // serve() goes on by itself
   }
-  if (reading_) {
-    // Armed before the hold: the pending read owns the tail of in_. Cancel
-    // it, and serve from its handler.
-    resume_ = true;
-    asio::error_code ec;
-    socket_.cancel(ec);
-    return;
-  }
+  // A held connection arms no read (arm_read), so none is pending here.
   serve();
 }
 
@@ -147,11 +140,6 @@ void Connection::arm_read() {
         }
         self->in_.resize(old + (ec ? 0 : n));
         self->filled_ = self->in_.size();
-        if (ec == asio::error::operation_aborted && self->resume_) {
-          self->resume_ = false;
-          self->serve();
-          return;
-        }
         if (ec) {
           self->on_read_error(ec);
           return;

@@ -306,10 +306,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Requests wait in in_ until the client reads its replies (fits_output);
   // no read is pending meanwhile.
   bool paused_ = false;
-  // hold(): a request is answered from elsewhere. resume_: release() came
-  // while a read was pending, which it cancelled so as to serve again.
+  // hold(): a request is answered from elsewhere.
   bool held_ = false;
-  bool resume_ = false;
   std::optional<Dialect> dialect_;
   std::optional<wire::Tagged> tag_;
   std::string in_;
