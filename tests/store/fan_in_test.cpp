@@ -3,7 +3,8 @@
 // its upstream connection is lost, a client sends bad frames, or a node's
 // fan-in is killed while forwarding. Its torch semantics are the store
 // conformance suite's (FanIn*) and the torch peer's scenarios through it
-// (tests/interop/torch_interop_test.cpp).
+// (tests/interop/torch_interop_test.cpp). StoreFanInAppTest runs
+// tide-store processes (tide_app_tests); the rest run in this process.
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -171,7 +172,7 @@ TEST(StoreFanInTest, IdenticalWaitsOfManyClientsAreAskedOnce) {
   constexpr int kClients = 8;
   std::vector<std::future<void>> waits;
   for (int i = 0; i < kClients; ++i) {
-    waits.push_back(std::async(std::launch::async, [&] {
+    waits.push_back(std::async(std::launch::async, [&, i] {
       store_client(node->port(), i % 2 ? Dialect::kModern : Dialect::kLegacy)
           ->wait({"go"});
     }));
@@ -223,7 +224,7 @@ TEST(StoreFanInTest, AddsOfManyClientsAtOnceReturnEveryValueOnce) {
       static_cast<unsigned long long>(counts.frames));
 }
 
-TEST(StoreFanInTest, AFanInStoppedAWhileLosesNoWakeUp) {
+TEST(StoreFanInAppTest, AFanInStoppedAWhileLosesNoWakeUp) {
   test::Subprocess root({TIDE_STORE_BIN, "--port", "0"});
   uint16_t root_port = listening_port(root);
   test::Subprocess node(
@@ -296,7 +297,7 @@ TEST(StoreFanInTest, BadFramesFromAClientCloseOnlyItsConnection) {
   EXPECT_EQ(store_client(root->port())->get("after"), "1");
 }
 
-TEST(StoreFanInTest, ANodeKilledWhileForwardingLeavesTheOtherNodesRunning) {
+TEST(StoreFanInAppTest, ANodeKilledWhileForwardingLeavesTheOtherNodesRunning) {
   test::Subprocess root({TIDE_STORE_BIN, "--port", "0"});
   uint16_t root_port = listening_port(root);
   auto node = [&] {
