@@ -207,6 +207,42 @@ struct Conn::ReplyAwaiter {
   }
 };
 
+// Registers every request of a batch and sends them in one write; resumes
+// when the last reply is in (the server answers frames in order).
+struct Conn::BatchAwaiter {
+  Conn& conn;
+  std::string bytes;
+  std::vector<Pending>& ps;
+
+  bool await_ready() const noexcept {
+    return false;
+  }
+  bool await_suspend(std::coroutine_handle<> h) {
+    if (!conn.connected()) {
+      ps.back().error = std::make_exception_ptr(
+          NetworkError("the connection to the store is closed"));
+      return false;
+    }
+    for (Pending& p : ps) {
+      p.waiter = std::noop_coroutine();
+      conn.pending_.push_back(&p);
+      conn.by_tag_[p.tag] = &p;
+    }
+    ps.back().waiter = h;
+    conn.send(bytes);
+    return true;
+  }
+  void await_resume() {
+    for (Pending& p : ps) {
+      if (p.error) {
+        std::rethrow_exception(p.error);
+      }
+    }
+    TIDE_CHECK(std::all_of(
+        ps.begin(), ps.end(), [](const Pending& p) { return p.done; }));
+  }
+};
+
 Conn::Conn(Loop& loop, ConnOptions options)
     : loop_(loop), options_(std::move(options)) {}
 
@@ -638,6 +674,37 @@ Co<std::string> Conn::compare_set(
   Writer(req).str("/" + key).str(expected).str(desired);
   Pending p = co_await request(std::move(req), Reply::kBytes);
   co_return std::move(p.values.at(0));
+}
+
+Co<std::vector<Conn::Result>> Conn::together(std::vector<Call> calls) {
+  TIDE_CHECK(options_.tagged && !calls.empty());
+  co_await ensure_connected();
+  std::string bytes;
+  std::vector<Pending> ps(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Call& c = calls[i];
+    ++stats_.requests;
+    bytes += begin(c.add ? Op::kAdd : Op::kCompareSet);
+    Writer w(bytes);
+    w.str("/" + c.key);
+    if (c.add) {
+      w.i64(c.delta);
+    } else {
+      w.str(c.expected).str(c.desired);
+    }
+    ps[i].kind = c.add ? Reply::kI64 : Reply::kBytes;
+    ps[i].tag = last_tag_;
+  }
+  BatchAwaiter sent{*this, std::move(bytes), ps};
+  co_await sent;
+  std::vector<Result> out(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    out[i].number = ps[i].number;
+    if (!ps[i].values.empty()) {
+      out[i].value = std::move(ps[i].values[0]);
+    }
+  }
+  co_return out;
 }
 
 Co<bool> Conn::wait(std::vector<std::string> keys, int64_t timeout_ns) {

@@ -302,6 +302,21 @@ class Conn final : public IoHandler {
   // WAIT then MULTI_GET (modern) or pipelined GETs (legacy), as TcpStore.
   Co<std::vector<std::string>> multi_get(std::vector<std::string> keys);
 
+  // Tagged mode: ADDs and COMPARE_SETs sent in one write and answered
+  // together, as MuxStore::Batch sends them.
+  struct Call {
+    bool add = false;
+    std::string key;
+    int64_t delta = 0;
+    std::string expected;
+    std::string desired;
+  };
+  struct Result {
+    int64_t number = 0;  // an ADD's
+    std::string value;   // a COMPARE_SET's
+  };
+  Co<std::vector<Result>> together(std::vector<Call> calls);
+
   const ConnStats& stats() const {
     return stats_;
   }
@@ -325,6 +340,7 @@ class Conn final : public IoHandler {
     uint64_t tag = 0;  // tagged mode
   };
   struct ReplyAwaiter;
+  struct BatchAwaiter;
 
   // Queues a request and, unless kind is kNone, waits for its reply.
   ReplyAwaiter request(std::string bytes, Reply kind, size_t count = 1);

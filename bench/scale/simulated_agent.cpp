@@ -201,24 +201,70 @@ Co<void> Job::next_rendezvous(Agent& a) {
   tally_.complete(r, arrival - 1, size, mono_ns());
 }
 
+bool Job::seen_alive(
+    int64_t index,
+    int64_t beats,
+    int64_t asked,
+    std::map<int64_t, std::pair<int64_t, int64_t>>& seen) const {
+  auto [it, fresh] = seen.try_emplace(index, beats, asked);
+  if (fresh || it->second.first != beats) {
+    it->second = {beats, asked};
+    return true;
+  }
+  return asked - it->second.second < s_.lost_after_ns();
+}
+
 Co<bool> Job::alive(
     Agent& a,
     sim::Conn& conn,
     int64_t index,
     std::map<int64_t, std::pair<int64_t, int64_t>>& seen) {
+  int64_t asked = mono_ns();
   int64_t beats = co_await conn.add(keys_.heartbeat(a.round, index), 0);
-  int64_t now = mono_ns();
-  auto [it, fresh] = seen.try_emplace(index, beats, now);
-  if (fresh || it->second.first != beats) {
-    it->second = {beats, now};
-    co_return true;
-  }
-  co_return now - it->second.second < s_.lost_after_ns();
+  co_return seen_alive(index, beats, asked, seen);
 }
 
-// StoreRoundMonitor and Watch::run: a heartbeat, the job record and the
-// neighbour's heartbeat each interval, and in between a wait for the next
-// round's first arrival.
+std::vector<sim::Conn::Call> Job::tick_calls(
+    const Agent& a, int64_t peer) const {
+  std::vector<sim::Conn::Call> calls(peer > 0 ? 3 : 2);
+  calls[0] = {
+      .add = true, .key = keys_.heartbeat(a.round, a.index), .delta = 1};
+  calls[1] = {
+      .key = keys_.state(),
+      .expected = std::string(rendezvous::kAbsent),
+      .desired = std::string(rendezvous::kAbsent)};
+  if (peer > 0) {
+    calls[2] = {.add = true, .key = keys_.heartbeat(a.round, peer)};
+  }
+  return calls;
+}
+
+Co<void> Job::next_round_wait(Agent& a, uint64_t watch) {
+  // StoreRoundMonitor::wait_next_round: one wait that stays at the store
+  // across intervals.
+  bool met = false;
+  try {
+    met = co_await a.conn->wait(
+        one(keys_.count(a.round + 1)), kNextRoundWaitMs * kMs);
+  } catch (const Error&) {
+    // Asked again at the next interval, as the real one is.
+  }
+  if (a.watch != watch) {
+    co_return;  // that round's keep-alive has ended
+  }
+  a.next_wait = false;
+  if (met) {
+    a.next_met = true;
+    if (a.sleeper) {
+      loop_.cancel(a.nap);
+      loop_.post(std::exchange(a.sleeper, {}));
+    }
+  }
+}
+
+// StoreRoundMonitor and Watch::run: each interval the heartbeat, the job
+// record and the neighbour's heartbeat in one batch; a wait for the next
+// round's first arrival stays at the store meanwhile.
 Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
   struct Running {  // stop_watch(true) joins the thread: a.joiner waits
     Job& job;
@@ -231,13 +277,14 @@ Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
     }
   } running{*this, a};
   a.watching = true;
+  a.next_wait = false;
+  a.next_met = false;
   sim::Conn& conn = *a.conn;  // the agent's one connection
   const int64_t r = a.round;
   auto next_peer = [&](int64_t after) { return after % a.size + 1; };
   int64_t peer = a.size > 1 ? next_peer(a.index) : a.index;
   int64_t started = mono_ns();
   int64_t next_beat = started;
-  int64_t next_check = started;
   int failures = 0;
   std::map<int64_t, std::pair<int64_t, int64_t>> seen;
   while (a.watch == watch && !a.killed && !stop_) {
@@ -245,33 +292,30 @@ Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
     try {
       if (mono_ns() >= next_beat) {
         next_beat = mono_ns() + s_.keep_alive_ns;
-        co_await conn.add(keys_.heartbeat(r, a.index), 1);
-        auto text = co_await value_if_set(conn, keys_.state());
-        if (text) {
-          decode_state(*text);
+        bool check = a.lost == 0 && a.waiting == 0 && peer != a.index;
+        int64_t asked = mono_ns();
+        auto results = co_await conn.together(tick_calls(a, check ? peer : 0));
+        if (results[1].value != rendezvous::kAbsent) {
+          decode_state(results[1].value);
         }
-        if (mono_ns() >= next_check && a.lost == 0 && a.waiting == 0) {
+        bool up = !check || seen_alive(peer, results[2].number, asked, seen);
+        if (!up && mono_ns() >= started + s_.lost_after_ns()) {
           // check_neighbour
-          bool early = mono_ns() < started + s_.lost_after_ns();
-          bool go_on = !early;
-          if (early) {
-            go_on = co_await alive(a, conn, peer, seen);
-          }
-          if (go_on) {
-            for (int64_t seen_n = 0; peer != a.index && seen_n < a.size;
-                 ++seen_n) {
-              bool up = co_await alive(a, conn, peer, seen);
+          for (int64_t seen_n = 0; peer != a.index && seen_n < a.size;
+               ++seen_n) {
+            if (seen_n > 0) {
+              up = co_await alive(a, conn, peer, seen);
               if (up) {
                 break;
               }
-              bool left = co_await conn.check(one(keys_.left(r, peer)));
-              if (!left) {
-                a.lost = peer;
-                a.lost_at_ns = mono_ns();
-                break;
-              }
-              peer = next_peer(peer);
             }
+            bool left = co_await conn.check(one(keys_.left(r, peer)));
+            if (!left) {
+              a.lost = peer;
+              a.lost_at_ns = mono_ns();
+              break;
+            }
+            peer = next_peer(peer);
           }
         }
         failures = 0;
@@ -279,13 +323,13 @@ Co<void> Job::keep_alive(Agent& a, uint64_t watch) {
       if (a.watch != watch || a.killed || stop_) {
         break;
       }
-      if (a.waiting == 0) {
-        int64_t wait = std::max<int64_t>(next_beat - mono_ns(), kMs);
-        bool opened = co_await conn.wait(one(keys_.count(r + 1)), wait);
-        if (opened) {
-          a.waiting = co_await arrivals(conn, r + 1);
-        }
+      if (a.waiting == 0 && a.next_met) {
+        a.waiting = co_await arrivals(conn, r + 1);
         continue;
+      }
+      if (a.waiting == 0 && !a.next_wait) {
+        a.next_wait = true;
+        loop_.spawn(next_round_wait(a, watch));
       }
     } catch (const Error& e) {
       error = e.what();

@@ -30,6 +30,8 @@ namespace tide::bench::scale {
 using sim::Co;
 
 constexpr int64_t kMs = 1'000'000;
+// StoreRoundMonitor's bound on one wait for the next round.
+constexpr int64_t kNextRoundWaitMs = 60'000;
 
 // What the simulated agents share with the real ones and the controller.
 struct Settings {
@@ -126,6 +128,9 @@ struct Agent {
   int64_t lost_at_ns = 0;
   // Bumped to end the current keep-alive (stop_watch).
   uint64_t watch = 0;
+  // The keep-alive's wait for the next round: at the store; met.
+  bool next_wait = false;
+  bool next_met = false;
   bool killed = false;
 };
 
@@ -181,6 +186,14 @@ class Job {
       sim::Conn& conn,
       int64_t index,
       std::map<int64_t, std::pair<int64_t, int64_t>>& seen);
+  bool seen_alive(
+      int64_t index,
+      int64_t beats,
+      int64_t asked,
+      std::map<int64_t, std::pair<int64_t, int64_t>>& seen) const;
+  // The batch of a keep-alive interval (peer 0: no neighbour read).
+  std::vector<sim::Conn::Call> tick_calls(const Agent& a, int64_t peer) const;
+  Co<void> next_round_wait(Agent& a, uint64_t watch);
 
   std::string encode_state(const JobState& s) const {
     return nlohmann::json{

@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -118,16 +119,8 @@ class StoreRoundMonitor final : public RoundMonitor {
   }
 
   bool alive(int64_t index) override {
-    // Clock-free: a heartbeat counter seen to move is alive; one standing
-    // still for lost_after (on this node's clock) is not.
-    int64_t beats = store().add(keys_.heartbeat(round_, index), 0);
-    auto now = Clock::now();
-    auto [it, fresh] = seen_.try_emplace(index, Seen{beats, now});
-    if (fresh || it->second.beats != beats) {
-      it->second = Seen{beats, now};
-      return true;
-    }
-    return now - it->second.at < lost_after_;
+    auto asked = Clock::now();
+    return seen(index, store().add(keys_.heartbeat(round_, index), 0), asked);
   }
 
   bool has_left(int64_t index) override {
@@ -138,11 +131,63 @@ class StoreRoundMonitor final : public RoundMonitor {
     return value_if_set(store(), keys_.state());
   }
 
+  Tick tick(int64_t peer) override {
+    auto* mux = dynamic_cast<store::MuxStore*>(&store());
+    if (mux == nullptr) {
+      return RoundMonitor::tick(peer);
+    }
+    // One write, one reply packet: the three requests of an interval.
+    auto batch = mux->batch();
+    batch.add(keys_.heartbeat(round_, index_), 1);
+    size_t state = batch.compare_set(keys_.state(), kAbsent, kAbsent);
+    size_t beats = peer > 0 ? batch.add(keys_.heartbeat(round_, peer), 0) : 0;
+    auto asked = Clock::now();
+    batch.run();
+    Tick t;
+    if (batch.value(state) != kAbsent) {
+      t.state = batch.value(state);
+    }
+    if (peer > 0) {
+      t.peer_alive = seen(peer, batch.number(beats), asked);
+    }
+    return t;
+  }
+
   int64_t wait_next_round(milliseconds timeout) override {
     // The counter appears with the first arrival's add().
-    if (!wait_for(store(), keys_.count(round_ + 1), timeout)) {
+    auto* mux = dynamic_cast<store::MuxStore*>(&store());
+    if (mux == nullptr) {
+      if (!wait_for(store(), keys_.count(round_ + 1), timeout)) {
+        return 0;
+      }
+      return count(store(), keys_, round_ + 1);
+    }
+    // On a shared connection the wait stays at the store across calls
+    // (intervals) rather than ending and being asked again at each.
+    if (!next_ || next_->ended) {
+      auto next = std::make_shared<NextRound>();
+      mux->wait_async(
+          {keys_.count(round_ + 1)},
+          kNextRoundWait,
+          [next](store::MuxStore::WaitEnd end) {
+            std::lock_guard lock(next->mutex);
+            next->ended = true;
+            next->end = end;
+            next->cv.notify_all();
+          });
+      next_ = std::move(next);
+    }
+    std::unique_lock lock(next_->mutex);
+    if (!next_->cv.wait_for(lock, timeout, [&] { return next_->ended; }) ||
+        next_->end == store::MuxStore::WaitEnd::kTimedOut) {
       return 0;
     }
+    if (next_->end == store::MuxStore::WaitEnd::kFailed) {
+      throw NetworkError(
+          "the wait for round " + std::to_string(round_ + 1) +
+          " failed: the connection to the store was lost");
+    }
+    lock.unlock();
     return count(store(), keys_, round_ + 1);
   }
 
@@ -151,6 +196,33 @@ class StoreRoundMonitor final : public RoundMonitor {
     int64_t beats;
     Clock::time_point at;
   };
+  // The next round's wait in flight.
+  struct NextRound {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool ended = false;
+    store::MuxStore::WaitEnd end{};
+  };
+  // How long one wait for the next round stays at the store (asked again
+  // when it ends).
+  static constexpr milliseconds kNextRoundWait{60'000};
+
+  // Whether index, whose heartbeat counter read `beats` when asked at
+  // `asked`, is alive. Clock-free: a counter seen to move is alive; one
+  // standing still for lost_after (on this node's clock) is not. The times
+  // are those of the asking, which the keep-alive's intervals space evenly
+  // (the replies' times vary with the store's load): a counter unchanged
+  // over keep_alive_max_attempt intervals is lost at that interval, not
+  // one later.
+  bool seen(int64_t index, int64_t beats, Clock::time_point asked) {
+    auto [it, fresh] = seen_.try_emplace(index, Seen{beats, asked});
+    if (fresh || it->second.beats != beats) {
+      it->second = Seen{beats, asked};
+      return true;
+    }
+    return asked - it->second.at < lost_after_;
+  }
+
   // The connection lives as long as conn_, which this monitor holds.
   store::Store& store() {
     return *conn_->get();
@@ -162,6 +234,7 @@ class StoreRoundMonitor final : public RoundMonitor {
   int64_t index_;
   milliseconds lost_after_;
   std::map<int64_t, Seen> seen_;
+  std::shared_ptr<NextRound> next_;
 };
 
 class StoreBackend final : public RendezvousBackend {

@@ -16,15 +16,15 @@ int64_t ms(milliseconds d) {
 
 }  // namespace
 
-void Watch::check_neighbour(int64_t& peer) {
+void Watch::check_neighbour(int64_t& peer, bool peer_alive) {
   // Walks the ring past neighbours that finished; a silent one that did not
   // finish is lost, once it had lost_after since this round began to show
   // up at all (an etcd lease is granted as its keep-alive thread starts).
-  if (Clock::now() < started + settings.lost_after() && !monitor->alive(peer)) {
+  if (peer_alive || Clock::now() < started + settings.lost_after()) {
     return;
   }
   for (int64_t seen = 0; peer != index && seen < size; ++seen) {
-    if (monitor->alive(peer)) {
+    if (seen > 0 && monitor->alive(peer)) {
       return;
     }
     if (!monitor->has_left(peer)) {
@@ -61,10 +61,9 @@ void Watch::check_neighbour(int64_t& peer) {
 void Watch::run() {
   int failures = 0;
   int64_t peer = size > 1 ? next_peer(index) : index;
-  auto next_beat = Clock::now();
   // The first check only notes the neighbour's heartbeat; from then on it
   // has lost_after to show it moves.
-  auto next_check = Clock::now();
+  auto next_beat = Clock::now();
   for (;;) {
     {
       std::lock_guard lock(mutex);
@@ -75,17 +74,20 @@ void Watch::run() {
     try {
       if (Clock::now() >= next_beat) {
         next_beat = Clock::now() + settings.keep_alive_interval;
-        monitor->beat();
-        if (auto text = monitor->state()) {
+        bool check = lost == 0 && waiting == 0 && peer != index;
+        // The heartbeat, the job record and the neighbour's heartbeat in
+        // one round trip.
+        RoundMonitor::Tick t = monitor->tick(check ? peer : 0);
+        if (t.state) {
           // A job closed because an agent finished lets the others finish
           // too; one closed by a failure stops them.
-          JobState s = decode_state(settings.run_id, *text);
+          JobState s = decode_state(settings.run_id, *t.state);
           if (s.closed && s.failed) {
             closed = true;
           }
         }
-        if (Clock::now() >= next_check && lost == 0 && waiting == 0) {
-          check_neighbour(peer);
+        if (check) {
+          check_neighbour(peer, t.peer_alive);
         }
         failures = 0;
       }

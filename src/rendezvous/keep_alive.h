@@ -42,7 +42,8 @@ struct Watch {
   std::string unreachable;  // set once the backend is gone
 
   void run();
-  void check_neighbour(int64_t& peer);
+  // After the interval's tick saw peer (not) alive.
+  void check_neighbour(int64_t& peer, bool peer_alive);
   int64_t next_peer(int64_t after) const {
     return after % size + 1;
   }

@@ -208,8 +208,15 @@ void MuxConnection::submit(
     uint64_t wait_ms,
     Done done,
     Clock::time_point deadline) {
-  std::string frame;
-  wire::Tagged tag{.wait_ms = wait_ms};
+  std::vector<Submission> one;
+  one.push_back({req, wait_ms, std::move(done)});
+  submit_all(std::move(one), deadline);
+}
+
+void MuxConnection::submit_all(
+    std::vector<Submission> all, Clock::time_point deadline) {
+  std::string frames;
+  std::vector<uint64_t> tags;
   std::shared_ptr<Fd> fd;
   std::lock_guard write(write_mutex_);
   {
@@ -221,18 +228,23 @@ void MuxConnection::submit(
       open_locked(lock, deadline, false);
     }
     fd = fd_;
-    tag.tag = next_tag_++;
-    wire::encode_request(req, Dialect::kModern, frame, &tag);
-    if (wire::has_reply(req.op)) {
-      pending_.emplace(tag.tag, Pending{req, std::move(done)});
+    for (Submission& s : all) {
+      wire::Tagged tag{.tag = next_tag_++, .wait_ms = s.wait_ms};
+      wire::encode_request(s.req, Dialect::kModern, frames, &tag);
+      if (wire::has_reply(s.req.op)) {
+        pending_.emplace(tag.tag, Pending{s.req, std::move(s.done)});
+        tags.push_back(tag.tag);
+      }
     }
   }
   try {
-    send_all(fd->get(), frame, deadline);
+    send_all(fd->get(), frames, deadline);
   } catch (const Error& e) {
     {
       std::lock_guard lock(mutex_);
-      pending_.erase(tag.tag);
+      for (uint64_t t : tags) {
+        pending_.erase(t);
+      }
     }
     std::string why = std::string("sending to the store at ") + where_ +
                       " failed: " + e.what();

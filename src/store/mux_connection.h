@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "tide/common/fd.h"
 #include "tide/store/store.h"
@@ -69,6 +70,16 @@ class MuxConnection {
       uint64_t wait_ms,
       Done done,
       Clock::time_point deadline);
+
+  // Several requests in one write (one packet where they fit), each as
+  // submit() sends it; all go or, when the send fails, none has its done
+  // called.
+  struct Submission {
+    const wire::Request& req;
+    uint64_t wait_ms = 0;
+    Done done;
+  };
+  void submit_all(std::vector<Submission> all, Clock::time_point deadline);
 
   // Fails everything in flight with `why` and closes; the next submit
   // opens a new connection.

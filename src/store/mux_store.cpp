@@ -1,6 +1,7 @@
 #include "tide/store/mux_store.h"
 
-#include <future>
+#include <condition_variable>
+#include <mutex>
 
 #include "tide/common/error.h"
 
@@ -22,31 +23,52 @@ std::vector<std::string> slashed(const std::vector<std::string>& keys) {
   return detail::with_prefix("/", keys);
 }
 
-wire::Reply call(
+// Sends reqs in one write and waits for every reply (its WAITs bounded by
+// wait_ms); throws the first error, or TimeoutError without a reply within
+// timeout.
+std::vector<wire::Reply> call_all(
     detail::MuxConnection& conn,
-    wire::Request req,
+    const std::vector<wire::Request>& reqs,
     milliseconds timeout,
     uint64_t wait_ms = 0) {
-  auto promise = std::make_shared<std::promise<wire::Reply>>();
-  auto future = promise->get_future();
+  struct Replies {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::vector<wire::Reply> replies;
+    size_t left = 0;
+    std::exception_ptr error;
+  };
+  auto r = std::make_shared<Replies>();
+  r->replies.resize(reqs.size());
+  r->left = reqs.size();
+  std::vector<detail::MuxConnection::Submission> all;
+  bool waits = false;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    waits = waits || reqs[i].op == Op::kWait;
+    all.push_back(
+        {reqs[i],
+         reqs[i].op == Op::kWait ? wait_ms : 0,
+         [r, i](std::exception_ptr error, wire::Reply& reply) {
+           std::lock_guard lock(r->mutex);
+           if (error && !r->error) {
+             r->error = error;
+           }
+           r->replies[i] = std::move(reply);
+           if (--r->left == 0) {
+             r->cv.notify_all();
+           }
+         }});
+  }
   auto start = Clock::now();
-  const char* what = wire::op_name(req.op);
-  conn.submit(
-      req,
-      wait_ms,
-      [promise](std::exception_ptr error, wire::Reply& reply) {
-        if (error) {
-          promise->set_exception(error);
-        } else {
-          promise->set_value(std::move(reply));
-        }
-      },
-      start + timeout);
-  auto bound = timeout + (req.op == Op::kWait ? kWaitGrace : milliseconds(0));
-  if (future.wait_for(bound) != std::future_status::ready) {
-    std::string why = std::string(what) + ": no reply from the store at " +
-                      conn.where() + " within " +
-                      std::to_string(bound.count()) + " ms";
+  conn.submit_all(std::move(all), start + timeout);
+  auto bound = timeout + (waits ? kWaitGrace : milliseconds(0));
+  std::unique_lock lock(r->mutex);
+  if (!r->cv.wait_for(lock, bound, [&] { return r->left == 0; })) {
+    lock.unlock();
+    std::string why = std::string(wire::op_name(reqs.front().op)) +
+                      (reqs.size() > 1 ? " and others" : "") +
+                      ": no reply from the store at " + conn.where() +
+                      " within " + std::to_string(bound.count()) + " ms";
     // A server silent the whole time is taken for gone: the connection is
     // dropped (failing the calls in flight) and the next call reconnects.
     // One that answered others meanwhile is only slow: the others keep the
@@ -56,7 +78,20 @@ wire::Reply call(
     }
     throw TimeoutError(why);
   }
-  return future.get();
+  if (r->error) {
+    std::rethrow_exception(r->error);
+  }
+  return std::move(r->replies);
+}
+
+wire::Reply call(
+    detail::MuxConnection& conn,
+    wire::Request req,
+    milliseconds timeout,
+    uint64_t wait_ms = 0) {
+  std::vector<wire::Request> one;
+  one.push_back(std::move(req));
+  return std::move(call_all(conn, one, timeout, wait_ms).front());
 }
 
 }  // namespace
@@ -184,6 +219,61 @@ void MuxStore::set_many(
       {.op = Op::kMultiSet, .keys = slashed(keys), .values = values},
       0,
       nullptr,
+      Clock::now() + timeout());
+}
+
+size_t MuxStore::Batch::add(std::string_view key, int64_t delta) {
+  calls_.push_back({.add = true, .key = std::string(key), .delta = delta});
+  return calls_.size() - 1;
+}
+
+size_t MuxStore::Batch::compare_set(
+    std::string_view key, std::string_view expected, std::string_view desired) {
+  calls_.push_back(
+      {.key = std::string(key),
+       .expected = std::string(expected),
+       .desired = std::string(desired)});
+  return calls_.size() - 1;
+}
+
+void MuxStore::Batch::run() {
+  std::vector<wire::Request> reqs;
+  for (const Call& c : calls_) {
+    wire::Request req{
+        .op = c.add ? Op::kAdd : Op::kCompareSet,
+        .keys = {detail::with_prefix("/", c.key)},
+        .delta = c.delta};
+    if (!c.add) {
+      req.values = {c.expected, c.desired};
+    }
+    reqs.push_back(std::move(req));
+  }
+  results_.clear();
+  if (reqs.empty()) {
+    return;
+  }
+  for (wire::Reply& r : call_all(*store_.conn_, reqs, store_.timeout())) {
+    results_.push_back(
+        {.number = r.number,
+         .value = r.values.empty() ? std::string() : std::move(r.values[0])});
+  }
+}
+
+void MuxStore::wait_async(
+    const std::vector<std::string>& keys,
+    milliseconds bound,
+    std::function<void(WaitEnd)> done) {
+  auto wait_ms = static_cast<uint64_t>(std::max<int64_t>(bound.count(), 1));
+  conn_->submit(
+      {.op = Op::kWait, .keys = slashed(keys)},
+      wait_ms,
+      [done = std::move(done)](std::exception_ptr error, wire::Reply& r) {
+        done(
+            error                           ? WaitEnd::kFailed
+            : r.byte == wire::kStopWaiting  ? WaitEnd::kMet
+            : r.byte == wire::kWaitTimedOut ? WaitEnd::kTimedOut
+                                            : WaitEnd::kFailed);
+      },
       Clock::now() + timeout());
 }
 

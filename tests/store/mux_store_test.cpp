@@ -1,8 +1,8 @@
 // One connection many callers share (MuxStore) and the tagged frames it
 // speaks: a wait holds up no other caller, a wait's bound is kept by the
-// server, a lost server fails the calls in flight and the next call
-// reconnects, a store that is not tide's is named, and bad frames close
-// only their own connection.
+// server, a batch's calls go together, an asynchronous wait ends once, a lost
+// server fails the calls in flight and the next call reconnects, a store that
+// is not tide's is named, and bad frames close only their own connection.
 #include "tide/store/mux_store.h"
 
 #include <sys/socket.h>
@@ -123,6 +123,65 @@ TEST(MuxStoreTest, ALostServerFailsTheCallsInFlightAndTheNextCallReconnects) {
   EXPECT_THROW(store->add("n", 1), NetworkError);  // nobody listens
   server = TcpStoreServer::start({.port = port});
   EXPECT_EQ(store->add("n", 1), 1);
+}
+
+TEST(MuxStoreTest, ABatchSendsItsCallsTogetherAndReadsEachResult) {
+  auto server = TcpStoreServer::start({});
+  auto store = mux_client(server->port());
+  store->set("beats", "41");
+  auto batch = store->batch();
+  size_t beat = batch.add("beats", 1);
+  size_t created = batch.compare_set("record", "", "v1");
+  size_t absent = batch.compare_set("missing", "-", "-");
+  size_t peer = batch.add("peer", 0);
+  batch.run();
+  EXPECT_EQ(batch.number(beat), 42);
+  EXPECT_EQ(batch.value(created), "v1");
+  EXPECT_EQ(batch.value(absent), "-");  // torch's rule: expected comes back
+  EXPECT_EQ(batch.number(peer), 0);
+  EXPECT_FALSE(store->check({"missing"}));  // read, not written
+  EXPECT_EQ(store->get("record"), "v1");
+  // Run again, the same calls: each result is the new one.
+  batch.run();
+  EXPECT_EQ(batch.number(beat), 43);
+  EXPECT_THROW(static_cast<void>(batch.number(9)), std::out_of_range);
+}
+
+TEST(MuxStoreTest, ABatchToALostServerThrowsAndTheNextReconnects) {
+  auto server = TcpStoreServer::start({});
+  uint16_t port = server->port();
+  auto store = mux_client(port, 2s);
+  server.reset();
+  auto batch = store->batch();
+  batch.add("n", 1);
+  EXPECT_THROW(batch.run(), NetworkError);
+  server = TcpStoreServer::start({.port = port});
+  batch.run();
+  EXPECT_EQ(batch.number(0), 1);
+}
+
+TEST(MuxStoreTest, AnAsyncWaitEndsMetTimedOutOrFailedAndHoldsNoThread) {
+  auto server = TcpStoreServer::start({});
+  auto store = mux_client(server->port());
+  using End = MuxStore::WaitEnd;
+  auto ended = [&](const std::string& key, milliseconds bound) {
+    auto p = std::make_shared<std::promise<End>>();
+    store->wait_async({key}, bound, [p](End end) { p->set_value(end); });
+    return p->get_future();
+  };
+  auto met = ended("later", 60s);
+  auto timed_out = ended("never", 100ms);
+  // Both are at the store; this thread goes on.
+  EXPECT_EQ(timed_out.get(), End::kTimedOut);
+  EXPECT_EQ(met.wait_for(0s), std::future_status::timeout);
+  store->set("later", "1");
+  EXPECT_EQ(met.get(), End::kMet);
+  auto failed = ended("never", 60s);
+  while (store->connection()->pending() == 0) {
+    std::this_thread::yield();
+  }
+  server.reset();
+  EXPECT_EQ(failed.get(), End::kFailed);
 }
 
 TEST(MuxStoreTest, AStoreThatIsNotTidesIsNamed) {

@@ -119,6 +119,21 @@ class RoundMonitor {
   // Waits up to timeout for the next round's first arrival; returns the
   // number of arrivals then (0 at timeout).
   virtual int64_t wait_next_round(milliseconds timeout) = 0;
+
+  // One keep-alive interval: beat(), state() and, when peer > 0,
+  // alive(peer). A backend that can sends them together (one round trip).
+  struct Tick {
+    std::optional<std::string> state;
+    bool peer_alive = true;
+  };
+  virtual Tick tick(int64_t peer) {
+    beat();
+    Tick t{.state = state()};
+    if (peer > 0) {
+      t.peer_alive = alive(peer);
+    }
+    return t;
+  }
 };
 
 // Where the shared state lives. The handler calls it from the agent's

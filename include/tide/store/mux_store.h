@@ -1,8 +1,11 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tide/store/store.h"
 
@@ -65,6 +68,61 @@ class MuxStore final : public Store {
   std::vector<std::string> multi_get(
       const std::vector<std::string>& keys) override;
   void ping();
+
+  // Calls sent in one write and answered together: one packet each way for
+  // a caller that needs them all at once (an agent's keep-alive). Add the
+  // calls, run(), then read each result by the index its call returned.
+  class Batch {
+   public:
+    size_t add(std::string_view key, int64_t delta);
+    size_t compare_set(
+        std::string_view key,
+        std::string_view expected,
+        std::string_view desired);
+    // Sends them all and waits for every reply within the handle's timeout;
+    // throws as the single calls do.
+    void run();
+    // An add's result.
+    int64_t number(size_t i) const {
+      return results_.at(i).number;
+    }
+    // A compare_set's result.
+    const std::string& value(size_t i) const {
+      return results_.at(i).value;
+    }
+
+   private:
+    friend class MuxStore;
+    struct Call {
+      bool add = false;
+      std::string key;
+      int64_t delta = 0;
+      std::string expected;
+      std::string desired;
+    };
+    struct Result {
+      int64_t number = 0;
+      std::string value;
+    };
+    explicit Batch(const MuxStore& store) : store_(store) {}
+    const MuxStore& store_;
+    std::vector<Call> calls_;
+    std::vector<Result> results_;
+  };
+  Batch batch() const {
+    return Batch(*this);
+  }
+
+  // A wait that holds no thread: `done` is called once, on the connection's
+  // reader thread, with kMet once every key is set, kTimedOut when `bound`
+  // passed first, or kFailed when the connection was lost; it must not call
+  // into this store. Nothing cancels it but its bound. Throws, as the
+  // single calls do, when the request cannot be sent.
+  enum class WaitEnd { kMet, kTimedOut, kFailed };
+  void wait_async(
+      const std::vector<std::string>& keys,
+      milliseconds bound,
+      std::function<void(WaitEnd)> done);
 
   // The shared connection (for the store fan-in).
   const std::shared_ptr<detail::MuxConnection>& connection() const {
