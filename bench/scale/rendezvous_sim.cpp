@@ -47,6 +47,10 @@ struct RunResult {
   double detect_s = NAN;
   Phase rerendezvous;
   uint64_t round_bytes = 0;
+  // The store once every agent holds its rank: its open descriptors (its
+  // connections, a listener and a few of its own) and its resident memory.
+  size_t server_fds = 0;
+  uint64_t server_rss_kb = 0;
 };
 
 // The real handlers among the simulated agents: each a thread with a c10d
@@ -155,6 +159,8 @@ struct Simulation {
     result.round.seconds = static_cast<double>(*done - go) / 1e9;
     result.round.server_cpu_s = server.cpu_seconds() - cpu0;
     result.round_bytes = traffic(job).second - bytes0;
+    result.server_fds = server.open_fds();
+    result.server_rss_kb = server.rss_kb();
     if (!o.kill) {
       co_return;
     }
@@ -366,12 +372,11 @@ void add_rendezvous_options(CLI::App& app, RendezvousOptions& o) {
 int run_rendezvous_bench(const RendezvousOptions& o) {
   auto ns = parse_counts(o.nodes, 4);
   size_t most = *std::max_element(ns.begin(), ns.end());
-  // Two connections per agent (the handler's and its keep-alive's), here
-  // and in the server.
+  // One connection per agent, here and in the server.
   const uint64_t fds = sim::raise_fd_limit(most + sim::kSpareFds);
   struct Cells {
     std::vector<double> connect, round, round_cpu, round_bytes, idle_req,
-        idle_bytes, idle_cpu, detect, rerdzv, rerdzv_cpu;
+        idle_bytes, idle_cpu, detect, rerdzv, rerdzv_cpu, fds, rss_kb;
     std::vector<std::string> errors;
     std::string skipped;
   };
@@ -389,7 +394,8 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
           "RESULT rendezvous nodes=%zu ok=%d connect_s=%.3f round_s=%.3f "
           "round_server_cpu_s=%.2f round_bytes=%llu idle_req_per_s=%.0f "
           "idle_bytes_per_s=%.0f idle_server_cpu=%.3f detect_s=%.3f "
-          "rerendezvous_s=%.3f rerendezvous_server_cpu_s=%.2f error=\"%s\"\n",
+          "rerendezvous_s=%.3f rerendezvous_server_cpu_s=%.2f server_fds=%zu "
+          "server_rss_kb=%llu error=\"%s\"\n",
           n,
           r.error.empty() ? 1 : 0,
           r.connect_s,
@@ -402,6 +408,8 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
           r.detect_s,
           r.rerendezvous.seconds,
           r.rerendezvous.server_cpu_s,
+          r.server_fds,
+          static_cast<unsigned long long>(r.server_rss_kb),
           r.error.c_str());
       std::fflush(stdout);
       Cells& c = cells[n];
@@ -414,6 +422,8 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
       c.round_cpu.push_back(r.round.server_cpu_s);
       c.round_bytes.push_back(
           static_cast<double>(r.round_bytes) / static_cast<double>(n));
+      c.fds.push_back(static_cast<double>(r.server_fds));
+      c.rss_kb.push_back(static_cast<double>(r.server_rss_kb));
       if (o.kill) {
         c.idle_req.push_back(r.idle_requests_per_s);
         c.idle_bytes.push_back(r.idle_bytes_per_s);
@@ -438,14 +448,15 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
                 .c_str()
           : "");
   std::printf(
-      "| nodes | round | per node | server CPU | bytes per node | idle "
-      "keep-alive requests/s | idle server CPU | loss seen | re-rendezvous "
-      "after kill | failed |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--|\n");
+      "| nodes | round | per node | server CPU | bytes per node | store "
+      "connections | store RSS | idle keep-alive requests/s | idle server CPU "
+      "| loss seen | re-rendezvous after kill | failed "
+      "|\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--|\n");
   bool ok = true;
   for (auto& [n, c] : cells) {
     ok = ok && c.errors.empty();
     std::printf(
-        "| %zu | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+        "| %zu | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
         n,
         seconds_cell(c.round).c_str(),
         c.round.empty()
@@ -458,6 +469,10 @@ int run_rendezvous_bench(const RendezvousOptions& o) {
         c.round_bytes.empty()
             ? ""
             : fmt::format("{:.0f}", median(c.round_bytes)).c_str(),
+        c.fds.empty() ? "" : fmt::format("{:.0f}", median(c.fds)).c_str(),
+        c.rss_kb.empty()
+            ? ""
+            : fmt::format("{:.0f} MiB", median(c.rss_kb) / 1024).c_str(),
         c.idle_req.empty() ? ""
                            : fmt::format("{:.0f}", median(c.idle_req)).c_str(),
         c.idle_cpu.empty()
