@@ -169,6 +169,10 @@ void CheckpointMemory::entered(const Transition& t) {
   fetch_missing();
 }
 
+std::string CheckpointMemory::round_prefix() const {
+  return "tide/checkpoint/round" + std::to_string(view_.rdzv.round) + "/";
+}
+
 void CheckpointMemory::meet_peers() {
   const WorkerSpec& spec = view_.spec;
   const rendezvous::RendezvousInfo& rdzv = view_.rdzv;
@@ -187,8 +191,7 @@ void CheckpointMemory::meet_peers() {
     peers_ = std::make_unique<checkpoint::PeerCopy>(
         *region_, checkpoint::PeerCopyOptions{.token = token});
   }
-  const std::string prefix =
-      "tide/checkpoint/round" + std::to_string(rdzv.round) + "/";
+  const std::string prefix = round_prefix();
   const std::string& host =
       spec.checkpoints.host.empty() ? fqdn() : spec.checkpoints.host;
   store.set(
@@ -216,6 +219,9 @@ void CheckpointMemory::meet_peers() {
   }
   int peer = rdzv.world_size > 1 ? (rdzv.rank + 1) % rdzv.world_size : -1;
   peers_->set_round(rdzv.rank, std::move(nodes), peer);
+  // This node takes the round's peers now: a fetch from it is no longer
+  // refused as one from a stranger (see fetch_missing).
+  store.set(prefix + "ready/" + std::to_string(rdzv.rank), "");
   if (peer >= 0) {
     TIDE_LOG_INFO(
         "[{}] checkpoint copies: this node's to node {}, node {}'s here",
@@ -243,6 +249,23 @@ void CheckpointMemory::fetch_missing() {
   }
   if (lacking.empty()) {
     return;
+  }
+  // The others must have taken this round's peers before this node asks
+  // them: one still on the round before refuses a node it does not know.
+  std::vector<std::string> ready;
+  for (int r = 0; r < view_.rdzv.world_size; ++r) {
+    if (r != view_.rdzv.rank) {
+      ready.push_back(round_prefix() + "ready/" + std::to_string(r));
+    }
+  }
+  try {
+    view_.rdzv.store->wait(ready, kPeersReadyTimeout);
+  } catch (const TimeoutError& e) {
+    TIDE_LOG_WARN(
+        "[{}] the other nodes did not take this round's checkpoint peers in "
+        "time ({}); fetching anyway",
+        spec.role,
+        e.what());
   }
   auto start = Clock::now();
   checkpoint::FetchResult fetched = peers_->fetch(lacking);

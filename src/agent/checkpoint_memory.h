@@ -16,6 +16,7 @@
 // change).
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +56,11 @@ class CheckpointMemory final : public Component {
   void stop_writer();
   void meet_peers();
   void fetch_missing();
+  // Where this round's checkpoint peers meet in the round's store.
+  std::string round_prefix() const;
+  // How long a node that fetches waits for the others to take the round's
+  // peers (they do so right after meeting; longer means one died).
+  static constexpr std::chrono::milliseconds kPeersReadyTimeout{10'000};
 
   const AgentView& view_;
   std::string shm_dir_;
