@@ -108,12 +108,14 @@ Co<int64_t> Job::await_size(
       }
       continue;
     }
-    int64_t until = std::min(std::min(*close_at, deadline), now + slice);
+    // The first arrival closes; the others give it a slice more.
+    int64_t close = arrival == 1 ? *close_at : *close_at + slice;
+    int64_t until = std::min(std::min(close, deadline), now + slice);
     auto size = co_await wait_value(a, r, "size", until - now);
     if (size) {
       co_return json::parse(*size).at("size").get<int64_t>();
     }
-    if (mono_ns() >= *close_at) {
+    if (mono_ns() >= close) {
       int64_t in = co_await arrivals(*a.conn, r);
       int64_t size = co_await close_round(a, r, std::min(in, s_.max_nodes));
       co_return size;

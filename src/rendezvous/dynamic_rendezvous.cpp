@@ -269,11 +269,15 @@ int64_t DynamicRendezvousHandler::Impl::await_size(
       }
       continue;
     }
-    auto until = std::min({*close_at, deadline, Clock::now() + slice});
+    // The first arrival closes the round when the last call ends; the
+    // others give it one slice more before closing it themselves (it may
+    // have died), so that thousands of nodes do not all try at once.
+    auto close = arrival == 1 ? *close_at : *close_at + slice;
+    auto until = std::min({close, deadline, Clock::now() + slice});
     if (auto size = backend->wait_value(r, "size", left(until))) {
       return decode_size(r, *size);
     }
-    if (Clock::now() >= *close_at) {
+    if (Clock::now() >= close) {
       int64_t n = std::min<int64_t>(backend->arrivals(r), s.max_nodes);
       return close_round(r, n);
     }
