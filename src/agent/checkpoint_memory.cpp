@@ -241,7 +241,11 @@ void CheckpointMemory::fetch_missing() {
   for (const Worker& w : view_.group.workers) {
     lacking[w.global_rank] = w.local_rank;
   }
-  for (uint32_t s = 0; s < l.slots; ++s) {
+  // Held in this node's own slots. A rank held only among the copies kept
+  // for the peer node is asked for too: those may be one snapshot (one the
+  // peer pushed before it learnt the rank is now this node's), while the
+  // node it comes from holds all of them.
+  for (uint32_t s = 0; s < l.replicas_from; ++s) {
     checkpoint::SlotHead h = region_->head(s);
     if (h.state == checkpoint::kComplete) {
       lacking.erase(h.rank);
