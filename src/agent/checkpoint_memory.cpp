@@ -256,10 +256,11 @@ void CheckpointMemory::fetch_missing() {
   }
   // The others must have taken this round's peers before this node asks
   // them: one still on the round before refuses a node it does not know.
+  const std::string prefix = round_prefix();
   std::vector<std::string> ready;
   for (int r = 0; r < view_.rdzv.world_size; ++r) {
     if (r != view_.rdzv.rank) {
-      ready.push_back(round_prefix() + "ready/" + std::to_string(r));
+      ready.push_back(prefix + "ready/" + std::to_string(r));
     }
   }
   try {

@@ -132,7 +132,7 @@ class StoreRoundMonitor final : public RoundMonitor {
   }
 
   Tick tick(int64_t peer) override {
-    auto* mux = dynamic_cast<store::MuxStore*>(&store());
+    store::MuxStore* mux = shared();
     if (mux == nullptr) {
       return RoundMonitor::tick(peer);
     }
@@ -155,7 +155,7 @@ class StoreRoundMonitor final : public RoundMonitor {
 
   int64_t wait_next_round(milliseconds timeout) override {
     // The counter appears with the first arrival's add().
-    auto* mux = dynamic_cast<store::MuxStore*>(&store());
+    store::MuxStore* mux = shared();
     if (mux == nullptr) {
       if (!wait_for(store(), keys_.count(round_ + 1), timeout)) {
         return 0;
@@ -226,6 +226,12 @@ class StoreRoundMonitor final : public RoundMonitor {
   // The connection lives as long as conn_, which this monitor holds.
   store::Store& store() {
     return *conn_->get();
+  }
+  // The store as a connection shared with tagged frames (tiderun's), or
+  // null (a plain TcpStore): what batches and waits that hold no thread
+  // need.
+  store::MuxStore* shared() {
+    return dynamic_cast<store::MuxStore*>(&store());
   }
 
   std::shared_ptr<KeepAliveConnection> conn_;
