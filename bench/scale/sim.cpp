@@ -575,6 +575,13 @@ size_t Conn::parse_reply(Pending* p, std::string_view in) {
       p->number = store::wire::load<int64_t>(in.data());
       used = 8;
       break;
+    case Reply::kCount:
+      if (in.size() < 8) {
+        return 0;
+      }
+      p->number = store::wire::load<int64_t>(in.data());
+      used = 8;  // then its value, as a GET's
+      [[fallthrough]];
     case Reply::kBytes:
       while (p->values.size() < p->count) {
         if (in.size() < used + 8) {
@@ -674,6 +681,23 @@ Co<std::string> Conn::compare_set(
   Writer(req).str("/" + key).str(expected).str(desired);
   Pending p = co_await request(std::move(req), Reply::kBytes);
   co_return std::move(p.values.at(0));
+}
+
+Co<int64_t> Conn::delete_key(std::string key) {
+  co_await ensure_connected();
+  std::string req = begin(Op::kDeleteKey);
+  Writer(req).str("/" + key);
+  Pending p = co_await request(std::move(req), Reply::kI64);
+  co_return p.number;
+}
+
+Co<Conn::Tally> Conn::add_wait(
+    std::string counter, int64_t delta, int64_t target, std::string key) {
+  co_await ensure_connected();
+  std::string req = begin(Op::kAddWait);
+  Writer(req).str("/" + counter).i64(delta).i64(target).str("/" + key);
+  Pending p = co_await request(std::move(req), Reply::kCount);
+  co_return Tally{p.number, std::move(p.values.at(0))};
 }
 
 Co<std::vector<Conn::Result>> Conn::together(std::vector<Call> calls) {

@@ -301,6 +301,15 @@ class Conn final : public IoHandler {
   Co<bool> wait(std::vector<std::string> keys, int64_t timeout_ns);
   // WAIT then MULTI_GET (modern) or pipelined GETs (legacy), as TcpStore.
   Co<std::vector<std::string>> multi_get(std::vector<std::string> keys);
+  Co<int64_t> delete_key(std::string key);
+  // ADD_WAIT (a tide server's): the count, and key's value once it exists
+  // or at once when the count reached target (Store::add_wait).
+  struct Tally {
+    int64_t count = 0;
+    std::string value;
+  };
+  Co<Tally> add_wait(
+      std::string counter, int64_t delta, int64_t target, std::string key);
 
   // Tagged mode: ADDs and COMPARE_SETs sent in one write and answered
   // together, as MuxStore::Batch sends them.
@@ -324,7 +333,8 @@ class Conn final : public IoHandler {
   void on_io(uint32_t events) override;
 
  private:
-  enum class Reply : uint8_t { kNone, kByte, kU32, kI64, kBytes };
+  // kCount: an i64, then a value (ADD_WAIT's).
+  enum class Reply : uint8_t { kNone, kByte, kU32, kI64, kBytes, kCount };
   struct Pending {
     Reply kind = Reply::kNone;
     // Replies of this kind to collect (pipelined GETs).

@@ -289,7 +289,11 @@ struct QuorumClient::Impl {
     store->append(kDead, "");
     if (options.group_rank == 0) {
       beats = connect();
-      beats->set_timeout(options.timeout);
+      // No one request may hold the beat for long: an etcd member that
+      // lost its leader keeps a request up to 7 s before failing it, longer
+      // than a neighbour waits; bounded, the next member is tried.
+      beats->set_timeout(std::max(
+          options.heartbeat_interval, options.heartbeat_timeout / 4));
       heartbeat = std::jthread([this] { beat(); });
     }
   }
@@ -308,12 +312,22 @@ struct QuorumClient::Impl {
     std::string target;
     int64_t seen = -1;
     Clock::time_point since = Clock::now();
+    // When this process's own last beat got through. A store that did not
+    // take its beats for a while (etcd electing a leader, a client moving
+    // to another member) did not take the neighbour's either: silence is
+    // counted only from the end of such a gap.
+    Clock::time_point beat_ok = since;
     std::unique_lock lock(mutex);
     while (!stopping) {
       std::string now_watched = watched;
       lock.unlock();
       try {
         beats->add("hb/" + me, 1);
+        auto now = Clock::now();
+        if (now - beat_ok > options.heartbeat_timeout / 2) {
+          since = now;
+        }
+        beat_ok = now;
         if (now_watched != target) {
           target = now_watched;
           seen = -1;
@@ -386,13 +400,18 @@ struct QuorumClient::Impl {
                     std::to_string(options.min_replica_size) + " needed";
       abort_round(*store, round, record->changes, why);
     }
+    // One request: the vote, answered with the outcome. The vote that
+    // completes the count gets none yet and decides (unless an abort won).
     std::string votes = round_key(round, "votes");
-    if (store->add(votes, 1) == total) {
-      store->compare_set(
+    auto [count, outcome] = store->add_wait(votes, 1, total, done);
+    if (outcome.empty()) {
+      outcome = store->compare_set(
           done, "", Decision::commit_text(store->add(kChanges, 0)));
+    }
+    if (count == total) {
       store->delete_key(votes);  // every vote is in
     }
-    last = Decision::parse(store->get(done));
+    last = Decision::parse(outcome);
     decided = true;
     if (last.commit) {
       step = std::max(step, round_step) + 1;
@@ -410,10 +429,12 @@ struct QuorumClient::Impl {
       total += m.ranks;
     }
     std::string met = round_key(round, "met");
-    if (store->add(round_key(round, "arrived"), 1) == total) {
-      store->compare_set(met, "", "all");
+    std::string outcome =
+        store->add_wait(round_key(round, "arrived"), 1, total, met).value;
+    if (outcome.empty()) {
+      outcome = store->compare_set(met, "", "all");
     }
-    return store->get(met) == "all";
+    return outcome == "all";
   }
 
   // Waits to be admitted to a quorum: proposes one when none is alive.

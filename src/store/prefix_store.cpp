@@ -37,6 +37,14 @@ int64_t PrefixStore::add(std::string_view key, int64_t delta) {
   return store_->add(full(key), delta);
 }
 
+Store::Tally PrefixStore::add_wait(
+    std::string_view counter,
+    int64_t delta,
+    int64_t target,
+    std::string_view key) {
+  return store_->add_wait(full(counter), delta, target, full(key));
+}
+
 std::string PrefixStore::compare_set(
     std::string_view key, std::string_view expected, std::string_view desired) {
   return store_->compare_set(full(key), expected, desired);

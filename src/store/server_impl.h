@@ -45,6 +45,8 @@ struct Waiter {
   bool done = false;
   // A tagged WAIT's tag.
   std::optional<uint64_t> tag;
+  // An ADD_WAIT's count: its reply is the count and its one key's value.
+  std::optional<int64_t> count;
 };
 
 }  // namespace detail
@@ -73,9 +75,16 @@ struct TcpStoreServer::Impl {
       const std::shared_ptr<detail::Connection>& conn, wire::Request& req);
   void notify(std::string_view key, bool wake_one = false);
   bool present(std::string_view key) const;
+  // A WAIT's (count empty) or an ADD_WAIT's.
   void add_waiter(
       const std::shared_ptr<detail::Connection>& conn,
-      std::vector<std::string> keys);
+      std::vector<std::string> keys,
+      std::optional<int64_t> count = std::nullopt);
+  // What ends a wait: STOP_WAITING, or an ADD_WAIT's count and the value
+  // of its key (empty when absent).
+  std::string waited(
+      const std::optional<int64_t>& count,
+      const std::vector<std::string>& keys) const;
   void drop_waiters(detail::Connection& conn);
   // Marks w done and counts it dead in the lists of its keys.
   void retire(detail::Waiter& w);

@@ -12,7 +12,7 @@ ServerMetrics::ServerMetrics() {
   // wait not included): 1 us to about 4 s.
   metrics::Buckets buckets = metrics::exponential_buckets(1e-6, 4, 12);
   for (auto op = static_cast<size_t>(wire::Op::kSet);
-       op <= static_cast<size_t>(wire::Op::kAuth);
+       op < wire::kNumOps;
        ++op) {
     std::string name = wire::op_name(static_cast<wire::Op>(op));
     for (char& c : name) {

@@ -311,6 +311,35 @@ int64_t TcpStore::add(std::string_view key, int64_t delta) {
   });
 }
 
+Store::Tally TcpStore::add_wait(
+    std::string_view counter,
+    int64_t delta,
+    int64_t target,
+    std::string_view key) {
+  std::lock_guard lock(mutex_);
+  return with_connection([&](Connection& c) {
+    std::string req = c.request(Op::kAddWait);
+    wire::Writer(req)
+        .str(wire_key(counter))
+        .i64(delta)
+        .i64(target)
+        .str(wire_key(key));
+    auto deadline = Clock::now() + timeout();
+    try {
+      c.send(req, deadline, "add_wait");
+      Tally t;
+      t.count = c.read<int64_t>(deadline, "add_wait");
+      t.value = c.read_string(deadline, "add_wait");
+      return t;
+    } catch (const NetworkError& e) {
+      throw NetworkError(
+          std::string(e.what()) +
+          " (add_wait is a tide store's command: a torch store closes the "
+          "connection at it)");
+    }
+  });
+}
+
 std::string TcpStore::compare_set(
     std::string_view key, std::string_view expected, std::string_view desired) {
   std::lock_guard lock(mutex_);

@@ -276,20 +276,35 @@ void TcpStoreServer::Impl::notify(std::string_view key, bool wake_one) {
     if (auto conn = w->conn.lock()) {
       conn->wait_keys -= w->keys.size();
       std::erase(conn->waits, w);
-      char stop = wire::kStopWaiting;
-      conn->send_tagged(
-          w->tag ? &*w->tag : nullptr, std::string_view(&stop, 1));
+      conn->send_tagged(w->tag ? &*w->tag : nullptr, waited(w->count, w->keys));
     }
   }
 }
 
+std::string TcpStoreServer::Impl::waited(
+    const std::optional<int64_t>& count,
+    const std::vector<std::string>& keys) const {
+  std::string out;
+  wire::Writer w(out);
+  if (!count) {
+    w.u8(wire::kStopWaiting);
+    return out;
+  }
+  const std::string* v = kv.find(keys.at(0));
+  w.i64(*count).str(v ? std::string_view(*v) : std::string_view());
+  return out;
+}
+
 void TcpStoreServer::Impl::add_waiter(
-    const std::shared_ptr<Connection>& conn, std::vector<std::string> keys) {
+    const std::shared_ptr<Connection>& conn,
+    std::vector<std::string> keys,
+    std::optional<int64_t> count) {
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<std::string> asked = keys;
   std::erase_if(keys, [this](const std::string& k) { return present(k); });
   if (keys.empty()) {
-    conn->send_byte(wire::kStopWaiting);
+    conn->send(waited(count, asked));
     return;
   }
   if (conn->wait_keys + keys.size() > options.limits.max_keys_per_call) {
@@ -302,6 +317,7 @@ void TcpStoreServer::Impl::add_waiter(
   }
   auto w = std::make_shared<Waiter>();
   w->conn = conn;
+  w->count = count;
   w->missing = keys.size();
   for (const auto& k : keys) {
     waiters[k].list.push_back(w);
@@ -309,7 +325,8 @@ void TcpStoreServer::Impl::add_waiter(
   w->keys = std::move(keys);
   if (conn->tag()) {
     w->tag = conn->tag()->tag;
-    if (conn->tag()->wait_ms > 0) {
+    // A bound is a WAIT's; an ADD_WAIT waits for its key.
+    if (conn->tag()->wait_ms > 0 && !count) {
       bounds.push(
           {std::chrono::steady_clock::now() +
                std::chrono::milliseconds(
@@ -437,6 +454,8 @@ uint64_t TcpStoreServer::Impl::reply_bytes(const wire::Request& req) const {
                                          ? 0
                                          : it->second.front().size());
     }
+    case Op::kAddWait:
+      return 2 * sizeof(uint64_t) + stored(req.keys[1]);
     case Op::kSet:
     case Op::kAdd:
     case Op::kCheck:
@@ -513,6 +532,23 @@ void TcpStoreServer::Impl::handle(
       }
       conn->send(encode_i64(result));
       notify(req.keys[0]);
+      return;
+    }
+    case Op::kAddWait: {
+      int64_t count = 0;
+      try {
+        count = kv.add(req.keys[0], req.delta);
+      } catch (const InvalidArgument& e) {
+        conn->close(spdlog::level::warn, e.what());
+        return;
+      }
+      notify(req.keys[0]);
+      std::vector<std::string> key{std::move(req.keys[1])};
+      if (count >= req.target) {
+        conn->send(waited(count, key));  // this add completed the count
+      } else {
+        add_waiter(conn, std::move(key), count);
+      }
       return;
     }
     case Op::kCheck: {

@@ -8,7 +8,6 @@ namespace tide::store::wire {
 
 namespace {
 
-constexpr size_t kNumOps = static_cast<size_t>(Op::kAuth) + 1;
 constexpr uint8_t kNone = 0xFF;
 
 // Codes by op, per dialect. Legacy also serves the 2.0/2.1-era additions
@@ -31,7 +30,8 @@ constexpr std::array<uint8_t, kNumOps> kLegacyCodes = {
     kNone,
     kNone,
     kNone,  // queues
-    kAuthCode};
+    kAuthCode,
+    kAddWaitCode};
 constexpr std::array<uint8_t, kNumOps> kModernCodes = {
     1,
     2,
@@ -50,7 +50,8 @@ constexpr std::array<uint8_t, kNumOps> kModernCodes = {
     14,
     15,
     16,  // queue push, pop, len
-    kAuthCode};
+    kAuthCode,
+    kAddWaitCode};
 
 const std::array<uint8_t, kNumOps>& codes(Dialect d) {
   return d == Dialect::kModern ? kModernCodes : kLegacyCodes;
@@ -180,6 +181,10 @@ bool decode_args(Cursor& c, Request& out) {
     case Op::kAdd:
       out.keys.resize(1);
       return c.key(out.keys[0]) && c.read(out.delta);
+    case Op::kAddWait:
+      out.keys.resize(2);
+      return c.key(out.keys[0]) && c.read(out.delta) && c.read(out.target) &&
+             c.key(out.keys[1]);
     case Op::kCheck:
     case Op::kWait:
     case Op::kMultiGet:
@@ -231,7 +236,8 @@ const char* op_name(Op op) {
       "QUEUE_PUSH",
       "QUEUE_POP",
       "QUEUE_LEN",
-      "AUTH"};
+      "AUTH",
+      "ADD_WAIT"};
   return kNames[static_cast<size_t>(op)];
 }
 
@@ -272,6 +278,7 @@ Decoded decode_request(
   out.keys.clear();
   out.values.clear();
   out.delta = 0;
+  out.target = 0;
   out.number = 0;
   Cursor c(in.substr(1), limits);
   if (!decode_args(c, out)) {
@@ -340,6 +347,9 @@ void encode_request(
       return;
     case Op::kAdd:
       w.str(req.keys.at(0)).i64(req.delta);
+      return;
+    case Op::kAddWait:
+      w.str(req.keys.at(0)).i64(req.delta).i64(req.target).str(req.keys.at(1));
       return;
     case Op::kCheck:
     case Op::kWait:
@@ -449,6 +459,12 @@ size_t decode_reply(std::string_view in, const Request& req, Reply& out) {
         return 0;
       }
       return pos;
+    case Op::kAddWait:
+      if (!fixed(sizeof(int64_t))) {
+        return 0;
+      }
+      out.number = load<int64_t>(in.data());
+      return string(out.values.emplace_back()) ? pos : 0;
     case Op::kSet:
     case Op::kAppend:
     case Op::kMultiSet:
@@ -485,6 +501,7 @@ void encode_reply(const Reply& reply, Op op, std::string& out) {
       }
       return;
     case Op::kQueuePop:
+    case Op::kAddWait:
       w.i64(reply.number);
       for (const auto& v : reply.values) {
         w.str(v);

@@ -30,6 +30,9 @@ constexpr uint8_t kAuthCode = 0xA7;
 // connection, each reply found by its tag (docs/store-protocol.md).
 constexpr uint8_t kTaggedCode = 0xA8;
 constexpr size_t kTaggedHeader = 1 + 2 * sizeof(uint64_t);
+// ADD_WAIT: an ADD whose reply waits for another key (a vote in one
+// exchange, docs/store-protocol.md).
+constexpr uint8_t kAddWaitCode = 0xA9;
 
 enum class Op : uint8_t {
   kSet,
@@ -50,7 +53,10 @@ enum class Op : uint8_t {
   kQueuePop,
   kQueueLen,
   kAuth,
+  kAddWait,
 };
+
+constexpr size_t kNumOps = static_cast<size_t>(Op::kAddWait) + 1;
 
 const char* op_name(Op op);
 
@@ -73,7 +79,8 @@ struct Request {
   // Keys in order; for kCompareSet keys = {key}, values = {expected, desired}.
   std::vector<std::string> keys;
   std::vector<std::string> values;
-  int64_t delta = 0;    // kAdd
+  int64_t delta = 0;    // kAdd, kAddWait
+  int64_t target = 0;   // kAddWait: keys = {counter, key}
   uint32_t number = 0;  // kPing nonce, kValidate magic
 };
 
@@ -115,9 +122,10 @@ void encode_request(
     const Tagged* tag = nullptr);
 
 // What a reply holds, by command: `byte` for CHECK, WAIT, CANCEL_WAIT and
-// AUTH; `number` for ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN, PING and
-// QUEUE_POP's length; `values` for GET, COMPARE_SET, MULTI_GET (one per
-// key) and QUEUE_POP (one when the length was > 0).
+// AUTH; `number` for ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN, PING, and
+// QUEUE_POP's length and ADD_WAIT's count; `values` for GET, COMPARE_SET,
+// MULTI_GET (one per key), QUEUE_POP (one when the length was > 0) and
+// ADD_WAIT (one).
 struct Reply {
   uint8_t byte = 0;
   int64_t number = 0;

@@ -3,6 +3,7 @@
 // tests/etcd/etcd_store_conformance_test.cpp).
 #include "store/store_conformance.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -258,6 +259,43 @@ TEST_P(StoreConformanceTest, OneSetWakesEveryWaiter) {
     store_->set("go", "1");
   }
   EXPECT_EQ(woke.load(), kWaiters);
+}
+
+TEST_P(StoreConformanceTest, AddWaitLetsTheLastVoterDecideForTheOthers) {
+  constexpr int kVoters = 6;
+  std::vector<Store::Tally> got(kVoters);
+  {
+    std::vector<std::jthread> threads;
+    for (int i = 0; i < kVoters; ++i) {
+      threads.emplace_back([&, i] {
+        auto c = backend_.another_client();
+        got[i] = c->add_wait("votes", 1, kVoters, "outcome");
+        if (got[i].value.empty()) {
+          c->set("outcome", "decided by " + std::to_string(got[i].count));
+        }
+      });
+    }
+  }
+  std::vector<int64_t> counts;
+  int deciders = 0;
+  for (const auto& t : got) {
+    counts.push_back(t.count);
+    deciders += t.value.empty() ? 1 : 0;
+    if (!t.value.empty()) {
+      EXPECT_EQ(t.value, "decided by " + std::to_string(kVoters));
+    }
+  }
+  std::sort(counts.begin(), counts.end());
+  EXPECT_EQ(counts, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(deciders, 1);
+}
+
+TEST_P(StoreConformanceTest, AddWaitAnswersAtOnceWhenTheOutcomeExists) {
+  store_->set("outcome", "abort");
+  auto t = store_->add_wait("votes", 1, 100, "outcome");
+  EXPECT_EQ(t.count, 1);
+  EXPECT_EQ(t.value, "abort");
+  EXPECT_EQ(store_->get("votes"), "1");
 }
 
 TEST_P(StoreConformanceTest, LargeValuesRoundTrip) {

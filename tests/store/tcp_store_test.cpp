@@ -219,6 +219,30 @@ TEST_F(TcpStoreServerTest, AddOnANonIntegerClosesOnlyThatConnection) {
   EXPECT_EQ(c->add("number", 5), 5);
 }
 
+TEST_F(TcpStoreServerTest, AnAddWaitOnANonIntegerClosesOnlyThatConnection) {
+  start();
+  auto c = client({.dialect = Dialect::kModern});
+  c->set("text", "abc");
+  EXPECT_THROW(c->add_wait("text", 1, 2, "outcome"), NetworkError);
+  EXPECT_EQ(c->get("text"), "abc");
+  EXPECT_FALSE(c->check({"outcome"}));
+}
+
+TEST_F(TcpStoreServerTest, AnAddWaitPastItsTimeoutThrowsAndItsAddStays) {
+  start();
+  auto c = client({.dialect = Dialect::kModern});
+  c->set_timeout(200ms);
+  EXPECT_THROW(c->add_wait("votes", 1, 2, "done"), TimeoutError);
+  c->set_timeout(10s);
+  // The waiter left with its connection: a later outcome wakes nobody,
+  // and the next vote completes the count.
+  c->set("done", "late");
+  auto t = client({.dialect = Dialect::kModern})->add_wait("votes", 1, 2, "other");
+  EXPECT_EQ(t.count, 2);
+  EXPECT_EQ(t.value, "");
+  expect_served();
+}
+
 TEST_F(TcpStoreServerTest, AFullStoreRefusesWritesAndKeepsWhatItHolds) {
   start({.limits = {.max_total_bytes = 1000}});
   auto c = client();

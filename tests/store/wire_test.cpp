@@ -133,5 +133,38 @@ TEST(WireTest, DecodesEveryArgumentShape) {
   EXPECT_TRUE(rest.empty());
 }
 
+TEST(WireTest, AnAddWaitDecodesAndItsReplyRoundTrips) {
+  Request req{
+      .op = Op::kAddWait, .keys = {"/votes", "/done"}, .delta = 1, .target = 64};
+  std::string bytes;
+  encode_request(req, Dialect::kModern, bytes);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[0]), kAddWaitCode);
+  Request back;
+  Decoded d = decode_request(bytes, Dialect::kModern, StoreLimits{}, back);
+  EXPECT_EQ(d.consumed, bytes.size());
+  EXPECT_EQ(back.op, Op::kAddWait);
+  EXPECT_EQ(back.keys, req.keys);
+  EXPECT_EQ(back.delta, 1);
+  EXPECT_EQ(back.target, 64);
+  // Every shorter prefix is incomplete.
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(
+        decode_request(
+            std::string_view(bytes).substr(0, n),
+            Dialect::kModern,
+            StoreLimits{},
+            back)
+            .consumed,
+        0u);
+  }
+  std::string reply;
+  encode_reply({.number = 7, .values = {"commit 3"}}, Op::kAddWait, reply);
+  Reply r;
+  EXPECT_EQ(decode_reply(reply.substr(0, reply.size() - 1), req, r), 0u);
+  EXPECT_EQ(decode_reply(reply, req, r), reply.size());
+  EXPECT_EQ(r.number, 7);
+  EXPECT_EQ(r.values, std::vector<std::string>{"commit 3"});
+}
+
 }  // namespace
 }  // namespace tide::store::wire

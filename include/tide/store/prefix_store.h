@@ -18,6 +18,11 @@ class PrefixStore : public Store {
   void set(std::string_view key, std::string_view value) override;
   std::string get(std::string_view key) override;
   int64_t add(std::string_view key, int64_t delta) override;
+  Tally add_wait(
+      std::string_view counter,
+      int64_t delta,
+      int64_t target,
+      std::string_view key) override;
   std::string compare_set(
       std::string_view key,
       std::string_view expected,

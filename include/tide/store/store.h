@@ -74,6 +74,30 @@ class Store {
   virtual std::vector<std::string> multi_get(
       const std::vector<std::string>& keys) = 0;
 
+  // A vote with its outcome, in one request where the store has it (tide's
+  // server: ADD_WAIT): adds delta to the integer at `counter`, then returns
+  // once `key` exists, or at once when the new count reached `target`: the
+  // count and key's value ("" when absent). So the caller whose add
+  // completes the count sees "" and decides, writing `key`; the others get
+  // what it wrote. Elsewhere: add(), then get() unless the count reached
+  // target first. Blocks at most timeout() (TimeoutError; the add stays).
+  struct Tally {
+    int64_t count = 0;
+    std::string value;
+  };
+  virtual Tally add_wait(
+      std::string_view counter,
+      int64_t delta,
+      int64_t target,
+      std::string_view key) {
+    int64_t n = add(counter, delta);
+    std::vector<std::string> keys{std::string(key)};
+    if (n >= target && !check(keys)) {
+      return {n, ""};
+    }
+    return {n, get(key)};
+  }
+
   // Sets keys[i] to values[i]; InvalidArgument when the sizes differ.
   void multi_set(
       const std::vector<std::string>& keys,

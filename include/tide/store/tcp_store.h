@@ -172,6 +172,13 @@ class TcpStore final : public Store {
   void set(std::string_view key, std::string_view value) override;
   std::string get(std::string_view key) override;
   int64_t add(std::string_view key, int64_t delta) override;
+  // One ADD_WAIT: a tide server's command (a torch server closes the
+  // connection at it: NetworkError, saying so).
+  Tally add_wait(
+      std::string_view counter,
+      int64_t delta,
+      int64_t target,
+      std::string_view key) override;
   std::string compare_set(
       std::string_view key,
       std::string_view expected,
