@@ -62,30 +62,29 @@ struct Cell {
   double group_cpu = 0;  // s of the groups' CPU per round, all together
 };
 
-// A simulated group's votes, rounds [first, end): what
-// QuorumClient::should_commit(true) sends on a fast quorum (its one
-// ADD_WAIT; when its vote completes the count, the decision, and the
-// count's deletion).
+// A simulated group's votes, rounds [first, end) of the quorum record
+// written at round `record`: what QuorumClient::should_commit(true) sends
+// on a fast quorum (its one ADD_WAIT on the record's counter; when its vote
+// completes the count, the decision).
 sim::Co<void> simulated_votes(
     sim::Conn& c,
     std::string prefix,
+    int64_t record,
     int64_t first,
     int64_t end,
     int64_t total,
     size_t& voting) {
   co_await c.connect();
+  std::string votes = prefix + "round/" + std::to_string(record) + "/votes";
   for (int64_t r = first; r < end; ++r) {
-    std::string round = prefix + "round/" + std::to_string(r) + "/";
+    std::string done = prefix + "round/" + std::to_string(r) + "/done";
     sim::Conn::Tally t =
-        co_await c.add_wait(round + "votes", 1, total, round + "done");
+        co_await c.add_wait(votes, 1, (r - record + 1) * total, done);
     std::string outcome = std::move(t.value);
     if (outcome.empty()) {
       int64_t changes = co_await c.add(prefix + "changes", 0);
       outcome = co_await c.compare_set(
-          round + "done", "", "commit " + std::to_string(changes));
-    }
-    if (t.count == total) {
-      co_await c.delete_key(round + "votes");
+          done, "", "commit " + std::to_string(changes));
     }
     if (!outcome.starts_with("commit ")) {
       throw std::runtime_error("round " + std::to_string(r) + ": " + outcome);
@@ -126,6 +125,7 @@ Cell run(
   std::vector<std::vector<double>> times(measured);
   std::vector<std::thread> threads;
   std::atomic<int64_t> handed_over{-1};
+  std::atomic<int64_t> record{-1};
   double cpu0 = server.cpu_seconds();
   double own0 = tide::bench::cpu_seconds_of(::getpid());
   for (size_t g = 0; g < groups; ++g) {
@@ -142,7 +142,7 @@ Cell run(
       size_t all = simulated_later ? kHandoff : kHandoff + warmup + rounds;
       for (size_t r = 0; r < all; ++r) {
         int64_t t0 = tide::bench::mono_ns();
-        int64_t round = c.start_quorum().round;
+        tide::ft::Quorum q = c.start_quorum();
         if (!c.should_commit(true)) {
           std::fprintf(stderr, "quorum_bench: a round did not commit\n");
           std::exit(1);
@@ -152,7 +152,8 @@ Cell run(
           times[g].push_back(static_cast<double>(t1 - t0) / 1e9);
         }
         if (simulated_later) {
-          handed_over = round + 1;
+          handed_over = q.round + 1;
+          record = q.id;
         }
       }
     });
@@ -177,6 +178,7 @@ Cell run(
           simulated_votes(
               votes,
               prefix + "/",
+              record.load(),
               first,
               end,
               static_cast<int64_t>(groups),

@@ -292,8 +292,8 @@ struct QuorumClient::Impl {
       // No one request may hold the beat for long: an etcd member that
       // lost its leader keeps a request up to 7 s before failing it, longer
       // than a neighbour waits; bounded, the next member is tried.
-      beats->set_timeout(std::max(
-          options.heartbeat_interval, options.heartbeat_timeout / 4));
+      beats->set_timeout(
+          std::max(options.heartbeat_interval, options.heartbeat_timeout / 4));
       heartbeat = std::jthread([this] { beat(); });
     }
   }
@@ -402,14 +402,16 @@ struct QuorumClient::Impl {
     }
     // One request: the vote, answered with the outcome. The vote that
     // completes the count gets none yet and decides (unless an abort won).
-    std::string votes = round_key(round, "votes");
-    auto [count, outcome] = store->add_wait(votes, 1, total, done);
+    // The rounds of one quorum record count on one counter: a round
+    // commits only once all its votes are in, and the round after an
+    // abort has a record of its own, so round k of the record is complete
+    // at (k + 1) x total, and no counter is left behind per round.
+    std::string votes = round_key(record->round, "votes");
+    int64_t complete = (round - record->round + 1) * total;
+    std::string outcome = store->add_wait(votes, 1, complete, done).value;
     if (outcome.empty()) {
       outcome = store->compare_set(
           done, "", Decision::commit_text(store->add(kChanges, 0)));
-    }
-    if (count == total) {
-      store->delete_key(votes);  // every vote is in
     }
     last = Decision::parse(outcome);
     decided = true;

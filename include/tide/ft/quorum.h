@@ -29,8 +29,8 @@
 //   round/R/quorum      the members of round R and its step (JSON), written
 //                       when the members change (a round with none keeps
 //                       the previous round's quorum)
-//   round/R/votes       the votes counted so far (each an add_wait,
-//                       answered with round/R/done)
+//   round/R/votes       the votes of the rounds of record R, counted on
+//                       (each an add_wait, answered with round/N/done)
 //   round/R/done        "commit C" or "abort C why": the round's outcome,
 //                       C the changes counter its decider read
 //   admit/MEMBER        the round a joiner is admitted at (or why not)
