@@ -79,7 +79,7 @@ std::vector<wire::Request> decode_stream(
 
 bool same(const wire::Request& a, const wire::Request& b) {
   return a.op == b.op && a.keys == b.keys && a.values == b.values &&
-         a.delta == b.delta && a.number == b.number;
+         a.delta == b.delta && a.target == b.target && a.number == b.number;
 }
 
 }  // namespace
@@ -120,6 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           require(*kv.find(r.keys[0]) == r.values[0]);
           break;
         case wire::Op::kAdd:
+        case wire::Op::kAddWait:
           kv.add(r.keys[0], r.delta);
           break;
         case wire::Op::kCompareSet: {
