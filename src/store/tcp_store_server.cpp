@@ -520,26 +520,20 @@ void TcpStoreServer::Impl::handle(
       conn->send(encode_str(v ? std::string_view(*v) : std::string_view()));
       return;
     }
-    case Op::kAdd: {
-      int64_t result = 0;
+    case Op::kAdd:
+    case Op::kAddWait: {
+      int64_t count = 0;
       try {
-        result = kv.add(req.keys[0], req.delta);
+        count = kv.add(req.keys[0], req.delta);
       } catch (const InvalidArgument& e) {
         // The protocol has no error reply: closing is the only answer a
         // torch client understands. Nothing stored changes.
         conn->close(spdlog::level::warn, e.what());
         return;
       }
-      conn->send(encode_i64(result));
-      notify(req.keys[0]);
-      return;
-    }
-    case Op::kAddWait: {
-      int64_t count = 0;
-      try {
-        count = kv.add(req.keys[0], req.delta);
-      } catch (const InvalidArgument& e) {
-        conn->close(spdlog::level::warn, e.what());
+      if (req.op == Op::kAdd) {
+        conn->send(encode_i64(count));
+        notify(req.keys[0]);
         return;
       }
       notify(req.keys[0]);
