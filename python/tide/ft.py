@@ -43,7 +43,7 @@ from datetime import timedelta as _timedelta
 
 from tide import _elastic
 
-__all__ = ["Manager", "allreduce_gradients", "ReplicaGroupError"]
+__all__ = ["Manager", "OptimizerWrapper", "allreduce_gradients", "ReplicaGroupError"]
 
 _INCARNATION = _re.compile(r"[^A-Za-z0-9._-]")
 
@@ -126,8 +126,13 @@ class Manager:
         self._min = _env("TIDE_FT_MIN_REPLICA_SIZE", min_replica_size, int) or 1
         groups = _env("NUM_REPLICA_GROUPS", num_replica_groups, int) or 1
         self._timeout = _timedelta(seconds=_seconds(timeout))
-        self._load_state_dict = load_state_dict
-        self._state_dict = state_dict
+        # Every registered pair's state travels under its key (TorchFT's
+        # register_state_dict_fn; the constructor's pair is "default").
+        self._load_state_dict_fns = {}
+        self._state_dict_fns = {}
+        if load_state_dict is not None and state_dict is not None:
+            self.register_state_dict_fn("default", load_state_dict, state_dict)
+        self._batches_committed = 0
         self._max_retries = max_retries
         self._failures = 0
         self._client = _elastic.QuorumClient(
@@ -157,6 +162,24 @@ class Manager:
                      self._transfer.address)
 
     # --- TorchFT's Manager ---
+
+    def register_state_dict_fn(self, key, load_state_dict, state_dict):
+        """Adds a piece of the state a healing group receives: state_dict()
+        gives it, load_state_dict(sd) takes it, under ``key`` (unique)."""
+        if key in self._state_dict_fns:
+            raise ReplicaGroupError(f"a state dict function is registered as {key!r} already")
+        self._load_state_dict_fns[key] = load_state_dict
+        self._state_dict_fns[key] = state_dict
+
+    def _state(self):
+        return {k: fn() for k, fn in self._state_dict_fns.items()}
+
+    def _load_state(self, sd):
+        for k, fn in self._load_state_dict_fns.items():
+            if k not in sd:
+                raise ReplicaGroupError(
+                    f"healing: the state received has no {k!r} (it has {sorted(sd)})")
+            fn(sd[k])
 
     def start_quorum(self, allow_heal=True, shrink_only=False, timeout=None):
         """Joins this step's quorum: at once when its members are the last
@@ -210,6 +233,8 @@ class Manager:
             raise ReplicaGroupError("should_commit() before start_quorum()")
         committed = self._client.should_commit(self._error is None)
         self._failures = 0 if committed else self._failures + 1
+        if committed:
+            self._batches_committed += self.num_participants()
         if (not committed and self._max_retries is not None
                 and self._failures > self._max_retries):
             raise ReplicaGroupError(
@@ -217,6 +242,17 @@ class Manager:
                 f"(max_retries={self._max_retries}); the last error: "
                 f"{self._error!r}")
         return committed
+
+    def wait_quorum(self):
+        """The quorum is ready: start_quorum() returns once it is (there is
+        no quorum still forming in the background to wait for)."""
+        if self._quorum is None:
+            raise ReplicaGroupError("wait_quorum() before start_quorum()")
+
+    def batches_committed(self):
+        """Batches committed so far, over every group: the sum of the
+        participants of each step this process committed."""
+        return self._batches_committed
 
     def num_participants(self):
         """The replica groups in this step's quorum."""
@@ -246,19 +282,22 @@ class Manager:
     def errored(self):
         return self._error
 
-    def allreduce(self, tensor):
-        """Averages ``tensor`` (CPU) in place over the groups of the quorum.
-        A failure is reported, not raised: the step is then voted down."""
-        if self._error is not None or self._pg is None:
-            return
-        import torch.distributed as dist
-        try:
-            self._kept = [tensor]
-            self._pg.allreduce([tensor], dist.AllreduceOptions()).wait()
-            tensor.div_(self._quorum.replica_world_size)
-        except Exception as e:  # noqa: BLE001 - voted down, not raised
-            self.report_error(e)
-            self._drop_pg()
+    def allreduce(self, tensor, should_quantize=False):
+        """Averages ``tensor`` (CPU) in place over the groups of the quorum,
+        and returns a finished work (``wait()``, ``get_future()``), as
+        TorchFT's does. A failure is reported, not raised: the step is then
+        voted down."""
+        del should_quantize  # full precision over gloo
+        if self._error is None and self._pg is not None:
+            import torch.distributed as dist
+            try:
+                self._kept = [tensor]
+                self._pg.allreduce([tensor], dist.AllreduceOptions()).wait()
+                tensor.div_(self._quorum.replica_world_size)
+            except Exception as e:  # noqa: BLE001 - voted down, not raised
+                self.report_error(e)
+                self._drop_pg()
+        return _Done(tensor)
 
     def _drop_pg(self):
         """Ends this process's part of the quorum's process group, closing
@@ -294,7 +333,7 @@ class Manager:
 
     def _send_state(self, q, dst):
         tensors = []
-        meta = _json.dumps(_encode(self._state_dict(), tensors))
+        meta = _json.dumps(_encode(self._state(), tensors))
         member = q.members[dst][0]
         to = self._kv.get(f"heal/{member}/{self._rank}")
         self._transfer.send(
@@ -312,9 +351,8 @@ class Manager:
         # copies nothing new. Elsewhere (an optimizer's state not made yet),
         # new tensors.
         mine, tensors = {}, []
-        if self._state_dict is not None:
-            for path, entry in _paths(_encode(self._state_dict(), tensors)):
-                mine[path] = tensors[entry["T"]]
+        for path, entry in _paths(_encode(self._state(), tensors)):
+            mine[path] = tensors[entry["T"]]
         own = [None] * len(specs)
         for path, entry in _paths(data):
             i, dtype, shape = entry["T"], specs[entry["T"]][1], specs[entry["T"]][2]
@@ -325,8 +363,48 @@ class Manager:
         self._transfer.receive_into(
             q.id, [(t.data_ptr(), t.numel() * t.element_size()) for t in own],
             _seconds(self._timeout))
-        if self._load_state_dict is not None:
-            self._load_state_dict(_decode(data, own))
+        self._load_state(_decode(data, own))
+
+
+class _Done:
+    """A collective's work that has already ended (torch's Work's wait()
+    and get_future())."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def wait(self, timeout=None):
+        del timeout
+        return True
+
+    def get_future(self):
+        import torch
+        fut = torch.futures.Future()
+        fut.set_result(self._tensor)
+        return fut
+
+
+class OptimizerWrapper:
+    """TorchFT's OptimizerWrapper: ``zero_grad()`` starts the step's quorum
+    (and heals), ``step()`` steps the optimizer only when the step commits.
+    Everything else is the wrapped optimizer's."""
+
+    def __init__(self, manager, optim):
+        self.manager = manager
+        self.optim = optim
+
+    def zero_grad(self, set_to_none=True):
+        self.manager.start_quorum()
+        self.optim.zero_grad(set_to_none)
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ReplicaGroupError("OptimizerWrapper.step() takes no closure")
+        if self.manager.should_commit():
+            self.optim.step()
+
+    def __getattr__(self, name):
+        return getattr(self.optim, name)
 
 
 def _listen_host(address):

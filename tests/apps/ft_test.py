@@ -15,6 +15,7 @@ examples/python/ft/train.py trains.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,6 +205,22 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         for g in ("g0", "g1"):
             self.assertIn(f"group {g}: step 100", out.stdout)
+
+    def test_a_script_in_torchfts_idiom_trains_two_groups_alike(self):
+        example = os.path.join(HERE, "..", "..", "examples", "python", "ft", "torchft_style.py")
+        out = subprocess.run(
+            [TIDERUN, "--standalone", "--nproc-per-node=1", "--replica-groups=2",
+             example, "--steps", "60"],
+            env=dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON),
+                     PYTHON_EXEC="/usr/bin/python3"),
+            capture_output=True, text=True, timeout=DEADLINE)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        # The two groups' lines may interleave on the shared stdout.
+        ends = dict(re.findall(
+            r"group (g\d): step 60, 120 batches committed, weights ([-\d.,]+\d)", out.stdout))
+        # Both groups in every step (2 batches a step), and the same weights.
+        self.assertEqual(sorted(ends), ["g0", "g1"], out.stdout)
+        self.assertEqual(ends["g0"], ends["g1"])
 
     def test_a_hung_group_is_voted_out_by_its_heartbeat(self):
         job = Job(self, env={"MODE": "hang", "HANG_GROUP": "g2", "HANG_AT": "4",
