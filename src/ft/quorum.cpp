@@ -285,6 +285,9 @@ struct QuorumClient::Impl {
     }
     store = connect();
     store->set_timeout(options.timeout);
+    // The vote is an add_wait: a store without it (a torch server) is
+    // named now, not at the first step's vote.
+    store->add_wait(kChanges, 0, 0, kChanges);
     store->append(kPending, "");
     store->append(kDead, "");
     if (options.group_rank == 0) {
