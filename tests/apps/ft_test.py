@@ -194,27 +194,25 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertEqual(bad.returncode, 2)
         self.assertIn("without --ft-store", bad.stderr)
 
-    def test_the_example_trains_with_two_groups(self):
-        example = os.path.join(HERE, "..", "..", "examples", "python", "ft", "train.py")
+    def run_example(self, name, nproc, steps):
+        """examples/python/ft/NAME run by one tiderun with 2 replica groups."""
+        example = os.path.join(HERE, "..", "..", "examples", "python", "ft", name)
         out = subprocess.run(
-            [TIDERUN, "--standalone", "--nproc-per-node=2", "--replica-groups=2",
-             example, "--steps", "100"],
+            [TIDERUN, "--standalone", f"--nproc-per-node={nproc}", "--replica-groups=2",
+             example, "--steps", str(steps)],
             env=dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON),
                      PYTHON_EXEC="/usr/bin/python3"),
             capture_output=True, text=True, timeout=DEADLINE)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        return out
+
+    def test_the_example_trains_with_two_groups(self):
+        out = self.run_example("train.py", 2, 100)
         for g in ("g0", "g1"):
             self.assertIn(f"group {g}: step 100", out.stdout)
 
     def test_a_script_in_torchfts_idiom_trains_two_groups_alike(self):
-        example = os.path.join(HERE, "..", "..", "examples", "python", "ft", "torchft_style.py")
-        out = subprocess.run(
-            [TIDERUN, "--standalone", "--nproc-per-node=1", "--replica-groups=2",
-             example, "--steps", "60"],
-            env=dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON),
-                     PYTHON_EXEC="/usr/bin/python3"),
-            capture_output=True, text=True, timeout=DEADLINE)
-        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        out = self.run_example("torchft_style.py", 1, 60)
         # The two groups' lines may interleave on the shared stdout.
         ends = dict(re.findall(
             r"group (g\d): step 60, 120 batches committed, weights ([-\d.,]+\d)", out.stdout))
