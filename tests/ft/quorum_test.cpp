@@ -21,7 +21,7 @@
 
 #include "support/etcd.h"
 #include "support/eventually.h"
-#include "support/raw_client.h"
+#include "support/torch_store_stand_in.h"
 
 namespace tide::ft {
 namespace {
@@ -295,26 +295,12 @@ TEST_F(QuorumTest, BadInputIsRefusedWithWhatWasExpected) {
 }
 
 TEST(QuorumTorchStoreTest, AStoreWithoutTheVotesCommandIsNamedAtOnce) {
-  // torch's TCPStore server, as far as the vote goes: it takes the modern
-  // handshake (VALIDATE, PING) and closes the connection at a command it
-  // does not know.
-  uint16_t port = 0;
-  int listener = test::listen_on_loopback(&port);
-  std::thread server([listener] {
-    int fd = ::accept(listener, nullptr, nullptr);
-    char hello[10];
-    if (fd >= 0 && ::recv(fd, hello, sizeof hello, MSG_WAITALL) == 10) {
-      ::send(fd, hello + 6, 4, MSG_NOSIGNAL);  // the PING's nonce back
-      char command = 0;
-      ::recv(fd, &command, 1, 0);
-    }
-    if (fd >= 0) {
-      ::close(fd);
-    }
-  });
-  auto connect = [port] {
+  test::TorchStoreStandIn torch;
+  auto connect = [&torch] {
     return std::make_shared<store::TcpStore>(store::TcpStoreOptions{
-        .port = port, .dialect = store::Dialect::kModern, .timeout = 10s});
+        .port = torch.port(),
+        .dialect = store::Dialect::kModern,
+        .timeout = 10s});
   };
   EXPECT_THAT(
       [&] {
@@ -323,8 +309,6 @@ TEST(QuorumTorchStoreTest, AStoreWithoutTheVotesCommandIsNamedAtOnce) {
       },
       ::testing::ThrowsMessage<NetworkError>(
           HasSubstr("a tide store's command")));
-  server.join();
-  ::close(listener);
 }
 
 TEST(QuorumEtcdTest, TheRoundsLiveInEtcdAndGoOnWhenAMemberDies) {

@@ -5,13 +5,11 @@
 // is not tide's is named, and bad frames close only their own connection.
 #include "tide/store/mux_store.h"
 
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <future>
 #include <thread>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tide/common/error.h"
@@ -20,12 +18,14 @@
 #include "store/mux_connection.h"
 #include "store/wire.h"
 #include "support/raw_client.h"
+#include "support/torch_store_stand_in.h"
 
 namespace tide::store {
 namespace {
 
 using namespace std::chrono_literals;
 using test::RawClient;
+using ::testing::HasSubstr;
 using wire::Op;
 
 std::shared_ptr<MuxStore> mux_client(
@@ -185,25 +185,10 @@ TEST(MuxStoreTest, AnAsyncWaitEndsMetTimedOutOrFailedAndHoldsNoThread) {
 }
 
 TEST(MuxStoreTest, AStoreThatIsNotTidesIsNamed) {
-  uint16_t port = 0;
-  int listener = test::listen_on_loopback(&port);
-  // A server that reads its client's first bytes and closes, as a torch
-  // server does at an unknown command.
-  std::jthread fake([listener] {
-    int fd = ::accept(listener, nullptr, nullptr);
-    char buf[256];
-    (void)::recv(fd, buf, sizeof buf, 0);
-    ::close(fd);
-  });
-  try {
-    mux_client(port, 5s);
-    FAIL() << "connected";
-  } catch (const NetworkError& e) {
-    EXPECT_NE(std::string(e.what()).find("tide store"), std::string::npos)
-        << e.what();
-  }
-  fake.join();
-  ::close(listener);
+  test::TorchStoreStandIn torch;
+  EXPECT_THAT(
+      [&] { mux_client(torch.port(), 5s); },
+      ::testing::ThrowsMessage<NetworkError>(HasSubstr("tide store")));
 }
 
 TEST(MuxStoreTest, ATaggedWaitIsAnsweredAfterItsTagAndOthersGoFirst) {
