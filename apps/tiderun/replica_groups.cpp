@@ -42,7 +42,7 @@ int run_replica_groups(int argc, char** argv, int script_at, int groups) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   TIDE_LOG_INFO(
-      "running {} replica groups (g0-g{}), their quorum in this tiderun's "
+      "running {} replica groups (ids 0-{}), their quorum in this tiderun's "
       "store at {}",
       groups,
       groups - 1,
@@ -62,7 +62,8 @@ int run_replica_groups(int argc, char** argv, int script_at, int groups) {
       args.emplace_back(a);
     }
     args.push_back("--ft-store=" + store);
-    args.push_back("--replica-group-id=g" + std::to_string(g));
+    // Numbers, as TorchFT's scripts read REPLICA_GROUP_ID.
+    args.push_back("--replica-group-id=" + std::to_string(g));
     args.push_back("--num-replica-groups=" + std::to_string(groups));
     for (int i = script_at; i < argc; ++i) {
       args.emplace_back(argv[i]);
@@ -76,7 +77,7 @@ int run_replica_groups(int argc, char** argv, int script_at, int groups) {
     int rc = ::posix_spawn(
         &pid, "/proc/self/exe", nullptr, nullptr, cargs.data(), environ);
     if (rc != 0) {
-      std::fprintf(stderr, "tiderun: cannot start replica group g%d\n", g);
+      std::fprintf(stderr, "tiderun: cannot start replica group %d\n", g);
       pass_on(SIGTERM);
       break;
     }
@@ -89,7 +90,7 @@ int run_replica_groups(int argc, char** argv, int script_at, int groups) {
     }
     int c = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (c != 0) {
-      TIDE_LOG_WARN("replica group g{} ended with {}", i, c);
+      TIDE_LOG_WARN("replica group {} ended with {}", i, c);
       code = code == 0 ? c : code;
     }
   }

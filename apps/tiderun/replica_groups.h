@@ -3,7 +3,7 @@
 // tiderun --replica-groups N: one command runs N replica groups of the same
 // job on this host (docs/fault_tolerance.md). It serves the quorum's store
 // itself and runs one tiderun per group, each with this command's flags and
-// --ft-store, --replica-group-id g0..gN-1 and --num-replica-groups N added;
+// --ft-store, --replica-group-id 0..N-1 and --num-replica-groups N added;
 // a group's failure restarts that group alone (its --max-restarts), and the
 // command ends when every group has: 0 when all succeeded, else the first
 // failure's code. SIGINT and SIGTERM are passed on to every group.

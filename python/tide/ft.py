@@ -43,7 +43,9 @@ from datetime import timedelta as _timedelta
 
 from tide import _elastic
 
-__all__ = ["Manager", "OptimizerWrapper", "allreduce_gradients", "ReplicaGroupError"]
+__all__ = ["Manager", "OptimizerWrapper", "Optimizer", "DistributedDataParallel",
+           "DistributedSampler", "ProcessGroupGloo", "ProcessGroupNCCL",
+           "ProcessGroupBabyNCCL", "allreduce_gradients", "ReplicaGroupError"]
 
 _INCARNATION = _re.compile(r"[^A-Za-z0-9._-]")
 
@@ -69,6 +71,8 @@ class Manager:
     step (TorchFT's ``torchft.Manager``; its arguments, where tide has the
     same thing).
 
+    pg: None, or ``ProcessGroupGloo(timeout=...)`` to bound the collectives
+        across groups (tide.ft forms a gloo group of its own per quorum).
     load_state_dict, state_dict: how this process's state is given to a
         group that heals from it, and taken from the one it heals from.
         Tensors travel as raw bytes, the rest of the structure as JSON
@@ -98,10 +102,10 @@ class Manager:
                  join_timeout=_timedelta(seconds=60),
                  heartbeat_interval=_timedelta(milliseconds=100),
                  heartbeat_timeout=_timedelta(seconds=5), max_retries=None):
-        if pg is not None:
+        if not (pg is None or isinstance(pg, ProcessGroupGloo)):
             raise ReplicaGroupError(
-                "tide.ft forms its own gloo process group for each quorum: "
-                "pass pg=None")
+                "tide.ft forms a gloo process group of its own for each "
+                "quorum: pass pg=None or tide.ft.ProcessGroupGloo()")
         self._store_address = _env("TIDE_FT_STORE", store)
         self._replica_id = _env("REPLICA_GROUP_ID", replica_id)
         if not self._store_address or self._replica_id is None:
@@ -126,6 +130,10 @@ class Manager:
         self._min = _env("TIDE_FT_MIN_REPLICA_SIZE", min_replica_size, int) or 1
         groups = _env("NUM_REPLICA_GROUPS", num_replica_groups, int) or 1
         self._timeout = _timedelta(seconds=_seconds(timeout))
+        # The collectives' own bound: the ProcessGroupGloo's, else timeout.
+        self._pg_timeout = self._timeout
+        if pg is not None and pg.timeout is not None:
+            self._pg_timeout = _timedelta(seconds=_seconds(pg.timeout))
         # Every registered pair's state travels under its key (TorchFT's
         # register_state_dict_fn; the constructor's pair is "default").
         self._load_state_dict_fns = {}
@@ -324,7 +332,7 @@ class Manager:
         try:
             self._pg = dist.ProcessGroupGloo(
                 dist.PrefixStore(prefix, self._pg_store), q.replica_rank,
-                q.replica_world_size, self._timeout)
+                q.replica_world_size, self._pg_timeout)
             self._pg_id = q.id
         except Exception as e:  # noqa: BLE001 - voted down, not raised
             self.report_error(e)
@@ -405,6 +413,130 @@ class OptimizerWrapper:
 
     def __getattr__(self, name):
         return getattr(self.optim, name)
+
+
+Optimizer = OptimizerWrapper  # the name TorchFT's package exports
+
+
+class ProcessGroupGloo:
+    """TorchFT's ProcessGroupGloo as a Manager's ``pg``: the Manager forms a
+    gloo group of its own for each quorum, and its collectives are bounded
+    by this timeout (else by the Manager's)."""
+
+    def __init__(self, timeout=None):
+        if timeout is not None and _seconds(timeout) <= 0:
+            raise ReplicaGroupError(f"ProcessGroupGloo: timeout must be positive, not {timeout!r}")
+        self.timeout = timeout
+
+
+class ProcessGroupNCCL:
+    """Not in tide.ft yet: across groups it averages CPU tensors over gloo.
+    NCCL needs the old communicator aborted at each quorum change
+    (docs/fault_tolerance.md, "Limits")."""
+
+    def __init__(self, *args, **kwargs):
+        del args, kwargs
+        raise ReplicaGroupError(
+            "tide.ft averages over the replica groups with gloo (CPU tensors); "
+            "NCCL across groups is not supported yet: pass "
+            "tide.ft.ProcessGroupGloo() (docs/fault_tolerance.md)")
+
+
+ProcessGroupBabyNCCL = ProcessGroupNCCL
+
+
+def __getattr__(name):
+    # The classes made of torch's are built at first use: tide.ft itself
+    # imports without torch.
+    if name in ("DistributedDataParallel", "DistributedSampler"):
+        globals().update(_torch_classes())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_classes():
+    import contextlib
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler as _Sampler
+
+    class DistributedDataParallel(torch.nn.Module):
+        """TorchFT's DistributedDataParallel(manager, module): at the end of
+        each backward pass through ``module``, its gradients are averaged
+        over the groups of the quorum in one collective
+        (``allreduce_gradients``). Across groups only, as TorchFT's: within
+        a group of several ranks, average as usual too (or run one rank a
+        group). ``no_sync()`` skips the average, for gradient accumulation;
+        torch DDP's other keyword arguments are accepted and mean nothing
+        here. ``self.module`` is the wrapped module; the wrapper's own
+        state_dict() has the "module." prefix, as torch DDP's has."""
+
+        def __init__(self, manager, module, **kwargs):
+            super().__init__()
+            del kwargs
+            self.module = module
+            self._manager = manager
+            self._sync = True
+            self._queued = False
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.register_hook(self._on_grad)
+
+        def _on_grad(self, grad):
+            # The first gradient of a backward pass queues the average for
+            # when the pass has put every gradient in place.
+            if self._sync and not self._queued:
+                self._queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._average)
+            return grad
+
+        def _average(self):
+            self._queued = False
+            allreduce_gradients(self._manager, self.module)
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            before, self._sync = self._sync, False
+            try:
+                yield
+            finally:
+                self._sync = before
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    class DistributedSampler(_Sampler):
+        """TorchFT's DistributedSampler: the dataset in
+        ``num_replicas x num_replica_groups`` shards, this rank's being
+        ``group_rank + num_replicas x replica_rank``. num_replica_groups is
+        the most groups the job runs (a group's shard is skipped while it is
+        out). group_rank and num_replicas default to this process's rank and
+        world size in its group (torch.distributed's, else RANK and
+        WORLD_SIZE)."""
+
+        def __init__(self, dataset, replica_rank, num_replica_groups,
+                     group_rank=None, num_replicas=None, **kwargs):
+            initialized = dist.is_available() and dist.is_initialized()
+            if group_rank is None:
+                group_rank = dist.get_rank() if initialized else int(_os.environ.get("RANK", 0))
+            if num_replicas is None:
+                num_replicas = (dist.get_world_size() if initialized
+                                else int(_os.environ.get("WORLD_SIZE", 1)))
+            if not 0 <= int(replica_rank) < int(num_replica_groups):
+                raise ReplicaGroupError(
+                    f"DistributedSampler: replica_rank {replica_rank!r} is not "
+                    f"in 0..{int(num_replica_groups) - 1} (num_replica_groups)")
+            if not 0 <= group_rank < num_replicas:
+                raise ReplicaGroupError(
+                    f"DistributedSampler: group_rank {group_rank} is not in "
+                    f"0..{num_replicas - 1} (num_replicas)")
+            self.global_rank = group_rank + num_replicas * int(replica_rank)
+            self.global_world_size = num_replicas * int(num_replica_groups)
+            super().__init__(dataset, num_replicas=self.global_world_size,
+                             rank=self.global_rank, **kwargs)
+
+    return {"DistributedDataParallel": DistributedDataParallel,
+            "DistributedSampler": DistributedSampler}
 
 
 def _listen_host(address):

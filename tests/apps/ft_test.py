@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ft", "worker.py")
 # tide.ft needs tide._elastic: the build's package (python/ copied beside it).
 PYTHON = os.path.join(os.path.dirname(TIDERUN), "..", "python")
-GROUPS = ["g0", "g1", "g2"]
+GROUPS = ["0", "1", "2"]
 DEADLINE = 240  # s: the bound on a hang, never a pace
 
 
@@ -141,25 +141,25 @@ class FaultToleranceTest(unittest.TestCase):
         job = Job(self)
         job.until("every group commits step 5",
                   lambda: all(len(job.commits(g, r)) >= 5 for g in GROUPS for r in (0, 1)))
-        victim = job.commits("g1", 1)[-1]["pid"]
+        victim = job.commits("1", 1)[-1]["pid"]
         os.kill(victim, signal.SIGKILL)
-        killed_at = max(x["step"] for g in ("g0", "g2") for x in job.commits(g, 0))
-        # The restarted g1 heals (a new pid) and then commits with the others.
-        job.until("g1 heals and commits again", lambda: any(
+        killed_at = max(x["step"] for g in ("0", "2") for x in job.commits(g, 0))
+        # The restarted group 1 heals (a new pid) and then commits with the others.
+        job.until("group 1 heals and commits again", lambda: any(
             x["event"] == "commit" and x["pid"] != victim and x["participants"] == 3
-            for x in job.lines("g1", 1)))
-        healed = [x for x in job.lines("g1", 0) if x["event"] == "healed"]
+            for x in job.lines("1", 1)))
+        healed = [x for x in job.lines("1", 0) if x["event"] == "healed"]
         self.assertTrue(healed, job.output())
         self.assertGreater(healed[-1]["step"], killed_at, job.output())
-        end = max(x["step"] for x in job.commits("g0", 0)) + 10
+        end = max(x["step"] for x in job.commits("0", 0)) + 10
         job.stop_at(end)
         self.assertEqual(job.wait(), {g: 0 for g in GROUPS}, job.output())
-        for g in ("g0", "g2"):
+        for g in ("0", "2"):
             self.check_survivor(job, g)
-            # Some round went on with two groups while g1 was away.
+            # Some round went on with two groups while group 1 was away.
             self.assertTrue(any(x["participants"] == 2 for x in job.commits(g, 0)), job.output())
         self.check_identical(job)
-        self.assertIn("declared out", job.outputs["g1"])
+        self.assertIn("declared out", job.outputs["1"])
 
     def test_training_goes_on_when_the_etcd_member_in_use_is_killed(self):
         cluster = EtcdCluster(3)
@@ -171,10 +171,10 @@ class FaultToleranceTest(unittest.TestCase):
         job.until("every group commits step 5",
                   lambda: all(len(job.commits(g, r)) >= 5 for g in GROUPS for r in (0, 1)))
         cluster.kill(0)  # the first endpoint: the one every client uses
-        at = max(x["step"] for x in job.commits("g0", 0))
+        at = max(x["step"] for x in job.commits("0", 0))
         job.until("every group commits 10 more steps", lambda: all(
             job.commits(g, r)[-1]["step"] >= at + 10 for g in GROUPS for r in (0, 1)))
-        job.stop_at(max(x["step"] for x in job.commits("g0", 0)) + 5)
+        job.stop_at(max(x["step"] for x in job.commits("0", 0)) + 5)
         self.assertEqual(job.wait(), {g: 0 for g in GROUPS}, job.output())
         for g in GROUPS:
             self.check_survivor(job, g)
@@ -208,31 +208,32 @@ class FaultToleranceTest(unittest.TestCase):
 
     def test_the_example_trains_with_two_groups(self):
         out = self.run_example("train.py", 2, 100)
-        for g in ("g0", "g1"):
+        for g in ("0", "1"):  # tiderun numbers the groups it runs
             self.assertIn(f"group {g}: step 100", out.stdout)
 
     def test_a_script_in_torchfts_idiom_trains_two_groups_alike(self):
         out = self.run_example("torchft_style.py", 1, 60)
         # The two groups' lines may interleave on the shared stdout.
         ends = dict(re.findall(
-            r"group (g\d): step 60, 120 batches committed, weights ([-\d.,]+\d)", out.stdout))
-        # Both groups in every step (2 batches a step), and the same weights.
-        self.assertEqual(sorted(ends), ["g0", "g1"], out.stdout)
-        self.assertEqual(ends["g0"], ends["g1"])
+            r"group (\d): step 60, 120 batches committed, weights ([-\d.,]+\d)", out.stdout))
+        # Both groups in every step (2 batches a step), and the same weights
+        # (from different shards of the data: averaged).
+        self.assertEqual(sorted(ends), ["0", "1"], out.stdout)
+        self.assertEqual(ends["0"], ends["1"])
 
     def test_a_hung_group_is_voted_out_by_its_heartbeat(self):
-        job = Job(self, env={"MODE": "hang", "HANG_GROUP": "g2", "HANG_AT": "4",
+        job = Job(self, env={"MODE": "hang", "HANG_GROUP": "2", "HANG_AT": "4",
                              "FT_HEARTBEAT_TIMEOUT": "2", "FT_TIMEOUT": "5"})
-        job.until("g0 and g1 go on without g2", lambda: any(
-            x["participants"] == 2 for g in ("g0", "g1") for x in job.commits(g, 0)))
-        end = max(x["step"] for x in job.commits("g0", 0)) + 5
+        job.until("groups 0 and 1 go on without 2", lambda: any(
+            x["participants"] == 2 for g in ("0", "1") for x in job.commits(g, 0)))
+        end = max(x["step"] for x in job.commits("0", 0)) + 5
         job.stop_at(end)
-        self.assertEqual(job.wait(["g0", "g1"]), {"g0": 0, "g1": 0}, job.output())
-        for g in ("g0", "g1"):
+        self.assertEqual(job.wait(["0", "1"]), {"0": 0, "1": 0}, job.output())
+        for g in ("0", "1"):
             self.check_survivor(job, g)
             self.assertEqual(job.commits(g, 0)[-1]["step"], end)
         for r in (0, 1):  # stopped, never to wake: ended here
-            for pid in {x["pid"] for x in job.lines("g2", r)}:
+            for pid in {x["pid"] for x in job.lines("2", r)}:
                 os.kill(pid, signal.SIGKILL)
 
 

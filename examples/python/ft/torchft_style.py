@@ -1,45 +1,64 @@
 """A training loop in TorchFT's idiom on tide.ft (docs/fault_tolerance.md):
-the optimizer wrapper starts each step's quorum in zero_grad() and steps
-only when the step commits; each gradient is averaged over the groups with
-manager.allreduce(...).wait(). One rank per replica group:
+the model wrapped in DistributedDataParallel(manager, ...) averages its
+gradients over the replica groups after each backward pass; the optimizer
+wrapper starts each step's quorum in zero_grad() and steps only when the
+step commits; each group reads its own shard of the data. One rank per
+replica group:
 
     tiderun --standalone --nproc-per-node=1 --replica-groups=2 --max-restarts=3 \\
         examples/python/ft/torchft_style.py --steps 200
 
-From a TorchFT script, what changes is the import (tide.ft for torchft) and
-the process group: tide.ft forms its own (pass no pg).
+From a TorchFT script, what changes is the import: tide.ft for torchft.
 """
 import argparse
 import os
+from datetime import timedelta
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
-from tide.ft import Manager, OptimizerWrapper
+from tide.ft import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
+
+REPLICA_GROUP_ID = int(os.environ.get("REPLICA_GROUP_ID", 0))
+NUM_REPLICA_GROUPS = int(os.environ.get("NUM_REPLICA_GROUPS", 2))
+
+
+def batches(loader, sampler):
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args()
-    group = os.environ["REPLICA_GROUP_ID"]
 
-    torch.manual_seed(0)  # every group starts from the same weights
-    model = torch.nn.Linear(8, 1)
-    inner = torch.optim.SGD(model.parameters(), lr=0.05)
-    manager = Manager(load_state_dict=model.load_state_dict, state_dict=model.state_dict,
+    torch.manual_seed(0)  # every group starts from the same weights and data
+    x = torch.randn(256, 8)
+    dataset = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    sampler = DistributedSampler(dataset, replica_rank=REPLICA_GROUP_ID,
+                                 num_replica_groups=NUM_REPLICA_GROUPS,
+                                 group_rank=0, num_replicas=1, shuffle=True)
+    data = batches(DataLoader(dataset, batch_size=16, sampler=sampler), sampler)
+
+    m = torch.nn.Linear(8, 1)
+    inner = torch.optim.SGD(m.parameters(), lr=0.05)
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+                      load_state_dict=m.load_state_dict, state_dict=m.state_dict,
                       min_replica_size=1)
     manager.register_state_dict_fn("optim", inner.load_state_dict, inner.state_dict)
-    optimizer = OptimizerWrapper(manager, inner)
+    model = DistributedDataParallel(manager, m)
+    optimizer = Optimizer(manager, inner)
     while manager.current_step() < args.steps:
+        inputs, labels = next(data)
         optimizer.zero_grad()  # this step's quorum (and healing)
-        g = torch.Generator().manual_seed(manager.current_step() * 10 + manager.participating_rank())
-        x = torch.randn(16, 8, generator=g)
-        torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
-        for param in model.parameters():
-            manager.allreduce(param.grad).wait()
+        torch.nn.functional.mse_loss(model(inputs), labels).backward()  # averaged over groups
         optimizer.step()  # only when every group's step succeeded
-    weights = ",".join(f"{v:.6f}" for v in model.weight.detach().flatten().tolist())
-    print(f"group {group}: step {manager.current_step()}, "
+    weights = ",".join(f"{v:.6f}" for v in m.weight.detach().flatten().tolist())
+    print(f"group {REPLICA_GROUP_ID}: step {manager.current_step()}, "
           f"{manager.batches_committed()} batches committed, weights {weights}", flush=True)
     manager.shutdown()
 
