@@ -30,6 +30,9 @@ Under ``tiderun --ft-store HOST:PORT --replica-group-id G
 --num-replica-groups N`` the Manager finds the store, its group and its
 incarnation in the environment; elsewhere pass them.
 
+TorchFT's DistributedDataParallel, DistributedSampler, LocalSGD and DiLoCo
+are here too (docs/fault_tolerance.md).
+
 The quorum and the commit vote are tide's C++ (tide::ft::QuorumClient),
 kept in a tide store or in etcd; the groups' gradients travel over a gloo
 process group formed again whenever the quorum's members change.
@@ -44,8 +47,9 @@ from datetime import timedelta as _timedelta
 from tide import _elastic
 
 __all__ = ["Manager", "OptimizerWrapper", "Optimizer", "DistributedDataParallel",
-           "DistributedSampler", "ProcessGroupGloo", "ProcessGroupNCCL",
-           "ProcessGroupBabyNCCL", "allreduce_gradients", "ReplicaGroupError"]
+           "DistributedSampler", "LocalSGD", "DiLoCo", "ProcessGroupGloo",
+           "ProcessGroupNCCL", "ProcessGroupBabyNCCL", "allreduce_gradients",
+           "ReplicaGroupError"]
 
 _INCARNATION = _re.compile(r"[^A-Za-z0-9._-]")
 
@@ -661,15 +665,154 @@ def _torch_store(inner):
 def allreduce_gradients(manager, model):
     """Averages ``model``'s gradients over the groups of the quorum, in one
     flat buffer (one collective)."""
-    import torch
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    manager.allreduce(flat)
-    if manager.errored() is None:
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
+    averages = _average_over_groups(manager, grads, True)
+    for g, a in zip(grads, averages or ()):
+        g.copy_(a)
+
+
+def _average_over_groups(manager, tensors, contributes):
+    """The average over the groups of the quorum of ``tensors``, counting
+    only the groups that contribute (one collective: each group's weight, 1
+    or 0, travels with its tensors); None when there is nothing to average
+    or the collective failed (then the step is voted down)."""
+    import torch
+    if not tensors:
+        return None
+    w = 1.0 if contributes else 0.0
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1) * w for t in tensors]
+                         + [torch.full((1,), w, dtype=tensors[0].dtype)])
+        manager.allreduce(flat)
+        if manager.errored() is not None:
+            return None
+        weight = float(flat[-1])
+        if weight <= 0:
+            manager.report_error(ReplicaGroupError(
+                "no group of the quorum brought its own state to the average"))
+            return None
+        out, offset = [], 0
+        for t in tensors:
+            out.append((flat[offset:offset + t.numel()] / weight).view_as(t))
+            offset += t.numel()
+        return out
+
+
+class LocalSGD:
+    """TorchFT's LocalSGD, a context manager around a training loop: each
+    group steps ``optimizer`` on its own; after every ``sync_every`` of its
+    steps the groups of a quorum average their parameters (one collective)
+    and, when that sync commits, every group takes the average (one that
+    does not commit keeps its own). A group that heals at a sync brings
+    nothing of its own to the average: it holds the state of the group it
+    healed from. ``manager.current_step()`` counts the committed syncs::
+
+        with LocalSGD(manager, model, optimizer, sync_every=50):
+            while manager.current_step() < syncs:
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()          # every 50th also syncs
+    """
+
+    def __init__(self, manager, model, optimizer, sync_every):
+        if int(sync_every) < 1:
+            raise ReplicaGroupError(f"sync_every must be at least 1, not {sync_every!r}")
+        self._manager = manager
+        self._model = model
+        self._optimizer = optimizer
+        self._sync_every = int(sync_every)
+        self._local_step = 0
+        self._own_step = None
+
+    def __enter__(self):
+        # The optimizer's step, then the sync when one is due (an attribute
+        # of this optimizer only: torch < 2 has no step hooks).
+        inner = self._optimizer.step
+        self._own_step = vars(self._optimizer).get("step")
+
+        def step(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            self._local_step += 1
+            if self._local_step >= self._sync_every:
+                self.sync()
+            return out
+
+        self._optimizer.step = step
+        return self
+
+    def __exit__(self, *exc):
+        if self._own_step is None:
+            del self._optimizer.step
+        else:
+            self._optimizer.step = self._own_step
+        return False
+
+    def _start(self):
+        """This sync's quorum; True when this group brings its own state
+        (it did not heal in it)."""
+        self._local_step = 0
+        before = self._manager.current_step()
+        self._manager.start_quorum()
+        return self._manager.current_step() == before
+
+    def sync(self):
+        import torch
+        params = list(self._model.parameters())
+        averages = _average_over_groups(self._manager, params, self._start())
+        if self._manager.should_commit():
+            with torch.no_grad():
+                for p, a in zip(params, averages or ()):
+                    p.copy_(a)
+
+
+class DiLoCo(LocalSGD):
+    """TorchFT's DiLoCo: ``inner_optimizer`` steps each group on its own;
+    after every ``sync_every`` of its steps the groups average how far they
+    moved from the last synced ("global") weights, the pseudo-gradient
+    global - local, and ``outer_optimizer`` (over the same parameters)
+    steps the global weights by that average when the sync commits. A sync
+    that does not commit takes every group back to the global weights. The
+    global weights and the outer optimizer's state go with this group's
+    state to a group that heals from it (under the key "diloco"); a group
+    that heals at a sync brings a pseudo-gradient of its own to none.
+    backup_device: where the global weights are kept (CPU)."""
+
+    def __init__(self, manager, model, inner_optimizer, outer_optimizer, sync_every,
+                 backup_device=None, pin_memory=True):
+        import torch
+        super().__init__(manager, model, inner_optimizer, sync_every)
+        del pin_memory  # CPU tensors over gloo
+        self._outer = outer_optimizer
+        with torch.no_grad():
+            self._global = [p.detach().to(backup_device or "cpu", copy=True)
+                            for p in model.parameters()]
+        manager.register_state_dict_fn("diloco", self._load, self._state)
+
+    def _state(self):
+        return {"global": self._global, "outer": self._outer.state_dict()}
+
+    def _load(self, sd):
+        import torch
+        with torch.no_grad():
+            for g, p, t in zip(self._global, self._model.parameters(), sd["global"]):
+                g.copy_(t)
+                p.copy_(t)
+        self._outer.load_state_dict(sd["outer"])
+
+    def sync(self):
+        import torch
+        params = list(self._model.parameters())
+        contributes = self._start()
+        with torch.no_grad():
+            deltas = [g.to(p.device) - p for p, g in zip(params, self._global)]
+            for p, g in zip(params, self._global):
+                p.copy_(g)
+        averages = _average_over_groups(self._manager, deltas, contributes)
+        if self._manager.should_commit():
+            for p, a in zip(params, averages or ()):
+                p.grad = a
+            self._outer.step()
+            with torch.no_grad():
+                for g, p in zip(self._global, params):
+                    g.copy_(p)
+        self._outer.zero_grad()

@@ -7,9 +7,10 @@ pids, their steps never go back, no committed step is lost; the killed
 group restarts, is admitted again, heals from a healthy group, and at the
 end every rank of every group holds bit-identical weights and momentum. A
 group that hangs (SIGSTOP) is voted out by its heartbeat and the others go
-on; with the quorum in a 3-member etcd, training goes on when the
+on; the same kill under DiLoCo (a sync every 4 steps) heals at a sync; with the quorum in a 3-member etcd, training goes on when the
 member in use is killed; one tiderun --replica-groups=3 runs all three;
-examples/python/ft/train.py trains.
+examples/python/ft/train.py trains, and so do the examples in TorchFT's
+idiom (DistributedDataParallel, DiLoCo).
 
     /usr/bin/python3 tests/apps/ft_test.py build/apps/tiderun
 """
@@ -138,7 +139,13 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertEqual(len({e["digest"] for e in ends.values()}), 1, ends)
 
     def test_a_killed_group_heals_and_the_others_never_stop(self):
-        job = Job(self)
+        self.kill_group_1_and_check_it_heals(Job(self))
+
+    def test_under_diloco_a_killed_group_heals_at_a_sync_and_the_others_never_stop(self):
+        # A step of the logs is a sync (every 4 steps of each group's own).
+        self.kill_group_1_and_check_it_heals(Job(self, env={"MODE": "diloco", "SYNC_EVERY": "4"}))
+
+    def kill_group_1_and_check_it_heals(self, job):
         job.until("every group commits step 5",
                   lambda: all(len(job.commits(g, r)) >= 5 for g in GROUPS for r in (0, 1)))
         victim = job.commits("1", 1)[-1]["pid"]
@@ -218,6 +225,13 @@ class FaultToleranceTest(unittest.TestCase):
             r"group (\d): step 60, 120 batches committed, weights ([-\d.,]+\d)", out.stdout))
         # Both groups in every step (2 batches a step), and the same weights
         # (from different shards of the data: averaged).
+        self.assertEqual(sorted(ends), ["0", "1"], out.stdout)
+        self.assertEqual(ends["0"], ends["1"])
+
+    def test_the_diloco_example_leaves_two_groups_alike(self):
+        out = self.run_example("diloco.py", 1, 12)
+        ends = dict(re.findall(r"group (\d): sync 12, weights ([-\d.,]+\d)", out.stdout))
+        # Trained on different shards between syncs: alike only if synced.
         self.assertEqual(sorted(ends), ["0", "1"], out.stdout)
         self.assertEqual(ends["0"], ends["1"])
 

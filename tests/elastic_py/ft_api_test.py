@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-"""tide.ft's TorchFT names that need no quorum: DistributedDataParallel
-averages a backward pass's gradients in one collective after they are all in
-place (and not under no_sync()); DistributedSampler shards the data over
-ranks x replica groups; the process-group arguments and bad input get clear
-errors. The Manager itself, with real groups, is tests/apps/ft_test.py's.
+"""tide.ft's TorchFT names, each beside a stand-in for the Manager:
+DistributedDataParallel averages a backward pass's gradients in one
+collective after they are all in place (and not under no_sync()); LocalSGD
+and DiLoCo sync every N optimizer steps, take the average only when the sync
+commits, count a group healed at the sync for nothing, and DiLoCo with an
+outer SGD at lr 1 is LocalSGD; DistributedSampler shards the data over ranks
+x replica groups; the process-group arguments and bad input get clear
+errors. The Manager itself, with real groups, is tests/apps/ft_test.py's
+(which runs the examples on these classes).
 
     PYTHONPATH=build/python /usr/bin/python3 tests/elastic_py/ft_api_test.py
 """
@@ -18,14 +22,15 @@ import tide.ft as ft
 
 class Recorder:
     """What DistributedDataParallel asks of a Manager: allreduce() (here, a
-    record of each call and the tensor's sum; the average of one group is
-    the tensor itself) and errored()."""
+    record of each call: how many values and their sum, less the group's
+    weight that ends the buffer; the average of one group is the buffer
+    itself) and errored()."""
 
     def __init__(self):
         self.calls = []
 
     def allreduce(self, tensor):
-        self.calls.append((tensor.numel(), float(tensor.sum())))
+        self.calls.append((tensor.numel() - 1, float(tensor[:-1].sum())))
 
     def errored(self):
         return None
@@ -64,6 +69,109 @@ class DistributedDataParallelTest(unittest.TestCase):
         self.assertTrue(torch.equal(self.model(self.x), self.inner(self.x)))
         self.assertEqual(sorted(self.model.state_dict()),
                          sorted("module." + k for k in self.inner.state_dict()))
+
+
+class OneOtherGroup:
+    """A Manager as LocalSGD and DiLoCo use it, in a quorum with one other
+    group: allreduce() adds what the other group sends (its tensors times
+    its weight, then the weight) and halves, as the real one averages over
+    two groups. heal: start_quorum() moves this group's step, as a heal
+    does."""
+
+    def __init__(self, other, commit=True, heal=False):
+        self.other, self.commit, self.heal = other, commit, heal
+        self.step, self.quorums, self.error, self.fns = 0, 0, None, {}
+
+    def current_step(self):
+        return self.step
+
+    def start_quorum(self):
+        self.quorums += 1
+        self.step += 5 if self.heal else 0
+
+    def allreduce(self, t):
+        t.add_(self.other).div_(2)
+
+    def errored(self):
+        return self.error
+
+    def report_error(self, e):
+        self.error = e
+
+    def should_commit(self):
+        ok = self.commit and self.error is None
+        self.step += int(ok)
+        return ok
+
+    def register_state_dict_fn(self, key, load, state):
+        self.fns[key] = (load, state)
+
+
+class LocalSGDTest(unittest.TestCase):
+    """One step of SGD at lr 0.5 with gradients of ones takes this group's
+    parameters from G to G - 0.5; the other group's are at G + 3."""
+
+    def setUp(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(2, 1)
+        self.g = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()]).clone()
+        self.inner = torch.optim.SGD(self.model.parameters(), lr=0.5)
+
+    def params(self):
+        return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+
+    def sync_once(self, sync, manager, steps=2):
+        with sync:
+            for _ in range(steps):
+                for p in self.model.parameters():
+                    p.grad = torch.ones_like(p) / steps
+                self.inner.step()
+        self.assertNotIn("step", vars(self.inner))  # the wrapper is gone
+        self.assertEqual(manager.quorums, 1)
+
+    def peer(self, values):
+        return torch.cat([values, torch.ones(1)])
+
+    def test_every_n_steps_the_groups_take_the_average(self):
+        m = OneOtherGroup(self.peer(self.g + 3))
+        self.sync_once(ft.LocalSGD(m, self.model, self.inner, sync_every=2), m)
+        self.assertTrue(torch.allclose(self.params(), self.g + 1.25))
+        self.assertEqual(m.current_step(), 1)
+
+    def test_a_sync_that_does_not_commit_keeps_the_groups_own(self):
+        m = OneOtherGroup(self.peer(self.g + 3), commit=False)
+        self.sync_once(ft.LocalSGD(m, self.model, self.inner, sync_every=2), m)
+        self.assertTrue(torch.allclose(self.params(), self.g - 0.5))
+
+    def test_a_group_healed_at_the_sync_counts_for_nothing(self):
+        m = OneOtherGroup(self.peer(self.g + 3), heal=True)
+        self.sync_once(ft.LocalSGD(m, self.model, self.inner, sync_every=2), m)
+        self.assertTrue(torch.allclose(self.params(), self.g + 3))
+
+    def test_diloco_with_an_outer_sgd_at_lr_1_is_local_sgd(self):
+        # The other group's pseudo-gradient: G - (G + 3).
+        m = OneOtherGroup(self.peer(torch.full_like(self.g, -3.0)))
+        outer = torch.optim.SGD(self.model.parameters(), lr=1.0)
+        self.sync_once(ft.DiLoCo(m, self.model, self.inner, outer, sync_every=2), m)
+        self.assertTrue(torch.allclose(self.params(), self.g + 1.25))
+
+    def test_diloco_goes_back_to_the_global_weights_when_a_sync_fails(self):
+        m = OneOtherGroup(self.peer(torch.full_like(self.g, -3.0)), commit=False)
+        outer = torch.optim.SGD(self.model.parameters(), lr=1.0)
+        diloco = ft.DiLoCo(m, self.model, self.inner, outer, sync_every=2)
+        self.sync_once(diloco, m)
+        self.assertTrue(torch.equal(self.params(), self.g))
+        # Its state for a healing group: the global weights (taken as the
+        # parameters too) and the outer optimizer's.
+        load, state = m.fns["diloco"]
+        sd = state()
+        self.assertEqual(sorted(sd), ["global", "outer"])
+        load({"global": [t + 1 for t in sd["global"]], "outer": sd["outer"]})
+        self.assertTrue(torch.equal(self.params(), self.g + 1))
+
+    def test_sync_every_below_1_is_refused(self):
+        with self.assertRaisesRegex(ft.ReplicaGroupError, "sync_every must be at least 1, not 0"):
+            ft.LocalSGD(OneOtherGroup(None), self.model, self.inner, sync_every=0)
 
 
 class DistributedSamplerTest(unittest.TestCase):

@@ -7,7 +7,10 @@ $OUT/<group>-<rank>.log, with the pid, the time, the quorum and a digest of
 the weights. STATE_MB adds a buffer of that size to the state a healing
 group receives (bench/ft/ft_bench.py times the heal). Stops at the step in $OUT/stop_at once it exists (every group
 reads the same number, and they move in lockstep); MODE=hang: group
-$HANG_GROUP stops itself (SIGSTOP) at step $HANG_AT.
+$HANG_GROUP stops itself (SIGSTOP) at step $HANG_AT. MODE=diloco: the
+groups train with tide.ft.DiLoCo, syncing every $SYNC_EVERY steps (a step
+of the logs is a sync; the digest is of the weights and the outer
+optimizer's state, which every group shares after a sync).
 """
 import hashlib
 import json
@@ -19,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tide.ft import Manager, allreduce_gradients
+from tide.ft import DiLoCo, Manager, allreduce_gradients
 
 OUT = os.environ["OUT"]
 GROUP = os.environ["REPLICA_GROUP_ID"]
@@ -48,11 +51,19 @@ manager = Manager(
 log = open(os.path.join(OUT, f"{GROUP}-{RANK}.log"), "a", buffering=1)
 
 
+MODE = os.environ.get("MODE")
+# What every group holds alike after a step: the inner optimizer's momentum,
+# or under DiLoCo the outer one's (each group's inner one is its own).
+shared = optim
+if MODE == "diloco":
+    shared = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+
+
 def digest():
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
-    for s in optim.state.values():
+    for s in shared.state.values():
         h.update(s["momentum_buffer"].numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -69,35 +80,61 @@ def stop_at():
         return None
 
 
-write(event="start", step=manager.current_step())
-while True:
-    end = stop_at()
-    if end is not None and manager.current_step() >= end:
-        break
-    before, since = manager.current_step(), time.time()
-    manager.start_quorum()
-    step = manager.current_step()
-    if step != before:
-        write(event="healed", step=step, digest=digest(), since=since,
-              heal=manager.last_heal)
-    if (os.environ.get("MODE") == "hang" and GROUP == os.environ["HANG_GROUP"]
-            and step == int(os.environ["HANG_AT"])):
-        os.kill(os.getpid(), signal.SIGSTOP)
-    g = torch.Generator().manual_seed(step * 1000 + manager.participating_rank() * 10 + RANK)
-    x = torch.randn(8, 16, generator=g)
-    y = x.sum(dim=1, keepdim=True)
+def step_within_the_group(seed):
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
     optim.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
+    torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True)).backward()
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad.div_(WORLD)
-    allreduce_gradients(manager, model)
-    if manager.should_commit():
-        optim.step()
-        write(event="commit", step=manager.current_step(), quorum=manager.quorum_id(),
-              participants=manager.num_participants(), digest=digest())
-    else:
-        write(event="abort", step=manager.current_step(), error=repr(manager.errored()))
+
+
+def diloco():
+    """Syncs every $SYNC_EVERY steps of each group's own."""
+    every, i = int(os.environ["SYNC_EVERY"]), 0
+    with DiLoCo(manager, model, optim, shared, sync_every=every):
+        while True:
+            end = stop_at()
+            if end is not None and manager.current_step() >= end:
+                break
+            before, heal = manager.current_step(), manager.last_heal
+            i += 1
+            step_within_the_group(i * 1000 + int(GROUP) * 10 + RANK)
+            optim.step()  # every $SYNC_EVERY-th syncs
+            if manager.last_heal is not heal:
+                write(event="healed", step=manager.last_heal["step"], digest=digest())
+            if manager.current_step() != before:
+                write(event="commit", step=manager.current_step(), quorum=manager.quorum_id(),
+                      participants=manager.num_participants(), digest=digest())
+            elif i % every == 0:
+                write(event="abort", step=before, error=repr(manager.errored()))
+
+
+def every_step():
+    while True:
+        end = stop_at()
+        if end is not None and manager.current_step() >= end:
+            break
+        before, since = manager.current_step(), time.time()
+        manager.start_quorum()
+        step = manager.current_step()
+        if step != before:
+            write(event="healed", step=step, digest=digest(), since=since,
+                  heal=manager.last_heal)
+        if MODE == "hang" and GROUP == os.environ["HANG_GROUP"] and step == int(os.environ["HANG_AT"]):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        step_within_the_group(step * 1000 + manager.participating_rank() * 10 + RANK)
+        allreduce_gradients(manager, model)
+        if manager.should_commit():
+            optim.step()
+            write(event="commit", step=manager.current_step(), quorum=manager.quorum_id(),
+                  participants=manager.num_participants(), digest=digest())
+        else:
+            write(event="abort", step=manager.current_step(), error=repr(manager.errored()))
+
+
+write(event="start", step=manager.current_step())
+diloco() if MODE == "diloco" else every_step()
 write(event="end", step=manager.current_step(), digest=digest())
 manager.shutdown()
 dist.destroy_process_group()
