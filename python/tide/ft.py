@@ -489,10 +489,10 @@ def _torch_classes():
         def _on_grad(self, grad):
             # The first gradient of a backward pass queues the average for
             # when the pass has put every gradient in place.
+            del grad
             if self._sync and not self._queued:
                 self._queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._average)
-            return grad
 
         def _average(self):
             self._queued = False
@@ -507,6 +507,7 @@ def _torch_classes():
                 self._sync = before
 
         def forward(self, *args, **kwargs):
+            self._queued = False  # a new pass (the last may have raised)
             return self.module(*args, **kwargs)
 
     class DistributedSampler(_Sampler):
