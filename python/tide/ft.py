@@ -52,6 +52,8 @@ __all__ = ["Manager", "OptimizerWrapper", "Optimizer", "DistributedDataParallel"
            "ReplicaGroupError"]
 
 _INCARNATION = _re.compile(r"[^A-Za-z0-9._-]")
+# The Manager's own part of the state a healing group receives.
+_OWN = "tide.ft"
 
 
 class ReplicaGroupError(RuntimeError):
@@ -178,15 +180,22 @@ class Manager:
     def register_state_dict_fn(self, key, load_state_dict, state_dict):
         """Adds a piece of the state a healing group receives: state_dict()
         gives it, load_state_dict(sd) takes it, under ``key`` (unique)."""
+        if key == _OWN:
+            raise ReplicaGroupError(f"the key {key!r} is the Manager's own: choose another")
         if key in self._state_dict_fns:
             raise ReplicaGroupError(f"a state dict function is registered as {key!r} already")
         self._load_state_dict_fns[key] = load_state_dict
         self._state_dict_fns[key] = state_dict
 
     def _state(self):
-        return {k: fn() for k, fn in self._state_dict_fns.items()}
+        sd = {k: fn() for k, fn in self._state_dict_fns.items()}
+        sd[_OWN] = {"batches_committed": self._batches_committed}
+        return sd
 
     def _load_state(self, sd):
+        # The step is the quorum's; the batches committed, the source's.
+        self._batches_committed = int(sd.get(_OWN, {}).get(
+            "batches_committed", self._batches_committed))
         for k, fn in self._load_state_dict_fns.items():
             if k not in sd:
                 raise ReplicaGroupError(
@@ -260,6 +269,31 @@ class Manager:
         no quorum still forming in the background to wait for)."""
         if self._quorum is None:
             raise ReplicaGroupError("wait_quorum() before start_quorum()")
+
+    def state_dict(self):
+        """This Manager's own state, for the job's checkpoints (TorchFT's):
+        the step and the batches committed."""
+        return {"step": self.current_step(), "batches_committed": self._batches_committed}
+
+    def load_state_dict(self, state_dict):
+        """Takes the step and batches committed of a checkpoint (from
+        state_dict()), before the first start_quorum(): a group's step is
+        fixed once it is in a quorum. A group that loads an older step than
+        the others' heals; a newer one is refused when it joins."""
+        if self._quorum is not None:
+            raise ReplicaGroupError(
+                "load_state_dict() after start_quorum(): a group in a quorum "
+                "cannot move its step; load the checkpoint before the first step")
+        try:
+            step, batches = int(state_dict["step"]), int(state_dict["batches_committed"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReplicaGroupError(
+                "load_state_dict() takes what state_dict() gives: {'step': int, "
+                f"'batches_committed': int}}, not {state_dict!r}") from e
+        if step < 0 or batches < 0:
+            raise ReplicaGroupError(f"load_state_dict(): a negative count in {state_dict!r}")
+        self._client.healed(step)
+        self._batches_committed = batches
 
     def batches_committed(self):
         """Batches committed so far, over every group: the sum of the

@@ -137,6 +137,8 @@ class FaultToleranceTest(unittest.TestCase):
                 for g in GROUPS for r in (0, 1)}
         self.assertEqual(len({e["step"] for e in ends.values()}), 1, ends)
         self.assertEqual(len({e["digest"] for e in ends.values()}), 1, ends)
+        # A healed group counts the batches of the steps before it came back.
+        self.assertEqual(len({e["batches"] for e in ends.values()}), 1, ends)
 
     def test_a_killed_group_heals_and_the_others_never_stop(self):
         self.kill_group_1_and_check_it_heals(Job(self))

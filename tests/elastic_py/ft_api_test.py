@@ -5,7 +5,8 @@ collective after they are all in place (and not under no_sync()); LocalSGD
 and DiLoCo sync every N optimizer steps, take the average only when the sync
 commits, count a group healed at the sync for nothing, and DiLoCo with an
 outer SGD at lr 1 is LocalSGD; DistributedSampler shards the data over ranks
-x replica groups; the process-group arguments and bad input get clear
+x replica groups; a Manager's own state (step, batches) goes into and out
+of a checkpoint; the process-group arguments and bad input get clear
 errors. The Manager itself, with real groups, is tests/apps/ft_test.py's
 (which runs the examples on these classes).
 
@@ -195,6 +196,37 @@ class DistributedSamplerTest(unittest.TestCase):
         with self.assertRaisesRegex(ft.ReplicaGroupError, r"group_rank 2 is not in 0\.\.1"):
             ft.DistributedSampler(data, replica_rank=0, num_replica_groups=1,
                                   group_rank=2, num_replicas=2)
+
+
+class ManagerStateTest(unittest.TestCase):
+    """A Manager's own state, for a job's checkpoints, on a tide store this
+    test serves (one group: its quorum is itself)."""
+
+    def setUp(self):
+        from tide.elastic.store import TCPStore
+        self.server = TCPStore("127.0.0.1", 0, is_master=True)
+        self.manager = ft.Manager(store=f"127.0.0.1:{self.server.port}/job", replica_id="0",
+                                  incarnation="0", load_state_dict=lambda sd: None,
+                                  state_dict=lambda: {})
+        self.addCleanup(self.manager.shutdown)
+
+    def test_a_checkpoints_step_and_batches_are_taken_before_the_first_quorum(self):
+        self.manager.load_state_dict({"step": 7, "batches_committed": 21})
+        self.assertEqual(self.manager.state_dict(), {"step": 7, "batches_committed": 21})
+        self.manager.start_quorum()
+        self.assertTrue(self.manager.should_commit())
+        self.assertEqual(self.manager.state_dict(), {"step": 8, "batches_committed": 22})
+        with self.assertRaisesRegex(ft.ReplicaGroupError, "after start_quorum"):
+            self.manager.load_state_dict({"step": 1, "batches_committed": 1})
+
+    def test_bad_state_is_named(self):
+        for bad in ({"step": 1}, {"step": "x", "batches_committed": 0}, None):
+            with self.assertRaisesRegex(ft.ReplicaGroupError, "takes what state_dict"):
+                self.manager.load_state_dict(bad)
+        with self.assertRaisesRegex(ft.ReplicaGroupError, "negative"):
+            self.manager.load_state_dict({"step": -1, "batches_committed": 0})
+        with self.assertRaisesRegex(ft.ReplicaGroupError, "the Manager's own"):
+            self.manager.register_state_dict_fn("tide.ft", lambda sd: None, dict)
 
 
 class ProcessGroupTest(unittest.TestCase):

@@ -135,6 +135,7 @@ def every_step():
 
 write(event="start", step=manager.current_step())
 diloco() if MODE == "diloco" else every_step()
-write(event="end", step=manager.current_step(), digest=digest())
+write(event="end", step=manager.current_step(), digest=digest(),
+      batches=manager.batches_committed())
 manager.shutdown()
 dist.destroy_process_group()
