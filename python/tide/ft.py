@@ -90,7 +90,8 @@ class Manager:
     quorum_timeout: how long a quorum or a vote may take.
     store: where the groups meet (TIDE_FT_STORE): ``HOST:PORT[/JOB]`` of a
         tide store, or ``etcd:HOST:PORT[,...][/JOB]``.
-    replica_id: this group's id (REPLICA_GROUP_ID).
+    replica_id: this group's id (REPLICA_GROUP_ID); under tiderun, always
+        the id its tiderun gives (REPLICA_GROUP_ID).
     num_replica_groups: the first quorum waits for this many (NUM_REPLICA_GROUPS).
     rank, world_size: this process's rank in its group and the group's size
         (RANK, WORLD_SIZE).
@@ -114,6 +115,12 @@ class Manager:
                 "quorum: pass pg=None or tide.ft.ProcessGroupGloo()")
         self._store_address = _env("TIDE_FT_STORE", store)
         self._replica_id = _env("REPLICA_GROUP_ID", replica_id)
+        if "TIDE_FT_INCARNATION" in _os.environ and "REPLICA_GROUP_ID" in _os.environ:
+            # Under tiderun the group is its tiderun's: the agent declares it
+            # out under that id the moment a worker fails. A replica_id of
+            # the script's own (TorchFT's scripts pass one) names nothing
+            # the agent knows, and would leave failures to the heartbeat.
+            self._replica_id = _os.environ["REPLICA_GROUP_ID"]
         if not self._store_address or self._replica_id is None:
             raise ReplicaGroupError(
                 "tide.ft.Manager needs the store where the replica groups meet "

@@ -6,12 +6,14 @@ and DiLoCo sync every N optimizer steps, take the average only when the sync
 commits, count a group healed at the sync for nothing, and DiLoCo with an
 outer SGD at lr 1 is LocalSGD; DistributedSampler shards the data over ranks
 x replica groups; a Manager's own state (step, batches) goes into and out
-of a checkpoint; the process-group arguments and bad input get clear
+of a checkpoint; under tiderun the group is the one its tiderun names; the
+process-group arguments and bad input get clear
 errors. The Manager itself, with real groups, is tests/apps/ft_test.py's
 (which runs the examples on these classes).
 
     PYTHONPATH=build/python /usr/bin/python3 tests/elastic_py/ft_api_test.py
 """
+import os
 import unittest
 from datetime import timedelta
 
@@ -227,6 +229,31 @@ class ManagerStateTest(unittest.TestCase):
             self.manager.load_state_dict({"step": -1, "batches_committed": 0})
         with self.assertRaisesRegex(ft.ReplicaGroupError, "the Manager's own"):
             self.manager.register_state_dict_fn("tide.ft", lambda sd: None, dict)
+
+
+class UnderTiderunTest(unittest.TestCase):
+    def test_the_group_is_the_one_its_tiderun_names_whatever_replica_id_says(self):
+        # TorchFT's scripts pass a replica_id of their own; the agent
+        # declares a failed group out under its tiderun's id.
+        from tide.elastic.store import PrefixStore, TCPStore
+        self.server = server = TCPStore("127.0.0.1", 0, is_master=True)
+        env = {"TIDE_FT_INCARNATION": "inc7", "REPLICA_GROUP_ID": "3"}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            manager = ft.Manager(store=f"127.0.0.1:{server.port}/job",
+                                 replica_id="train_ddp_3", rank=0, world_size=1)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+        self.addCleanup(manager.shutdown)
+        # Where a group that heals from this one sends: under its member id.
+        job = PrefixStore("tide_ft/job", TCPStore("127.0.0.1", server.port))
+        self.assertTrue(job.check(["heal/3:inc7/0"]))
+        self.assertFalse(job.check(["heal/train_ddp_3:inc7/0"]))
 
 
 class ProcessGroupTest(unittest.TestCase):

@@ -48,7 +48,7 @@ def main():
     inner = torch.optim.SGD(m.parameters(), lr=0.05)
     manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
                       load_state_dict=m.load_state_dict, state_dict=m.state_dict,
-                      min_replica_size=1)
+                      min_replica_size=1, replica_id=f"torchft_style_{REPLICA_GROUP_ID}")
     manager.register_state_dict_fn("optim", inner.load_state_dict, inner.state_dict)
     model = DistributedDataParallel(manager, m)
     optimizer = Optimizer(manager, inner)
