@@ -52,6 +52,11 @@ __all__ = ["Manager", "OptimizerWrapper", "Optimizer", "DistributedDataParallel"
            "ReplicaGroupError"]
 
 _INCARNATION = _re.compile(r"[^A-Za-z0-9._-]")
+# TorchFT Manager arguments for machinery tide does not have.
+_TORCHFT_ONLY = frozenset({
+    "use_async_quorum", "lighthouse_addr", "store_addr", "store_port", "port",
+    "hostname", "connect_timeout", "checkpoint_transport", "init_sync",
+    "quorum_retries"})
 # The Manager's own part of the state a healing group receives.
 _OWN = "tide.ft"
 
@@ -99,6 +104,12 @@ class Manager:
         (TIDE_FT_INCARNATION, set by tiderun; else TORCHELASTIC_RUN_ID and
         TORCHELASTIC_RESTART_COUNT). Every rank of the group must use the same.
     step: the step this process's state is at when it starts (0).
+
+    TorchFT's arguments for its own machinery (its lighthouse, its
+    servers, its asynchronous quorum: use_async_quorum, lighthouse_addr,
+    store_addr, store_port, port, hostname, connect_timeout,
+    checkpoint_transport, init_sync, quorum_retries) are accepted and
+    unused: tide's groups meet in ``store`` and heal over tide's transport.
     """
 
     def __init__(self, pg=None, load_state_dict=None, state_dict=None,
@@ -108,7 +119,11 @@ class Manager:
                  world_size=None, incarnation=None, step=0,
                  join_timeout=_timedelta(seconds=60),
                  heartbeat_interval=_timedelta(milliseconds=100),
-                 heartbeat_timeout=_timedelta(seconds=5), max_retries=None):
+                 heartbeat_timeout=_timedelta(seconds=5), max_retries=None,
+                 **torchft_only):
+        unknown = sorted(set(torchft_only) - _TORCHFT_ONLY)
+        if unknown:
+            raise TypeError(f"Manager() got unexpected keyword arguments {unknown}")
         if not (pg is None or isinstance(pg, ProcessGroupGloo)):
             raise ReplicaGroupError(
                 "tide.ft forms a gloo process group of its own for each "
@@ -124,8 +139,9 @@ class Manager:
         if not self._store_address or self._replica_id is None:
             raise ReplicaGroupError(
                 "tide.ft.Manager needs the store where the replica groups meet "
-                "and this group's id: run under tiderun --ft-store HOST:PORT "
-                "--replica-group-id ID, or pass store= and replica_id=")
+                "(tide has no lighthouse) and this group's id: run under "
+                "tiderun --ft-store HOST:PORT --replica-group-id ID, or pass "
+                "store= and replica_id=")
         self._rank = _env("RANK", rank, int) or 0
         self._world_size = _env("WORLD_SIZE", world_size, int) or 1
         if incarnation is None:

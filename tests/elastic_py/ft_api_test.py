@@ -268,6 +268,15 @@ class ProcessGroupTest(unittest.TestCase):
         with self.assertRaisesRegex(ft.ReplicaGroupError, "pass pg=None or tide.ft.ProcessGroupGloo"):
             ft.Manager(pg=object(), store="127.0.0.1:1", replica_id="0", incarnation="0")
 
+    def test_torchfts_own_machinerys_arguments_are_taken_others_refused(self):
+        # Without a store: the error names what is missing, after the
+        # arguments were taken.
+        with self.assertRaisesRegex(ft.ReplicaGroupError, "no lighthouse"):
+            ft.Manager(pg=ft.ProcessGroupGloo(), use_async_quorum=False,
+                       lighthouse_addr="http://h:29510", replica_id="0", incarnation="0")
+        with self.assertRaisesRegex(TypeError, r"\['lighthous_addr'\]"):
+            ft.Manager(lighthous_addr="http://h:29510")
+
     def test_torchfts_optimizer_name(self):
         self.assertIs(ft.Optimizer, ft.OptimizerWrapper)
 
